@@ -1,0 +1,1 @@
+"""The durable session store: tables, migrations, and the store API (``db.store``)."""

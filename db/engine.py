@@ -1,0 +1,62 @@
+"""Engine construction for PostgreSQL (psycopg 3) and SQLite (WAL, ``BEGIN IMMEDIATE``).
+
+SQLite gets SQLAlchemy's documented pysqlite recipe: the driver's own BEGIN is disabled
+and the engine emits ``BEGIN IMMEDIATE``, so a write transaction takes the write lock up
+front and two writers never deadlock on a read-to-write lock upgrade. Read transactions
+(see :func:`derive_read_engine`) use a deferred ``BEGIN``, a consistent WAL snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+# Execution option read by the SQLite begin hook; a name SQLAlchemy itself never uses.
+SQLITE_BEGIN_OPTION = "compactor_sqlite_begin"
+
+
+def create_db_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engine:
+    """Create the engine for ``url``; ``postgresql://`` URLs are mapped to psycopg 3."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    # hide_parameters: bound values are message contents, which never go into errors/logs.
+    engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine, sqlite_busy_timeout_ms)
+    return engine
+
+
+def derive_read_engine(engine: Engine) -> Engine:
+    """Return a view of ``engine`` whose transactions are consistent read-only snapshots.
+
+    PostgreSQL: ``REPEATABLE READ, READ ONLY`` (every statement sees one snapshot).
+    SQLite: a deferred ``BEGIN`` (a WAL reader sees one snapshot and takes no write lock).
+    The view shares the engine's connection pool.
+    """
+    if engine.dialect.name == "sqlite":
+        return engine.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+    return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from pysqlite: the begin hook below emits BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+        if mode not in ("DEFERRED", "IMMEDIATE"):
+            raise ValueError(f"{SQLITE_BEGIN_OPTION} must be DEFERRED or IMMEDIATE, not {mode!r}")
+        connection.exec_driver_sql(f"BEGIN {mode}")

@@ -1,0 +1,149 @@
+"""The four tables: sessions, their messages, summary revisions, and job runs.
+
+Messages are append-only and never touched by compaction; a revision summarizes
+``seq <= through_seq`` and the session points at its active one. The schema itself is
+created by the alembic migrations in ``db/migrations``, never by ``create_all``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    MetaData,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from db.types import IdType, JsonData, JsonDocument, KeyString, UTCDateTime
+
+# Names for every constraint, so migrations (and SQLite batch rebuilds) can address them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BREAKER_STATES = ("closed", "open", "half_open")
+SUMMARIZER_KINDS = ("llm", "extractive", "fallback")
+# Mirrors worker.compaction.messages.INSTRUCTION_ROLES (db/ may not import worker/).
+INSTRUCTION_ROLES = ("system", "developer")
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+_INSTRUCTION_ROLES_SQL = f"role IN ({_quoted(INSTRUCTION_ROLES)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (
+        CheckConstraint(f"breaker_state IN ({_quoted(BREAKER_STATES)})", name="breaker_state"),
+        # The due-session scan's keyset tiers (migration 0002, scheduler/selection.py).
+        Index(None, "projection_tokens", "id"),
+        Index(None, "tokens_since_compaction", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    session_id: Mapped[str] = mapped_column(KeyString, unique=True)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonDocument)
+    head_seq: Mapped[int] = mapped_column(default=0)
+    active_revision_id: Mapped[int | None] = mapped_column(
+        IdType, ForeignKey("revisions.id", use_alter=True)
+    )
+    total_tokens: Mapped[int] = mapped_column(default=0)
+    projection_tokens: Mapped[int] = mapped_column(default=0)
+    tokens_since_compaction: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_appended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_compacted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    lease_owner: Mapped[str | None]
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    breaker_state: Mapped[str] = mapped_column(default="closed")
+    breaker_failures: Mapped[int] = mapped_column(default=0)
+    breaker_opened_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    queued_job_id: Mapped[str | None]
+
+
+class MessageRow(Base):
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq"),
+        # The snapshot and projection read a session's instructions below through_seq.
+        Index(
+            "ix_messages_instructions",
+            "session_id",
+            "seq",
+            postgresql_where=text(_INSTRUCTION_ROLES_SQL),
+            sqlite_where=text(_INSTRUCTION_ROLES_SQL),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    session_id: Mapped[int] = mapped_column(IdType, ForeignKey("sessions.id"))
+    seq: Mapped[int]
+    role: Mapped[str]
+    tool_call_id: Mapped[str | None]
+    body: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    tokens: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class RevisionRow(Base):
+    __tablename__ = "revisions"
+    __table_args__ = (
+        CheckConstraint(f"summarizer IN ({_quoted(SUMMARIZER_KINDS)})", name="summarizer"),
+        CheckConstraint("through_seq <= snapshot_head_seq", name="through_within_snapshot"),
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    session_id: Mapped[int] = mapped_column(IdType, ForeignKey("sessions.id"), index=True)
+    parent_revision_id: Mapped[int | None] = mapped_column(IdType, ForeignKey("revisions.id"))
+    through_seq: Mapped[int]
+    snapshot_head_seq: Mapped[int]
+    summary: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    block: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    block_tokens: Mapped[int]
+    artifacts: Mapped[list[dict[str, Any]]] = mapped_column(JsonData)
+    summary_tokens: Mapped[int]
+    span_tokens: Mapped[int]
+    projection_tokens_before: Mapped[int]
+    projection_tokens_after: Mapped[int]
+    model: Mapped[str | None]
+    prompt_version: Mapped[str | None]
+    summarizer: Mapped[str]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    __table_args__ = (Index(None, "session_id", "started_at"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    # The external id, not a foreign key: a run may be for a session that is unknown.
+    session_id: Mapped[str] = mapped_column(KeyString)
+    task_id: Mapped[str | None]
+    attempt: Mapped[int]
+    reason: Mapped[str]
+    outcome: Mapped[str] = mapped_column(index=True)
+    failure_class: Mapped[str | None]
+    failure_message: Mapped[str | None] = mapped_column(Text)
+    figures: Mapped[dict[str, Any]] = mapped_column(JsonData)
+    revision_id: Mapped[int | None] = mapped_column(IdType, ForeignKey("revisions.id"))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

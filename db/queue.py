@@ -1,0 +1,111 @@
+"""Queued-job markers on session rows: at most one queued job per session.
+
+The marker (``queued_at``, ``queued_job_id``) is set by a conditional UPDATE *before* the
+job message is published, and cleared when the job ends. That UPDATE is the
+de-duplication guard: of two enqueuers racing for one session exactly one changes the
+row. A marker older than its TTL stands for a lost message and may be replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from sqlalchemy import ColumnElement, Connection, Engine, String, cast, literal, or_, select, update
+
+from db.models import SessionRow
+
+# Bound parameters per statement stay far below SQLite's limit (32,766).
+_IDS_PER_STATEMENT = 1_000
+
+
+class MarkOutcome(StrEnum):
+    """What one attempt to mark a session as queued found."""
+
+    MARKED = "marked"
+    ALREADY_QUEUED = "already_queued"
+    UNKNOWN_SESSION = "unknown_session"
+
+
+@dataclass(frozen=True, slots=True)
+class MarkResult:
+    """The attempt's outcome and the job id the marker now holds (None if unknown)."""
+
+    outcome: MarkOutcome
+    job_id: str | None
+
+
+def is_marker_free(now: datetime, marker_ttl_s: float) -> ColumnElement[bool]:
+    """SQL condition: the session has no queued-job marker younger than ``marker_ttl_s``."""
+    stale_before = now - timedelta(seconds=marker_ttl_s)
+    return or_(SessionRow.queued_at.is_(None), SessionRow.queued_at <= stale_before)
+
+
+def mark_queued(
+    conn: Connection, session_id: str, job_id: str, *, now: datetime, marker_ttl_s: float
+) -> MarkResult:
+    """Set the session's marker to ``job_id`` unless a fresh marker exists.
+
+    Runs in the caller's transaction; the marker only guards once that commits. On
+    PostgreSQL a racing UPDATE waits for the row lock and re-checks the condition, so
+    exactly one of two concurrent callers gets MARKED.
+    """
+    marked = conn.execute(
+        update(SessionRow)
+        .where(SessionRow.session_id == session_id, is_marker_free(now, marker_ttl_s))
+        .values(queued_at=now, queued_job_id=job_id)
+        .returning(SessionRow.id)
+    ).first()
+    if marked is not None:
+        return MarkResult(MarkOutcome.MARKED, job_id)
+    existing = conn.execute(
+        select(SessionRow.queued_job_id).where(SessionRow.session_id == session_id)
+    ).first()
+    if existing is None:
+        return MarkResult(MarkOutcome.UNKNOWN_SESSION, None)
+    return MarkResult(MarkOutcome.ALREADY_QUEUED, existing.queued_job_id)
+
+
+def mark_queued_many(
+    conn: Connection, session_ids: Sequence[str], job_id_prefix: str, *, now: datetime,
+    marker_ttl_s: float,
+) -> dict[str, str]:
+    """Mark each session that has no fresh marker; return {session_id: job_id} of those
+    marked. A marked session's job id is ``job_id_prefix`` + its row id, so one prefix
+    per scan makes every job id unique.
+
+    The bulk form of :func:`mark_queued` (one UPDATE per chunk of ids, in the caller's
+    transaction): the guard is the same conditional UPDATE.
+    """
+    marked: dict[str, str] = {}
+    job_id = literal(job_id_prefix, String) + cast(SessionRow.id, String)
+    for start in range(0, len(session_ids), _IDS_PER_STATEMENT):
+        chunk = session_ids[start:start + _IDS_PER_STATEMENT]
+        rows = conn.execute(
+            update(SessionRow)
+            .where(SessionRow.session_id.in_(chunk), is_marker_free(now, marker_ttl_s))
+            .values(queued_at=now, queued_job_id=job_id)
+            .returning(SessionRow.session_id, SessionRow.queued_job_id)
+        )
+        marked.update((session_id, str(job)) for session_id, job in rows)
+    return marked
+
+
+def clear_queue_marker(bind: Engine | Connection, session_id: str, job_id: str) -> bool:
+    """Clear the session's marker if it still names ``job_id``; return whether it did.
+
+    A job that ends clears only its own marker, never a newer one that replaced it.
+    Given an Engine it commits its own transaction; given a Connection, the caller's.
+    """
+    statement = (
+        update(SessionRow)
+        .where(SessionRow.session_id == session_id, SessionRow.queued_job_id == job_id)
+        .values(queued_at=None, queued_job_id=None)
+        .returning(SessionRow.id)
+    )
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            return conn.execute(statement).first() is not None
+    return bind.execute(statement).first() is not None

@@ -1,0 +1,148 @@
+"""The values the store takes and returns: frozen dataclasses, never ORM objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to append: the dict verbatim, plus what queries need from it."""
+
+    body: dict[str, Any]
+    role: str
+    tool_call_id: str | None
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A stored message at its position ``seq`` (1-based, contiguous per session)."""
+
+    seq: int
+    body: dict[str, Any]
+    role: str
+    tool_call_id: str | None
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """Every column of a session row except its internal key."""
+
+    session_id: str
+    metadata: dict[str, Any]
+    head_seq: int
+    active_revision_id: int | None
+    total_tokens: int
+    projection_tokens: int
+    tokens_since_compaction: int
+    created_at: datetime
+    last_appended_at: datetime | None
+    last_compacted_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    breaker_state: str
+    breaker_failures: int
+    breaker_opened_at: datetime | None
+    queued_at: datetime | None
+    queued_job_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewRevision:
+    """A summary to swap in: it covers ``seq <= through_seq`` of a snapshot at
+    ``snapshot_head_seq``; ``block`` is the message inserted into the projection."""
+
+    through_seq: int
+    snapshot_head_seq: int
+    summary: dict[str, Any]
+    block: dict[str, Any]
+    block_tokens: int
+    artifacts: list[dict[str, Any]]
+    summary_tokens: int
+    span_tokens: int
+    projection_tokens_before: int
+    model: str | None
+    prompt_version: str | None
+    summarizer: str
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionRecord:
+    """A stored revision; ``session_id`` is the session's external id."""
+
+    id: int
+    session_id: str
+    parent_revision_id: int | None
+    through_seq: int
+    snapshot_head_seq: int
+    summary: dict[str, Any]
+    block: dict[str, Any]
+    block_tokens: int
+    artifacts: list[dict[str, Any]]
+    summary_tokens: int
+    span_tokens: int
+    projection_tokens_before: int
+    projection_tokens_after: int
+    model: str | None
+    prompt_version: str | None
+    summarizer: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """One job attempt to record; ``session_id`` may name a session that is unknown."""
+
+    session_id: str
+    task_id: str | None
+    attempt: int
+    reason: str
+    outcome: str
+    failure_class: str | None
+    failure_message: str | None
+    figures: dict[str, Any]
+    revision_id: int | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A stored run: the recorded fields plus its ``id``."""
+
+    id: int
+    session_id: str
+    task_id: str | None
+    attempt: int
+    reason: str
+    outcome: str
+    failure_class: str | None
+    failure_message: str | None
+    figures: dict[str, Any]
+    revision_id: int | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerUpdate:
+    """The session breaker's persisted fields (state: closed, open or half_open)."""
+
+    state: str
+    failures: int
+    opened_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one job reads in one transaction: the session, its active revision, and the
+    active messages up to ``session.head_seq`` (instructions covered by the revision,
+    then everything after its ``through_seq``)."""
+
+    session: SessionState
+    revision: RevisionRecord | None
+    messages: list[MessageRecord]

@@ -1,0 +1,289 @@
+"""The session store: every public method is one transaction on PostgreSQL or SQLite.
+
+Values go in and out as the frozen dataclasses of ``db/records.py``. ``sqlalchemy.exc``
+errors are translated here, once, into ``db/errors.py``. Writes lock the session row
+(``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite); reads run in
+one consistent snapshot (see ``db.engine.derive_read_engine``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, Update, or_, select, update
+from sqlalchemy.orm import Session
+
+from db import queries as q
+from db.engine import derive_read_engine
+from db.errors import SessionExists, translate_errors
+from db.models import BREAKER_STATES, RevisionRow, RunRow, SessionRow
+from db.records import (
+    BreakerUpdate,
+    MessageRecord,
+    NewMessage,
+    NewRevision,
+    NewRun,
+    RevisionRecord,
+    RunRecord,
+    SessionState,
+    Snapshot,
+)
+from db.revisions import load_active_revision, roll_back, swap_in
+
+# The values callers need come with the store: ``from db.store import Store, NewMessage``.
+__all__ = [
+    "BreakerUpdate",
+    "MessageRecord",
+    "NewMessage",
+    "NewRevision",
+    "NewRun",
+    "RevisionRecord",
+    "RunRecord",
+    "SessionState",
+    "Snapshot",
+    "Store",
+]
+
+
+class Store:
+    """The durable store of sessions, messages, revisions and runs."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._read_engine = derive_read_engine(engine)
+
+    # --- sessions and messages ------------------------------------------------------
+
+    def create_session(
+        self, session_id: str, metadata: dict[str, Any], now: datetime
+    ) -> SessionState:
+        """Create an empty session; raises SessionExists when the id is taken."""
+        with self._write() as session:
+            _insert_new_session(session, session_id, metadata, now)
+            return q.to_session_state(q.find_session(session, session_id))
+
+    def import_session(
+        self, session_id: str, metadata: dict[str, Any], messages: Sequence[NewMessage],
+        now: datetime,
+    ) -> SessionState:
+        """Create a session with its whole history at once (SessionExists when present)."""
+        with self._write() as session:
+            _insert_new_session(session, session_id, metadata, now)
+            if messages:
+                q.append_rows(session, session_id, messages, now)
+            return q.to_session_state(q.find_session(session, session_id))
+
+    def append_messages(
+        self, session_id: str, messages: Sequence[NewMessage], *, now: datetime,
+        create: bool = False, metadata: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Append messages and return their seqs; ``create`` makes a missing session first
+        (with ``metadata``; an existing session's metadata is left alone)."""
+        with self._write() as session:
+            if create:
+                q.insert_session_if_absent(session, session_id, metadata or {}, now)
+            if not messages:
+                q.find_session(session, session_id)
+                return []
+            return q.append_rows(session, session_id, messages, now)
+
+    def get_session(self, session_id: str) -> SessionState:
+        """Return the session's current state (SessionNotFound when unknown)."""
+        with self._read() as session:
+            return q.to_session_state(q.find_session(session, session_id))
+
+    def list_sessions(self, *, after: str | None = None, limit: int = 100) -> list[SessionState]:
+        """Return up to ``limit`` sessions ordered by id, starting after ``after`` (keyset)."""
+        statement = select(SessionRow).order_by(SessionRow.session_id).limit(limit)
+        if after is not None:
+            statement = statement.where(SessionRow.session_id > after)
+        with self._read() as session:
+            return [q.to_session_state(row) for row in session.scalars(statement)]
+
+    def messages(self, session_id: str, *, after_seq: int = 0) -> list[MessageRecord]:
+        """Return the full stored history after ``after_seq`` (compaction deletes nothing)."""
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            return q.select_history(session, row.id, after_seq=after_seq)
+
+    # --- the compacted view ---------------------------------------------------------
+
+    def snapshot(self, session_id: str) -> Snapshot:
+        """Read the session, its active revision and its active messages in one snapshot."""
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            revision = load_active_revision(session, row)
+            through_seq = revision.through_seq if revision else 0
+            return Snapshot(
+                session=q.to_session_state(row),
+                revision=revision,
+                messages=q.select_active(session, row.id, through_seq),
+            )
+
+    def projection(self, session_id: str) -> list[dict[str, Any]]:
+        """Return what a model sees: instructions the revision covers, its block, the rest."""
+        snapshot = self.snapshot(session_id)
+        if snapshot.revision is None:
+            return [message.body for message in snapshot.messages]
+        through_seq = snapshot.revision.through_seq
+        covered = [m.body for m in snapshot.messages if m.seq <= through_seq]
+        tail = [m.body for m in snapshot.messages if m.seq > through_seq]
+        return [*covered, snapshot.revision.block, *tail]
+
+    def revisions(self, session_id: str) -> list[RevisionRecord]:
+        """Return every revision of the session, newest first (rolled-back ones included)."""
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            revisions = session.scalars(
+                select(RevisionRow)
+                .where(RevisionRow.session_id == row.id)
+                .order_by(RevisionRow.id.desc())
+            )
+            return [q.to_revision_record(revision, session_id) for revision in revisions]
+
+    def get_revision(self, revision_id: int) -> RevisionRecord:
+        """Return one revision by id (RevisionNotFound when unknown)."""
+        with self._read() as session:
+            revision = q.find_revision(session, revision_id)
+            owner = session.get_one(SessionRow, revision.session_id)
+            return q.to_revision_record(revision, owner.session_id)
+
+    # --- compaction -----------------------------------------------------------------
+
+    def swap_revision(
+        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
+        revision: NewRevision, run: NewRun, now: datetime,
+    ) -> int:
+        """Swap in a new active revision and record its run; return the revision id.
+
+        One transaction under the session's row lock. Raises LeaseLost when
+        ``lease_owner`` is given and no longer holds an unexpired lease, and
+        RevisionConflict when the active revision is not ``expected_revision_id``; on
+        any error nothing is written. Also resets the breaker to closed.
+        """
+        if run.session_id != session_id:
+            raise ValueError(f"run is for {run.session_id!r}, not {session_id!r}")
+        with self._write() as session:
+            return swap_in(
+                session, session_id, expected_revision_id=expected_revision_id,
+                lease_owner=lease_owner, revision=revision, run=run, now=now,
+            )
+
+    def rollback(
+        self, session_id: str, *, to_revision_id: int | None = None
+    ) -> RevisionRecord | None:
+        """Point the session at the active revision's parent, or at ``to_revision_id``.
+
+        ``to_revision_id`` must be a strict ancestor of the active revision, else
+        RevisionNotFound (also raised when there is no active revision). Returns the new
+        active revision (None: no summary). Revisions are never deleted.
+        """
+        with self._write() as session:
+            return roll_back(session, session_id, to_revision_id)
+
+    def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int:
+        """Record a job attempt and, when given and the session exists, its breaker state."""
+        if breaker is not None:
+            _check_breaker(breaker)
+        with self._write() as session:
+            run_id = q.insert_run(session, run, revision_id=run.revision_id)
+            if breaker is not None:
+                statement = _breaker_update(run.session_id, breaker)
+                session.execute(statement, execution_options=q.NO_SYNC)
+            return run_id
+
+    def runs(
+        self, *, session_id: str | None = None, outcome: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Return recorded runs, newest first, optionally for one session and/or outcome."""
+        statement = select(RunRow).order_by(RunRow.started_at.desc(), RunRow.id.desc())
+        if session_id is not None:
+            statement = statement.where(RunRow.session_id == session_id)
+        if outcome is not None:
+            statement = statement.where(RunRow.outcome == outcome)
+        with self._read() as session:
+            return [q.to_run_record(row) for row in session.scalars(statement.limit(limit))]
+
+    # --- leases and breaker ----------------------------------------------------------
+
+    def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
+        """Take or renew the session's lease until ``now + ttl_s``; False when another
+        owner holds an unexpired lease."""
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        statement = (
+            update(SessionRow)
+            .where(
+                SessionRow.session_id == session_id,
+                or_(
+                    SessionRow.lease_owner.is_(None),
+                    SessionRow.lease_owner == owner,
+                    SessionRow.lease_expires_at <= now,
+                ),
+            )
+            .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
+        )
+        return self._update_one(session_id, statement)
+
+    def release_lease(self, session_id: str, owner: str) -> bool:
+        """Release the lease if ``owner`` holds it; return whether it did."""
+        statement = (
+            update(SessionRow)
+            .where(SessionRow.session_id == session_id, SessionRow.lease_owner == owner)
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+        return self._update_one(session_id, statement)
+
+    def set_breaker(self, session_id: str, update: BreakerUpdate) -> None:
+        """Persist the session's breaker fields."""
+        _check_breaker(update)
+        self._update_one(session_id, _breaker_update(session_id, update))
+
+    # --- transactions ---------------------------------------------------------------
+
+    def _update_one(self, session_id: str, statement: Update) -> bool:
+        """Run a conditional UPDATE of one session; SessionNotFound when it does not exist."""
+        with self._write() as session:
+            changed = session.execute(
+                statement.returning(SessionRow.id), execution_options=q.NO_SYNC
+            ).first()
+            if changed is None:
+                q.find_session(session, session_id)
+            return changed is not None
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with translate_errors(), Session(self._engine) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with translate_errors(), Session(self._read_engine) as session, session.begin():
+            yield session
+
+
+def _insert_new_session(
+    session: Session, session_id: str, metadata: dict[str, Any], now: datetime
+) -> None:
+    if not q.insert_session_if_absent(session, session_id, metadata, now):
+        raise SessionExists(f"session {session_id!r} already exists")
+
+
+def _check_breaker(update_: BreakerUpdate) -> None:
+    if update_.state not in BREAKER_STATES or update_.failures < 0:
+        raise ValueError(f"invalid breaker update {update_!r}")
+
+
+def _breaker_update(session_id: str, update_: BreakerUpdate) -> Update:
+    return (
+        update(SessionRow)
+        .where(SessionRow.session_id == session_id)
+        .values(
+            breaker_state=update_.state,
+            breaker_failures=update_.failures,
+            breaker_opened_at=update_.opened_at,
+        )
+    )

@@ -1,0 +1,84 @@
+"""Fixtures shared by every test layer: databases of both kinds, the store, the corpus.
+
+``database_url`` is parametrized over SQLite and PostgreSQL and yields a migrated
+database with no rows: a fresh SQLite file per test, and one PostgreSQL database per
+test run, migrated once and truncated before each test. Schemas always come from the
+alembic migrations (``upgrade_database``), never from ``create_all``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from db.engine import create_db_engine
+from db.migrate import upgrade_database
+from db.store import Store
+from tests.support.corpus import CORPUS_DIR, skip_without_corpus
+from tests.support.databases import (
+    create_postgres_database,
+    drop_postgres_database,
+    sqlite_url,
+    truncate_store_tables,
+)
+
+DATABASE_KINDS = ("sqlite", "postgresql")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("corpus") is not None:
+        skip_without_corpus()
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres_url() -> Iterator[str]:
+    """One migrated PostgreSQL database for the whole run, dropped at its end."""
+    url = create_postgres_database()
+    try:
+        upgrade_database(url)
+        yield url
+    finally:
+        drop_postgres_database(url)
+
+
+@pytest.fixture(params=DATABASE_KINDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database without rows, of each kind."""
+    if request.param == "sqlite":
+        url = sqlite_url(tmp_path / "store.db")
+        upgrade_database(url)
+        return url
+    url = str(request.getfixturevalue("migrated_postgres_url"))
+    truncate_store_tables(url)
+    return url
+
+
+@pytest.fixture(params=DATABASE_KINDS)
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database that has never been migrated, of each kind."""
+    if request.param == "sqlite":
+        yield sqlite_url(tmp_path / "empty.db")
+        return
+    url = create_postgres_database()
+    try:
+        yield url
+    finally:
+        drop_postgres_database(url)
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    engine = create_db_engine(database_url)
+    try:
+        yield Store(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def corpus_dir() -> Path:
+    """The shared corpus directory; skips the test with a notice where it is absent."""
+    skip_without_corpus()
+    return CORPUS_DIR

@@ -1,0 +1,151 @@
+"""The schema and the engine: alembic migrations on empty databases of both kinds, the
+models matching them, SQLite's connection settings, and errors from an absent server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from db.engine import create_db_engine, derive_read_engine
+from db.errors import SchemaMissing, StoreUnavailable
+from db.migrate import (
+    check_schema,
+    current_revision,
+    downgrade_database,
+    head_revision,
+    upgrade_database,
+)
+from db.models import INSTRUCTION_ROLES, Base
+from db.store import NewMessage, Store
+from tests.integration.test_store import T0
+from tests.support.corpus import load_corpus
+from worker.compaction.messages import INSTRUCTION_ROLES as MODEL_INSTRUCTION_ROLES
+
+pytestmark = pytest.mark.integration
+
+STORE_TABLES = {"sessions", "messages", "revisions", "runs"}
+
+
+def table_names(url: str) -> set[str]:
+    engine = create_db_engine(url)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_of_an_empty_database_reaches_head(empty_database_url: str) -> None:
+    assert current_revision(empty_database_url) is None
+    upgrade_database(empty_database_url)
+    assert current_revision(empty_database_url) == head_revision()
+    assert table_names(empty_database_url) == STORE_TABLES
+    upgrade_database(empty_database_url)  # idempotent
+    assert current_revision(empty_database_url) == head_revision()
+
+
+def test_downgrade_to_base_drops_every_table_and_upgrade_restores_them(
+    empty_database_url: str,
+) -> None:
+    upgrade_database(empty_database_url)
+    downgrade_database(empty_database_url, "base")
+    assert current_revision(empty_database_url) is None
+    assert table_names(empty_database_url) == set()
+    upgrade_database(empty_database_url)
+    assert table_names(empty_database_url) == STORE_TABLES
+
+
+def test_the_migrated_schema_matches_the_models(database_url: str) -> None:
+    engine = create_db_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_check_schema_refuses_a_database_that_was_never_migrated(
+    empty_database_url: str,
+) -> None:
+    engine = create_db_engine(empty_database_url)
+    try:
+        with pytest.raises(SchemaMissing, match="never migrated"):
+            check_schema(engine)
+        upgrade_database(empty_database_url)
+        check_schema(engine)
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_connections_use_wal_foreign_keys_and_the_busy_timeout(tmp_path: Path) -> None:
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'x.db'}", sqlite_busy_timeout_ms=1234)
+    try:
+        with engine.connect() as connection:
+            pragma = {name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+                      for name in ("journal_mode", "foreign_keys", "busy_timeout")}
+        assert pragma == {"journal_mode": "wal", "foreign_keys": 1, "busy_timeout": 1234}
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_write_transactions_take_the_write_lock_at_begin(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    upgrade_database(url)
+    writer = create_db_engine(url)
+    impatient = create_db_engine(url, sqlite_busy_timeout_ms=0)
+    try:
+        with writer.begin() as held:
+            held.execute(text("SELECT 1"))  # nothing written yet, but BEGIN IMMEDIATE ran
+            with pytest.raises(Exception, match="database is locked"), impatient.begin() as c:
+                c.execute(text("SELECT 1"))
+            # Readers are not blocked: a deferred read transaction sees the last commit.
+            with derive_read_engine(impatient).begin() as reader:
+                assert reader.execute(text("SELECT count(*) FROM sessions")).scalar() == 0
+    finally:
+        writer.dispose()
+        impatient.dispose()
+
+
+def test_plain_postgresql_urls_use_psycopg_3() -> None:
+    engine = create_db_engine("postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        assert engine.dialect.driver == "psycopg"
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres@127.0.0.1:1/nothing_listens_here",
+    "sqlite:////nonexistent-dir/store.db",
+])
+def test_an_unreachable_database_raises_store_unavailable(url: str) -> None:
+    engine = create_db_engine(url)
+    try:
+        with pytest.raises(StoreUnavailable):
+            Store(engine).get_session("s1")
+    finally:
+        engine.dispose()
+
+
+def test_the_store_agrees_with_the_message_model_on_instruction_roles() -> None:
+    assert set(INSTRUCTION_ROLES) == {role.value for role in MODEL_INSTRUCTION_ROLES}
+
+
+@pytest.mark.corpus
+def test_real_sessions_round_trip_exactly_through_import_and_export(store: Store) -> None:
+    sessions = load_corpus("dev")[:15]
+    for recorded in sessions:
+        messages = [NewMessage(body=body, role=body["role"],
+                               tool_call_id=body.get("tool_call_id"), tokens=len(str(body)))
+                    for body in recorded["messages"]]
+        store.import_session(recorded["session_id"], {"source": recorded["source"]}, messages,
+                             T0)
+    for recorded in sessions:
+        exported = [record.body for record in store.messages(recorded["session_id"])]
+        assert json.dumps(exported) == json.dumps(recorded["messages"])
+        assert store.projection(recorded["session_id"]) == recorded["messages"]
