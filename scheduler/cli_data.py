@@ -1,0 +1,212 @@
+"""`compactor import` and `compactor export`: sessions in and out as JSONL files, one
+``{"session_id", "messages", **metadata}`` record per line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from scheduler.cli_common import (
+    dumps_json,
+    expected_errors,
+    load_counter,
+    open_store,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
+from worker.compaction.intake import Action, IntakePolicy, Problem, ProblemKind
+from worker.ingest import (
+    ExportView,
+    ImportStatus,
+    SessionReport,
+    export_session,
+    import_record,
+    iter_session_ids,
+)
+from worker.settings import get_settings
+
+
+class PolicyName(StrEnum):
+    DEFAULT = "default"  # repair what keeps every message; reject orphans and bad shapes
+    STRICT = "strict"  # reject every problem
+    LENIENT = "lenient"  # repair every problem that has a repair (drops orphan results)
+
+
+POLICIES = {
+    PolicyName.DEFAULT: IntakePolicy(),
+    PolicyName.STRICT: IntakePolicy.strict(),
+    PolicyName.LENIENT: IntakePolicy.lenient(),
+}
+STATUS_STYLES = {ImportStatus.IMPORTED: "green", ImportStatus.REPAIRED: "yellow",
+                 ImportStatus.REJECTED: "bold red", ImportStatus.EXISTS: "dim"}
+
+
+@expected_errors
+def import_command(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
+                                         help="JSONL file, one session per line.")],
+    continue_on_error: Annotated[bool, typer.Option(
+        "--continue-on-error", help="Exit 0 even when sessions or lines were rejected.")] = False,
+    policy: Annotated[PolicyName, typer.Option(
+        help="Intake policy: default repairs legacy function calls, missing tool results, "
+        "duplicate tool call ids and invalid text, and rejects the rest; strict rejects "
+        "every problem; lenient also drops orphan tool results.")] = PolicyName.DEFAULT,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON report per line.")] =
+    False,
+) -> None:
+    """Import sessions: check and repair each one, count its tokens, store it.
+
+    Each session is stored whole or not at all; a rejected session or a malformed line
+    never stops the others. A session id already stored is reported as `exists` and left
+    alone, so re-running an import is harmless. Exits 1 when anything was rejected,
+    unless --continue-on-error. The embedded SQLite default is created on first use; a
+    configured COMPACTOR_DATABASE_URL must be upgraded with `compactor db upgrade` first.
+    """
+    settings = get_settings()
+    counter = load_counter(settings)
+    now = datetime.now(UTC)
+    rows: list[tuple[int, SessionReport]] = []
+    with open_store(settings) as store, progress_bar(file) as advance:
+        for line_number, size, item in read_jsonl(file):
+            report = item if isinstance(item, SessionReport) else import_record(
+                item, store=store, counter=counter, policy=POLICIES[policy], now=now)
+            advance(size)
+            rows.append((line_number, report))
+            if as_json:
+                print_json({"line": line_number, **json_report(report)})
+    statuses = Counter(report.status for _, report in rows)
+    if as_json:
+        print_json({"summary": {status.value: statuses[status] for status in ImportStatus}})
+    else:
+        print_import_table(rows, statuses)
+    if statuses[ImportStatus.REJECTED] and not continue_on_error:
+        stderr_console().print(
+            f"{statuses[ImportStatus.REJECTED]} rejected (nothing stored for them); "
+            "exit 1 (--continue-on-error exits 0)", highlight=False)
+        raise typer.Exit(1)
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, int, dict[str, Any] | SessionReport]]:
+    """Yield (line number, bytes, record), or a rejection report for a malformed line."""
+    with path.open("rb") as lines:
+        for line_number, raw in enumerate(lines, start=1):
+            # Bytes that are not UTF-8 become lone surrogates, which intake repairs.
+            text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                yield line_number, len(raw), line_rejected(
+                    f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
+                continue
+            if not isinstance(record, dict):
+                yield line_number, len(raw), line_rejected(
+                    f"line {line_number}: not a JSON object")
+                continue
+            yield line_number, len(raw), record
+
+
+def line_rejected(detail: str) -> SessionReport:
+    problem = Problem(ProblemKind.MALFORMED_SESSION, None, detail, Action.REJECT)
+    return SessionReport("", ImportStatus.REJECTED, 0, 0, (problem,))
+
+
+@contextmanager
+def progress_bar(path: Path) -> Iterator[Callable[[int], None]]:
+    """Yield ``advance(bytes)``; the bar shows on stderr only when it is a terminal."""
+    console = stderr_console()
+    with Progress(
+        TextColumn("importing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+        console=console, transient=True, disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("import", total=path.stat().st_size)
+        yield lambda size: progress.advance(task, size)
+
+
+def json_report(report: SessionReport) -> dict[str, Any]:
+    return {
+        "session_id": report.session_id or None, "status": report.status.value,
+        "messages": report.messages, "tokens": report.tokens,
+        "problems": [{"kind": p.kind.value, "index": p.index, "detail": p.detail,
+                      "action": p.action.value} for p in report.problems],
+    }
+
+
+def print_import_table(rows: list[tuple[int, SessionReport]], statuses: Counter[Any]) -> None:
+    table = Table("line", "session", "status", "messages", "tokens", "problems")
+    for line_number, report in rows:
+        kinds = Counter(f"{p.kind.value} ({p.action.value})" for p in report.problems)
+        table.add_row(
+            str(line_number), escape(report.session_id or "-"),
+            f"[{STATUS_STYLES[report.status]}]{report.status.value}[/]",
+            str(report.messages), f"{report.tokens:,}",
+            ", ".join(f"{kind} x{n}" if n > 1 else kind for kind, n in kinds.items()),
+        )
+    console = stdout_console()
+    console.print(table)
+    for line_number, report in rows:
+        for problem in report.problems:
+            if problem.action is Action.REJECT:
+                where = "" if problem.index is None else f" at message {problem.index}"
+                console.print(f"line {line_number} {report.session_id or ''}: "
+                              f"{problem.kind.value}{where}: {problem.detail}",
+                              highlight=False, markup=False)
+    console.print(", ".join(f"{statuses[s]} {s.value}" for s in ImportStatus) + " "
+                  f"(of {sum(statuses.values())} lines)", highlight=False)
+
+
+@expected_errors
+def export_command(
+    view: Annotated[ExportView, typer.Option(
+        help="full: every stored message, exactly as imported or appended; projection: "
+        "what a model is sent (instructions, summary block, recent tail).")] =
+    ExportView.FULL,
+    session: Annotated[list[str] | None, typer.Option(
+        "--session", help="Export only this session (repeatable).")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", dir_okay=False, help="Write here (default: stdout).")] = None,
+) -> None:
+    """Export sessions as JSONL, in the format `compactor import` reads."""
+    settings = get_settings()
+    with open_store(settings) as store:
+        for session_id in session or ():
+            store.get_session(session_id)  # unknown ids fail before anything is written
+        session_ids = session or iter_session_ids(store)
+        with open_output(output) as out:
+            count = 0
+            for session_id in session_ids:
+                out.write(dumps_json(export_session(store, session_id, view)) + "\n")
+                count += 1
+    where = output or "stdout"
+    stderr_console().print(f"exported {count} sessions ({view.value}) to {where}",
+                           highlight=False)
+
+
+@contextmanager
+def open_output(path: Path | None) -> Iterator[IO[str]]:
+    """Yield stdout, or a temporary file that replaces ``path`` only when complete."""
+    if path is None:
+        yield sys.stdout
+        return
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with partial.open("w", encoding="utf-8") as out:
+            yield out
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

@@ -1,0 +1,117 @@
+"""`compactor sessions` and `compactor show`: what is stored, as tables or JSON."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from db.records import RevisionRecord, SessionState
+from scheduler.cli_common import (
+    expected_errors,
+    open_store,
+    print_json,
+    stdout_console,
+    to_jsonable,
+)
+from worker.settings import get_settings
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+PREVIEW_CHARS = 100
+
+
+@expected_errors
+def sessions_command(
+    limit: Annotated[int, typer.Option(min=1, help="Most sessions to list.")] = 50,
+    after: Annotated[str | None, typer.Option(
+        help="List sessions whose id sorts after this one (paging).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List stored sessions in id order: size, tokens, revisions, breaker."""
+    with open_store(get_settings()) as store:
+        states = store.list_sessions(after=after, limit=limit)
+        revision_counts = {s.session_id: len(store.revisions(s.session_id)) for s in states}
+    if as_json:
+        print_json([{**to_jsonable(state), "messages": state.head_seq,
+                     "revisions": revision_counts[state.session_id]} for state in states])
+        return
+    table = Table("session", "messages", "total tokens", "projection tokens", "revisions",
+                  "last compacted", "breaker")
+    for state in states:
+        table.add_row(
+            escape(state.session_id), str(state.head_seq), f"{state.total_tokens:,}",
+            f"{state.projection_tokens:,}", str(revision_counts[state.session_id]),
+            state.last_compacted_at.isoformat(timespec="seconds")
+            if state.last_compacted_at else "never",
+            breaker_text(state),
+        )
+    stdout_console().print(table)
+
+
+@expected_errors
+def show_command(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Show one session: its state, revision history and the projection a model is sent."""
+    with open_store(get_settings()) as store:
+        state = store.get_session(session_id)
+        revisions = store.revisions(session_id)
+        projection = store.projection(session_id)
+    if as_json:
+        print_json({"session": state, "revisions": revisions, "projection": projection})
+        return
+    console = stdout_console()
+    console.print(
+        f"[bold]{escape(session_id)}[/]: {state.head_seq} messages, {state.total_tokens:,} tokens, "
+        f"projection {state.projection_tokens:,} tokens ({len(projection)} messages), "
+        f"breaker {breaker_text(state)}", highlight=False)
+    console.print(revision_table(revisions, state.active_revision_id))
+    console.print(projection_table(projection))
+
+
+def breaker_text(state: SessionState) -> str:
+    if state.breaker_failures:
+        return f"{state.breaker_state} ({state.breaker_failures} failures)"
+    return state.breaker_state
+
+
+def revision_table(revisions: list[RevisionRecord], active_id: int | None) -> Table:
+    table = Table("revision", "parent", "through seq", "summary tokens",
+                  "projection before → after", "summarizer", "model", "prompt", "created",
+                  title="revisions (newest first)")
+    for revision in revisions:
+        marker = " (active)" if revision.id == active_id else ""
+        table.add_row(
+            f"{revision.id}{marker}", str(revision.parent_revision_id or "-"),
+            str(revision.through_seq), f"{revision.summary_tokens:,}",
+            f"{revision.projection_tokens_before:,} → {revision.projection_tokens_after:,}",
+            escape(revision.summarizer), escape(revision.model or "-"),
+            escape(revision.prompt_version or "-"),
+            revision.created_at.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+def projection_table(projection: list[dict[str, Any]]) -> Table:
+    table = Table("#", "role", "preview", title="projection (what a model is sent)")
+    for position, body in enumerate(projection, start=1):
+        table.add_row(str(position), escape(str(body.get("role"))), escape(preview_message(body)))
+    return table
+
+
+def preview_message(body: dict[str, Any]) -> str:
+    """One line: the text, tool calls as name(arguments), a tool result's call id."""
+    content = body.get("content")
+    if isinstance(content, list):
+        content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    parts = [str(content)] if content else []
+    for call in body.get("tool_calls") or ():
+        function = call.get("function") or {}
+        parts.append(f"→ {function.get('name')}({function.get('arguments')})")
+    if body.get("tool_call_id"):
+        parts.insert(0, f"[{body['tool_call_id']}]")
+    text = " ".join(" ".join(parts).split())
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"

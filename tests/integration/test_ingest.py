@@ -1,0 +1,136 @@
+"""Import and append through the real store: appends are checked against the stored
+session's open tool calls and used ids; bad records never stop the others."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from db.store import Store
+from worker.compaction.intake import IntakePolicy, ProblemKind
+from worker.compaction.messages import parse_message
+from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.ingest import (
+    ExportView,
+    ImportStatus,
+    MessagesRejected,
+    append_messages,
+    export_session,
+    import_sessions,
+    read_tool_call_context,
+)
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2024, 5, 15, 15, 0, tzinfo=UTC)
+POLICY = IntakePolicy()
+USER = {"role": "user", "content": "Cancel reservation NO6JO3."}
+REPLY = {"role": "assistant", "content": "Cancelled."}
+
+
+def calling(*call_ids: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "cancel", "arguments": "{}"}}
+        for i in call_ids]}
+
+
+def result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "ok"}
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter(load_encoding("o200k_base"))
+
+
+def import_one(store: Store, counter: TokenCounter, messages: list[Any]) -> None:
+    records = [{"session_id": "s1", "messages": messages}]
+    [report] = import_sessions(records, store=store, counter=counter, policy=POLICY, now=NOW)
+    assert report.status in (ImportStatus.IMPORTED, ImportStatus.REPAIRED)
+
+
+def test_one_bad_record_never_stops_the_others(store: Store, counter: TokenCounter) -> None:
+    records: list[dict[str, Any]] = [{"session_id": "a", "messages": [USER]}, {"session_id": "b"},
+               {"messages": [USER]}, {"session_id": "c", "messages": [USER, result("x")]},
+               {"session_id": "a", "messages": [USER]}, {"session_id": "d", "messages": [USER]}]
+
+    reports = list(import_sessions(records, store=store, counter=counter, policy=POLICY,
+                                   now=NOW))
+
+    assert [(r.session_id, r.status) for r in reports] == [
+        ("a", ImportStatus.IMPORTED), ("b", ImportStatus.REJECTED), ("", ImportStatus.REJECTED),
+        ("c", ImportStatus.REJECTED), ("a", ImportStatus.EXISTS), ("d", ImportStatus.IMPORTED)]
+    assert reports[1].problems[0].kind is ProblemKind.MALFORMED_SESSION
+    assert reports[3].problems[0].kind is ProblemKind.ORPHAN_TOOL_RESULT
+    assert [s.session_id for s in store.list_sessions()] == ["a", "d"]
+
+
+def test_each_message_is_counted_once_and_stored_with_its_count(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1"), result("c1"), REPLY])
+
+    stored = store.messages("s1")
+
+    assert [m.tokens for m in stored] == [
+        counter.count_message(parse_message(m.body)) for m in stored]
+    assert store.get_session("s1").total_tokens == sum(m.tokens for m in stored)
+    assert [m.tool_call_id for m in stored] == [None, None, "c1", None]
+
+
+def test_repaired_text_and_metadata_are_stored_clean(store: Store, counter: TokenCounter) -> None:
+    records = [{"session_id": "s1", "note": "a\x00b", "messages": [
+        {"role": "user", "content": "x\x00y\ud83dz"}]}]
+
+    [report] = import_sessions(records, store=store, counter=counter, policy=POLICY, now=NOW)
+
+    assert report.status is ImportStatus.REPAIRED
+    assert export_session(store, "s1", ExportView.FULL) == {
+        "session_id": "s1", "note": "ab", "messages": [{"role": "user", "content": "xy\ufffdz"}]}
+
+
+def test_an_append_answers_the_calls_the_session_left_open(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1", "c2"), result("c1")])
+    assert read_tool_call_context(store, "s1") == (("c2",), frozenset({"c1", "c2"}))
+
+    seqs = append_messages(store, counter, POLICY, "s1", [result("c2"), REPLY], NOW)
+
+    assert seqs == [4, 5]
+    assert read_tool_call_context(store, "s1") == ((), frozenset({"c1", "c2"}))
+
+
+def test_an_append_that_skips_an_open_call_records_the_missing_result(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1")])
+
+    seqs = append_messages(store, counter, POLICY, "s1", [USER], NOW)
+
+    assert seqs == [3, 4]
+    assert [m.body for m in store.messages("s1", after_seq=2)] == [
+        {"role": "tool", "tool_call_id": "c1", "content": "[no result recorded]"}, USER]
+
+
+def test_an_append_renames_a_tool_call_id_the_session_already_used(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1"), result("c1"), REPLY])
+
+    append_messages(store, counter, POLICY, "s1", [USER, calling("c1"), result("c1")], NOW)
+
+    assert [m.body for m in store.messages("s1", after_seq=5)] == [
+        calling("c1_dup1"), result("c1_dup1")]
+
+
+def test_a_rejected_append_stores_nothing(store: Store, counter: TokenCounter) -> None:
+    import_one(store, counter, [USER, REPLY])
+
+    with pytest.raises(MessagesRejected, match="orphan_tool_result") as raised:
+        append_messages(store, counter, POLICY, "s1", [result("ghost")], NOW)
+
+    assert raised.value.problems[0].index == 0
+    assert store.get_session("s1").head_seq == 2

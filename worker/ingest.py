@@ -1,0 +1,216 @@
+"""Sessions in and out: import and append (intake check, one token count per message,
+then the store) and export, in the session record format of the JSONL files:
+``{"session_id": str, "messages": [...], **metadata}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+from db.errors import SessionExists
+from db.records import MessageRecord, NewMessage, SessionState
+from worker.compaction.intake import (
+    Action,
+    IntakePolicy,
+    IntakeResult,
+    Problem,
+    ProblemKind,
+    check_session,
+    clean_text,
+    find_open_tool_calls,
+)
+from worker.compaction.messages import ChatMessage, dump_message, parse_message
+from worker.compaction.tokens import TokenCounter
+
+RECORD_KEYS = ("session_id", "messages")
+
+
+class IngestStore(Protocol):
+    """The part of ``db.store.Store`` that import, append and export use."""
+
+    def import_session(
+        self, session_id: str, metadata: dict[str, Any], messages: list[NewMessage],
+        now: datetime,
+    ) -> object: ...
+
+    def append_messages(
+        self, session_id: str, messages: list[NewMessage], *, now: datetime,
+        create: bool = False, metadata: dict[str, Any] | None = None,
+    ) -> list[int]: ...
+
+    def get_session(self, session_id: str) -> SessionState: ...
+
+    def messages(self, session_id: str, *, after_seq: int = 0) -> list[MessageRecord]: ...
+
+    def projection(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    def list_sessions(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> Sequence[SessionState]: ...
+
+
+class ImportStatus(StrEnum):
+    IMPORTED = "imported"
+    REPAIRED = "repaired"  # imported after intake repaired it (problems say what)
+    REJECTED = "rejected"  # nothing stored
+    EXISTS = "exists"  # a session with this id is already stored; left as it was
+
+
+class ExportView(StrEnum):
+    FULL = "full"  # every stored message, as imported or appended
+    PROJECTION = "projection"  # what a model is sent: instructions, summary block, tail
+
+
+@dataclass(frozen=True)
+class SessionReport:
+    """The outcome of importing one session record (``messages``/``tokens``: stored or
+    would-be-stored counts; for a rejected record, ``messages`` is the input count)."""
+
+    session_id: str
+    status: ImportStatus
+    messages: int
+    tokens: int
+    problems: tuple[Problem, ...] = ()
+
+
+class MessagesRejected(ValueError):
+    """Raised when intake rejects messages to append; ``problems`` says why."""
+
+    def __init__(self, session_id: str, problems: tuple[Problem, ...]) -> None:
+        kinds = sorted({problem.kind.value for problem in problems})
+        super().__init__(f"messages for session {session_id!r} rejected: {', '.join(kinds)}")
+        self.problems = problems
+
+
+def import_sessions(
+    records: Iterable[dict[str, Any]], *, store: IngestStore, counter: TokenCounter,
+    policy: IntakePolicy, now: datetime,
+) -> Iterator[SessionReport]:
+    """Import each record in turn; a bad record is reported and the next one goes on."""
+    for record in records:
+        yield import_record(record, store=store, counter=counter, policy=policy, now=now)
+
+
+def import_record(
+    record: dict[str, Any], *, store: IngestStore, counter: TokenCounter,
+    policy: IntakePolicy, now: datetime,
+) -> SessionReport:
+    """Validate, count and store one session record (all or nothing)."""
+    session_id, metadata, result = check_record(record, policy)
+    if result.rejected:
+        raw_messages = record.get("messages")
+        count = len(raw_messages) if isinstance(raw_messages, list) else 0
+        return SessionReport(session_id, ImportStatus.REJECTED, count, 0, result.problems)
+    new_messages = count_messages(result.messages, counter)
+    tokens = sum(message.tokens for message in new_messages)
+    status = ImportStatus.REPAIRED if result.problems else ImportStatus.IMPORTED
+    try:
+        store.import_session(session_id, metadata, new_messages, now)
+    except SessionExists:
+        status = ImportStatus.EXISTS
+    return SessionReport(session_id, status, len(new_messages), tokens, result.problems)
+
+
+def check_record(
+    record: dict[str, Any], policy: IntakePolicy
+) -> tuple[str, dict[str, Any], IntakeResult]:
+    """Split a record into its id, metadata and checked messages (metadata text included)."""
+    session_id = record.get("session_id")
+    raw_messages = record.get("messages")
+    shape_problem = _find_shape_problem(session_id, raw_messages)
+    if shape_problem is not None or not isinstance(raw_messages, list):
+        problem = Problem(ProblemKind.MALFORMED_SESSION, None, shape_problem or "", Action.REJECT)
+        return str(session_id or ""), {}, IntakeResult((), (problem,), rejected=True)
+    metadata, changed = clean_text({k: v for k, v in record.items() if k not in RECORD_KEYS})
+    result = check_session(raw_messages, policy)
+    if changed:
+        action = policy.action_for(ProblemKind.INVALID_TEXT)
+        problem = Problem(ProblemKind.INVALID_TEXT, None, "NUL byte or lone surrogate in "
+                          "metadata", action)
+        rejected = result.rejected or action is Action.REJECT
+        result = IntakeResult(() if rejected else result.messages,
+                              (problem, *result.problems), rejected)
+    return str(session_id), metadata, result
+
+
+def _find_shape_problem(session_id: object, raw_messages: object) -> str | None:
+    if not isinstance(session_id, str) or not session_id.strip():
+        return "session_id missing or not a non-empty string"
+    if clean_text(session_id)[1]:
+        return "session_id contains a NUL byte or a lone surrogate"
+    if not isinstance(raw_messages, list):
+        return "messages missing or not a list"
+    return None
+
+
+def append_messages(
+    store: IngestStore, counter: TokenCounter, policy: IntakePolicy, session_id: str,
+    raw_messages: Sequence[Any], now: datetime,
+) -> list[int]:
+    """Check ``raw_messages`` against the stored session, then append them; return seqs.
+
+    The check reads the session, then the append writes it: callers append to one session
+    from one place at a time (an agent's loop), as two concurrent appends could both
+    answer the same open tool call.
+
+    Raises:
+        MessagesRejected: intake rejected the messages; nothing was appended.
+        db.errors.SessionNotFound: no session has this id.
+    """
+    open_ids, seen_ids = read_tool_call_context(store, session_id)
+    result = check_session(raw_messages, policy, open_tool_call_ids=open_ids,
+                           seen_tool_call_ids=seen_ids, is_append=True)
+    if result.rejected:
+        raise MessagesRejected(session_id, result.problems)
+    if not result.messages:
+        return []
+    return store.append_messages(session_id, count_messages(result.messages, counter), now=now)
+
+
+def read_tool_call_context(
+    store: IngestStore, session_id: str
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    """Return the stored session's still-open tool calls and every tool call id it used."""
+    history = store.messages(session_id)
+    seen_ids = frozenset(
+        call["id"] for record in history for call in record.body.get("tool_calls") or ()
+    )
+    tail_start = next(
+        (i for i in range(len(history) - 1, -1, -1) if history[i].role != "tool"), 0
+    )
+    tail = [parse_message(record.body) for record in history[tail_start:]]
+    return find_open_tool_calls(tail), seen_ids
+
+
+def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> list[NewMessage]:
+    """Turn checked messages into store rows, each counted once."""
+    return [
+        NewMessage(body=dump_message(message), role=message.role.value,
+                   tool_call_id=message.tool_call_id, tokens=counter.count_message(message))
+        for message in messages
+    ]
+
+
+def export_session(store: IngestStore, session_id: str, view: ExportView) -> dict[str, Any]:
+    """Return one session as a record; the full view round-trips what was imported."""
+    state = store.get_session(session_id)
+    if view is ExportView.FULL:
+        bodies = [record.body for record in store.messages(session_id)]
+    else:
+        bodies = store.projection(session_id)
+    return {"session_id": session_id, **state.metadata, "messages": bodies}
+
+
+def iter_session_ids(store: IngestStore, *, page_size: int = 500) -> Iterator[str]:
+    """Yield every stored session id in order, one keyset page at a time."""
+    after: str | None = None
+    while True:
+        page = store.list_sessions(after=after, limit=page_size)
+        yield from (state.session_id for state in page)
+        if len(page) < page_size:
+            return
+        after = page[-1].session_id
