@@ -1,0 +1,151 @@
+"""Deterministic summaries the test OpenAI server derives from a prompt.
+
+The ``ok`` summary carries every identifier-like token it sees (an over-approximation of
+what the validator extracts) and fills each section with a short line of the input; a
+merge request (partial summaries embedded as JSON) gets their sections unioned.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+SUMMARY_SECTIONS = (
+    "goal",
+    "constraints_and_preferences",
+    "completed_actions",
+    "key_decisions",
+    "resolved",
+    "pending",
+    "relevant_artifacts",
+    "remaining_work",
+)
+ARTIFACTS_SECTION = "relevant_artifacts"
+SNIPPET_CHARS = 80
+MAX_ENTRIES_PER_SECTION = 8
+
+# URLs whole; otherwise word-ish runs that contain a digit, underscore, slash or dot
+# (HAT170, mia_li_3668, /etc/app.conf, E1234, v1.2.3) or are upper-case codes of five
+# or more (PUNERT); plain numbers are left out, edge punctuation dropped.
+_URL = re.compile(r"https?://[^\s\"'<>`)\]}]+")
+_TOKEN = re.compile(r"[A-Za-z0-9_./~@#:+-]+")
+_IDENTIFIER_MARK = re.compile(r"[0-9_/.]|^[A-Z][A-Z0-9]{4,}$")
+_ALNUM = re.compile(r"[A-Za-z0-9]")
+_PLAIN_NUMBER = re.compile(r"[\d,]+(?:\.\d+)?")
+
+
+def extract_identifiers(text: str) -> list[str]:
+    """Return identifier-like tokens of ``text`` in first-seen order, without repeats."""
+    found = [match.group(0).rstrip(".,:;") for match in _URL.finditer(text)]
+    for match in _TOKEN.finditer(_URL.sub(" ", text)):
+        token = match.group(0).rstrip(".,:;-+#@~").lstrip(".,:;-+~")
+        if (len(token) >= 2 and _IDENTIFIER_MARK.search(token) and _ALNUM.search(token)
+                and not _PLAIN_NUMBER.fullmatch(token)):
+            found.append(token)
+    return _unique(found)
+
+
+def extract_summaries(text: str) -> list[dict[str, Any]]:
+    """Return the JSON objects embedded in ``text`` that look like partial summaries."""
+    decoder = json.JSONDecoder()
+    summaries: list[dict[str, Any]] = []
+    position = text.find("{")
+    while position != -1:
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            position = text.find("{", position + 1)
+            continue
+        if isinstance(value, dict) and sum(key in value for key in SUMMARY_SECTIONS) >= 3:
+            summaries.append(value)
+        position = text.find("{", end)
+    return summaries
+
+
+def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) -> dict[str, Any]:
+    """Build the deterministic summary of ``prompt_text`` with the given section keys."""
+    partials = extract_summaries(prompt_text)
+    lines = _snippets(prompt_text) or ["(no content)"]
+    summary: dict[str, Any] = {}
+    for index, section in enumerate(sections):
+        if section == ARTIFACTS_SECTION:
+            carried = [item for part in partials for item in _strings(part.get(section))]
+            summary[section] = _unique([*carried, *extract_identifiers(prompt_text)])
+        elif section == "goal":
+            goals = [part["goal"] for part in partials if isinstance(part.get("goal"), str)]
+            summary[section] = goals[0] if goals else lines[0]
+        else:
+            carried = [item for part in partials for item in _strings(part.get(section))]
+            derived = f"{section.replace('_', ' ')}: {lines[index % len(lines)]}"
+            summary[section] = _unique([*carried, derived])[:MAX_ENTRIES_PER_SECTION]
+    return summary
+
+
+def fit_summary(summary: dict[str, Any], limit_tokens: int,
+                count_tokens: Callable[[str], int]) -> dict[str, Any]:
+    """Keep as many leading artifacts as let the summary's JSON fit ``limit_tokens``.
+
+    The artifacts are in first-seen order, and the prompt lists its ranked identifiers
+    before the transcript, so the least important go first, as a careful model's would.
+    """
+    artifacts = list(summary.get(ARTIFACTS_SECTION) or [])
+
+    def fits(kept: int) -> bool:
+        trial = {**summary, ARTIFACTS_SECTION: artifacts[:kept]}
+        return count_tokens(json.dumps(trial, ensure_ascii=False)) <= limit_tokens
+
+    if ARTIFACTS_SECTION not in summary or fits(len(artifacts)):
+        return summary
+    low, high = 0, len(artifacts)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return {**summary, ARTIFACTS_SECTION: artifacts[:low]}
+
+
+def build_empty_summary(sections: Iterable[str] = SUMMARY_SECTIONS) -> dict[str, Any]:
+    """Build a summary whose every section is present and empty."""
+    return {section: "" if section == "goal" else [] for section in sections}
+
+
+def build_wrong_schema_summary(prompt_text: str) -> dict[str, Any]:
+    """Build valid JSON that follows none of the summary schema."""
+    lines = _snippets(prompt_text) or ["(no content)"]
+    return {"summary": lines[0], "notes": lines[1:3], "confidence": "high"}
+
+
+def sections_of(json_schema: dict[str, Any] | None) -> tuple[str, ...]:
+    """Return the property names a requested JSON schema asks for (the default keys if none)."""
+    properties = (json_schema or {}).get("properties")
+    if isinstance(properties, dict) and properties:
+        return tuple(str(name) for name in properties)
+    return SUMMARY_SECTIONS
+
+
+def break_json(text: str) -> str:
+    """Return ``text`` with its closing brace replaced by a dangling comma (unparseable)."""
+    return text.rstrip().removesuffix("}") + ', "'
+
+
+def fence_json(text: str) -> str:
+    """Wrap JSON text in prose and a fenced block, as chat models without JSON mode do."""
+    return (
+        "Here is the structured summary of the conversation.\n\n"
+        f"```json\n{text}\n```\n\nLet me know if any section needs more detail."
+    )
+
+
+def _snippets(text: str) -> list[str]:
+    lines = (line.strip(" \t-*#>") for line in text.splitlines())
+    return _unique(line[:SNIPPET_CHARS] for line in lines if len(line) >= 3)
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, list):
+        yield from (item for item in value if isinstance(item, str))
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))

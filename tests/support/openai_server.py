@@ -1,0 +1,297 @@
+"""A real loopback HTTP server speaking enough of the OpenAI API to test the LLM client.
+
+It misbehaves on cue: for the whole run (``behaviour``, changeable between calls), per
+request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` marker),
+where SPEC is a behaviour, optionally ``:N`` to misbehave N times and then answer ok.
+Run it alone with ``python -m tests.support.openai_server --port 0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import json
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+
+from pydantic import ValidationError
+
+from tests.support.openai_behaviours import (
+    Behaviour,
+    BehaviourSpec,
+    ChatRequest,
+    Reply,
+    ServerConfig,
+    answer_chat,
+    error_reply,
+)
+from worker.compaction.messages import parse_message
+from worker.compaction.tokens import TokenCounter, load_encoding
+
+HANG_S = 600.0  # past any sane client timeout; cut short when the server stops
+BEHAVIOUR_HEADER = "X-Test-Behaviour"
+_MARKER = re.compile(r"\[\[behave:([A-Za-z0-9_]+(?::\d+)?)\]\]")
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One chat request as the server saw it (header names lower-cased), and the behaviour
+    it was answered with (None: refused before one applies, for its key or its body)."""
+
+    headers: dict[str, str]
+    body: dict[str, Any]
+    prompt_tokens: int
+    behaviour: Behaviour | None
+
+
+@dataclass
+class _State:
+    """What the handler threads share; every mutable field is guarded by ``lock``."""
+
+    behaviour: BehaviourSpec
+    config: ServerConfig
+    api_key: str | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    log: list[RecordedRequest] = field(default_factory=list)
+    served: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def resolve(self, source: str, spec: BehaviourSpec) -> Behaviour:
+        """Return this request's behaviour, spending one of ``spec``'s N times."""
+        if spec.times is None:
+            return spec.behaviour
+        # Counted per source and spec: every prompt carrying one marker shares its N.
+        key = f"{source}:{spec.behaviour}:{spec.times}"
+        with self.lock:
+            self.served[key] = self.served.get(key, 0) + 1
+            return spec.behaviour if self.served[key] <= spec.times else Behaviour.OK
+
+    @contextlib.contextmanager
+    def counting_in_flight(self) -> Iterator[None]:
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@functools.cache
+def _counter() -> TokenCounter:
+    return TokenCounter(load_encoding("o200k_base"))
+
+
+class OpenAIServer:
+    """The server on a background thread; a context manager (``base_url`` ends in /v1)."""
+
+    def __init__(self, *, behaviour: str | Behaviour = Behaviour.OK, context_window: int = 128_000,
+                 latency_ms: int = 500, host: str = "127.0.0.1", port: int = 0,
+                 model: str = "test-summarizer", api_key: str | None = None,
+                 include_usage: bool = True) -> None:
+        config = ServerConfig(context_window, latency_ms, model, include_usage)
+        self._state = _State(BehaviourSpec.parse(behaviour), config, api_key)
+        self._httpd = _HTTPServer((host, port), self._state)
+        # A short poll keeps stop() quick: shutdown() waits for the loop to notice.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
+                                        daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def start(self) -> Self:
+        _counter()  # load the encoding once, before requests race for it
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; requests that hang or wait are woken and dropped."""
+        self._state.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def set_behaviour(self, behaviour: str | Behaviour) -> None:
+        """Answer later requests with ``behaviour`` (``name`` or ``name:N``)."""
+        with self._state.lock:
+            self._state.behaviour = BehaviourSpec.parse(behaviour)
+            self._state.served = {
+                key: count for key, count in self._state.served.items()
+                if not key.startswith("run:")
+            }
+
+    def set_context_window(self, tokens: int) -> None:
+        with self._state.lock:
+            self._state.config = dataclasses.replace(self._state.config, context_window=tokens)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """The chat requests received so far, oldest first."""
+        with self._state.lock:
+            return list(self._state.log)
+
+    @property
+    def request_count(self) -> int:
+        with self._state.lock:
+            return len(self._state.log)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most chat requests handled at the same time."""
+        with self._state.lock:
+            return self._state.max_in_flight
+
+    def clear_log(self) -> None:
+        with self._state.lock:
+            self._state.log.clear()
+            self._state.max_in_flight = 0
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], state: _State) -> None:
+        super().__init__(address, _Handler)
+        self.state = state
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out and hung up is expected here, not a server fault.
+        return
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") != "/v1/models":
+            self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
+            return
+        model = self.server.state.config.model
+        entry = {"id": model, "object": "model", "created": 0, "owned_by": "tests"}
+        self._send(Reply(200, {"object": "list", "data": [entry]}))
+
+    def do_POST(self) -> None:
+        body = self._read_body()
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
+            return
+        state = self.server.state
+        with state.counting_in_flight():
+            reply = self._answer_chat(body)
+            if reply.payload is None:
+                state.stopping.wait(HANG_S)
+                self.close_connection = True
+                return
+            if reply.delay_s:
+                state.stopping.wait(reply.delay_s)
+            self._send(reply)
+
+    def _answer_chat(self, body: dict[str, Any] | None) -> Reply:
+        """Log the request (refused ones too) and decide its reply."""
+        state = self.server.state
+        request = _parse_chat_request(body)
+        authorized = not state.api_key or (
+            self.headers.get("Authorization") == f"Bearer {state.api_key}")
+        behaviour = self._resolve_behaviour(request) if request and authorized else None
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with state.lock:
+            state.log.append(RecordedRequest(headers, body or {},
+                                             request.prompt_tokens if request else 0, behaviour))
+            config = state.config
+        if not authorized:
+            return error_reply(401, "Incorrect API key provided.", "invalid_request_error",
+                               code="invalid_api_key")
+        if request is None or behaviour is None:
+            return error_reply(400, "Invalid 'messages'.", "invalid_request_error",
+                               param="messages")
+        return answer_chat(behaviour, request, config, _counter())
+
+    def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:
+        state = self.server.state
+        header = self.headers.get(BEHAVIOUR_HEADER)
+        if header:
+            return state.resolve("header", BehaviourSpec.parse(header))
+        marker = _MARKER.search("\n".join(message.text for message in request.messages))
+        if marker:
+            return state.resolve("marker", BehaviourSpec.parse(marker.group(1)))
+        with state.lock:
+            spec = state.behaviour
+        return state.resolve("run", spec)
+
+    def _send(self, reply: Reply) -> None:
+        data = json.dumps(reply.payload).encode()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_body(self) -> dict[str, Any] | None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+
+def _parse_chat_request(body: dict[str, Any] | None) -> ChatRequest | None:
+    """Return the request with its counted messages, or None when they do not parse."""
+    if body is None or not isinstance(body.get("messages"), list):
+        return None
+    try:
+        messages = [parse_message(item) for item in body["messages"]]
+    except (ValidationError, TypeError):
+        return None
+    return ChatRequest(body, messages, _counter().count_messages(messages))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM; print the base URL once the port is bound."""
+    parser = argparse.ArgumentParser(description="OpenAI-protocol test server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8099, help="0 picks a free port")
+    parser.add_argument("--behaviour", default=Behaviour.OK.value,
+                        help=f"name or name:N; one of {', '.join(b.value for b in Behaviour)}")
+    parser.add_argument("--context-window", type=int, default=128_000, help="tokens")
+    parser.add_argument("--latency-ms", type=int, default=500, help="delay of 'latency' (ms)")
+    parser.add_argument("--model", default="test-summarizer")
+    parser.add_argument("--api-key", default=None, help="require this bearer key")
+    args = parser.parse_args(argv)
+    done = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: done.set())
+    server = OpenAIServer(behaviour=args.behaviour, context_window=args.context_window,
+                          latency_ms=args.latency_ms, host=args.host, port=args.port,
+                          model=args.model, api_key=args.api_key)
+    with server:
+        print(f"openai test server listening on {server.base_url}", flush=True)
+        done.wait()
+
+
+if __name__ == "__main__":
+    main()

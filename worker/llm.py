@@ -1,0 +1,297 @@
+"""The LLM adapter: one JSON completion through the OpenAI SDK, its output mode, its errors.
+
+Structured output is asked for as a strict ``json_schema``; an endpoint that rejects it
+gets ``json_object``, then plain text with the JSON cut out of the prose. The mode that
+worked is remembered per endpoint (base URL + model) for the life of the client.
+
+Retries have one owner, the SDK (``max_retries``): it already retries timeouts,
+connection errors, 408/409/429 and 5xx with jittered exponential backoff, honouring
+``Retry-After`` up to two minutes. Owning them here too would multiply attempts; this
+module only counts them (``retries_taken`` on a success, the ``x-stainless-retry-count``
+header the SDK stamps on each attempt on a failure). SDK errors are translated once, by
+``worker.llm_errors``, into ``worker.errors``; nothing above this module sees ``openai.*``.
+
+JSON is not parsed here: ``LLMReply.content`` is the model's JSON text, verbatim (in
+plain-text mode, the JSON object cut out of the prose), and the summary validator
+parses it and names what is wrong (``malformed_json``, schema, empty sections).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Self, cast
+
+import openai
+import structlog
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.chat.completion_create_params import ResponseFormat
+
+from worker.compaction.messages import parse_message
+from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.errors import CompactionError, ProviderError, SummaryInvalid
+from worker.llm_errors import count_retries_taken, is_format_rejection, translate_error
+
+KEYLESS_PLACEHOLDER = "unused"  # local servers want no key, the SDK insists on one
+SCHEMA_NAME = "summary"
+
+log = structlog.get_logger(__name__)
+
+
+class OutputMode(StrEnum):
+    """How the endpoint is asked for JSON, strictest first."""
+
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    PLAIN_TEXT = "plain_text"
+
+
+_FALLBACK = {OutputMode.JSON_SCHEMA: OutputMode.JSON_OBJECT,
+             OutputMode.JSON_OBJECT: OutputMode.PLAIN_TEXT}
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Where and how to call the summarizer; built by the caller from the settings."""
+
+    base_url: str | None  # None: OpenAI's own endpoint
+    api_key: str | None = field(repr=False)
+    model: str
+    connect_timeout_s: float
+    read_timeout_s: float
+    max_retries: int
+    temperature: float | None = 0.0  # None: leave it out (models that reject it)
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    """One completed call: the JSON text and what it cost."""
+
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    retries: int  # HTTP requests beyond the first: SDK retries and rejected output modes
+    mode: OutputMode
+
+    @property
+    def is_truncated(self) -> bool:
+        """True when the model stopped at its output budget (the JSON is cut off)."""
+        return self.finish_reason == "length"
+
+
+class LLMUsage:
+    """Thread-safe totals of a job's LLM calls, for its outcome event."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals = {"calls": 0, "failed_calls": 0, "prompt_tokens": 0,
+                        "completion_tokens": 0, "retries": 0}
+        self._latency_s = 0.0
+
+    def add(self, reply: LLMReply) -> None:
+        """Count one completed call."""
+        with self._lock:
+            self._totals["calls"] += 1
+            self._totals["prompt_tokens"] += reply.prompt_tokens
+            self._totals["completion_tokens"] += reply.completion_tokens
+            self._totals["retries"] += reply.retries
+            self._latency_s += reply.latency_s
+
+    def add_failure(self, *, retries: int, latency_s: float) -> None:
+        """Count one call that ended in an error."""
+        with self._lock:
+            self._totals["calls"] += 1
+            self._totals["failed_calls"] += 1
+            self._totals["retries"] += retries
+            self._latency_s += latency_s
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The totals; ``latency_s`` sums call latencies (concurrent calls overlap)."""
+        with self._lock:
+            return {**self._totals, "latency_s": round(self._latency_s, 3)}
+
+
+@dataclass
+class _Tally:
+    retries: int = 0
+
+
+class _ModeMemory:
+    """The output mode that last worked per endpoint (base URL, model)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._modes: dict[tuple[str, str], OutputMode] = {}
+
+    def get(self, key: tuple[str, str]) -> OutputMode:
+        with self._lock:
+            return self._modes.get(key, OutputMode.JSON_SCHEMA)
+
+    def remember(self, key: tuple[str, str], mode: OutputMode) -> None:
+        with self._lock:
+            self._modes[key] = mode
+
+
+class LLMClient:
+    """Calls one OpenAI-compatible endpoint for JSON; safe to share between threads."""
+
+    def __init__(self, config: LLMConfig, counter: TokenCounter | None = None) -> None:
+        self._config = config
+        self._counter = counter  # loaded on first need: only servers that omit usage need it
+        self._modes = _ModeMemory()
+        timeout = openai.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+        self._sdk = openai.OpenAI(
+            base_url=config.base_url,
+            api_key=config.api_key or KEYLESS_PLACEHOLDER,
+            timeout=timeout,
+            max_retries=config.max_retries,
+        )
+
+    @property
+    def model(self) -> str:
+        return self._config.model
+
+    @property
+    def endpoint_key(self) -> tuple[str, str]:
+        return (str(self._sdk.base_url), self._config.model)
+
+    @property
+    def output_mode(self) -> OutputMode:
+        """The mode the next call starts with (remembered from the last success)."""
+        return self._modes.get(self.endpoint_key)
+
+    def close(self) -> None:
+        self._sdk.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def complete_json(self, messages: list[dict[str, Any]], *, schema: dict[str, Any],
+                      max_output_tokens: int, usage: LLMUsage | None = None) -> LLMReply:
+        """Ask for a JSON object matching ``schema``; count the call into ``usage``.
+
+        Raises:
+            ProviderError, ProviderRateLimited: the endpoint failed (after SDK retries).
+            ContextOverflow: the prompt does not fit the model's context window.
+            SessionFailure: the endpoint refused this request (4xx not about the endpoint).
+            SummaryInvalid: the model refused to answer (``reason="refused"``).
+        A reply cut at ``max_output_tokens`` is returned, with ``is_truncated`` set.
+        """
+        started = time.monotonic()
+        tally = _Tally()
+        try:
+            reply = self._call(messages, schema, max_output_tokens, tally, started)
+        except CompactionError:
+            if usage is not None:
+                usage.add_failure(retries=tally.retries, latency_s=time.monotonic() - started)
+            raise
+        if usage is not None:
+            usage.add(reply)
+        return reply
+
+    def _call(self, messages: list[dict[str, Any]], schema: dict[str, Any],
+              max_output_tokens: int, tally: _Tally, started: float) -> LLMReply:
+        try:
+            completion, mode = self._create_in_working_mode(
+                messages, schema, max_output_tokens, tally
+            )
+        except openai.OpenAIError as exc:
+            tally.retries += count_retries_taken(exc)
+            raise translate_error(exc) from exc
+        return self._read_reply(completion, mode, messages, tally.retries,
+                                time.monotonic() - started)
+
+    def _create_in_working_mode(
+        self, messages: list[dict[str, Any]], schema: dict[str, Any], max_output_tokens: int,
+        tally: _Tally,
+    ) -> tuple[ChatCompletion, OutputMode]:
+        key = self.endpoint_key
+        mode = self._modes.get(key)
+        while True:
+            try:
+                raw = self._sdk.chat.completions.with_raw_response.create(
+                    model=self._config.model,
+                    messages=cast(list[ChatCompletionMessageParam], messages),
+                    max_completion_tokens=max_output_tokens,
+                    temperature=openai.omit if self._config.temperature is None
+                    else self._config.temperature,
+                    response_format=build_response_format(mode, schema),
+                )
+            except openai.APIStatusError as exc:
+                fallback = _FALLBACK.get(mode)
+                if fallback is None or not is_format_rejection(exc):
+                    raise
+                log.warning("llm.output_mode_rejected", model=self._config.model,
+                            rejected_mode=mode.value, next_mode=fallback.value,
+                            status=exc.status_code)
+                tally.retries += 1 + count_retries_taken(exc)
+                mode = fallback
+                continue
+            tally.retries += raw.retries_taken
+            self._modes.remember(key, mode)
+            return raw.parse(), mode
+
+    def _local_counter(self) -> TokenCounter:
+        if self._counter is None:
+            self._counter = TokenCounter(load_encoding())
+        return self._counter
+
+    def _read_reply(self, completion: ChatCompletion, mode: OutputMode,
+                    messages: list[dict[str, Any]], retries: int, latency_s: float) -> LLMReply:
+        if not completion.choices:
+            raise ProviderError("the LLM endpoint answered without a choice",
+                                reason="invalid_response")
+        choice = completion.choices[0]
+        if choice.message.content is None and choice.message.refusal:
+            raise SummaryInvalid("the model refused to summarize", reason="refused")
+        text = choice.message.content or ""
+        if completion.usage is not None:
+            prompt_tokens = completion.usage.prompt_tokens
+            completion_tokens = completion.usage.completion_tokens
+        else:  # some local servers omit usage: count it ourselves
+            counter = self._local_counter()
+            prompt_tokens = counter.count_messages(parse_message(m) for m in messages)
+            completion_tokens = counter.count_text(text)
+        content = extract_json_text(text) if mode is OutputMode.PLAIN_TEXT else text
+        return LLMReply(content, choice.finish_reason, prompt_tokens, completion_tokens,
+                        latency_s, retries, mode)
+
+
+def build_response_format(mode: OutputMode, schema: dict[str, Any]) -> ResponseFormat | openai.Omit:
+    """Return the ``response_format`` argument for ``mode`` (``openai.omit`` for plain text)."""
+    if mode is OutputMode.JSON_SCHEMA:
+        return {"type": "json_schema",
+                "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": schema}}
+    if mode is OutputMode.JSON_OBJECT:
+        return {"type": "json_object"}
+    return openai.omit
+
+
+_FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_json_text(text: str) -> str:
+    """Cut the JSON object out of a prose reply (fenced or not); else return it as is.
+
+    Only a complete object is cut out: a broken one is returned whole, so that its
+    parse fails later instead of a fragment passing for the answer.
+    """
+    fence = _FENCE.search(text)
+    candidate = fence.group(1) if fence else text
+    start = candidate.find("{")
+    if start == -1:
+        return text.strip()
+    try:
+        _, end = json.JSONDecoder().raw_decode(candidate, start)
+    except json.JSONDecodeError:
+        return text.strip()
+    return candidate[start:end]
