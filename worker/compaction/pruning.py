@@ -1,0 +1,99 @@
+"""Pre-pruning of old tool outputs to one-line digests before the summarizer reads them.
+
+Tool outputs are the bulk of agent sessions and mostly noise once acted upon; audit mode
+keeps them whole. Stored messages are never touched: pruning returns new groups.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+
+from worker.compaction.grouping import Group, GroupKind
+from worker.compaction.messages import Role, StoredMessage
+from worker.compaction.tokens import TokenCounter
+
+DIGEST_LINE_CHARS = 160
+UNKNOWN_TOOL = "unknown_tool"
+_NOISE = frozenset(string.punctuation + string.whitespace)
+
+
+def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
+    """Return the first line holding more than punctuation, cut to ``max_chars``.
+
+    A line that is only brackets or quotes (``{``, ``],``) says nothing about the output.
+    A cut line ends with `` ...``; an output without such a line gives ``""``.
+    """
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not set(stripped) <= _NOISE:
+            if len(stripped) > max_chars:
+                return stripped[:max_chars].rstrip() + " ..."
+            return stripped
+    return ""
+
+
+def digest_tool_output(tool_name: str, content_text: str) -> str:
+    """Return a one-line digest of one tool output: its size and first meaningful line."""
+    line_count = len(content_text.splitlines())
+    first = first_meaningful_line(content_text) or "(none)"
+    return (
+        f"[tool result digest] {tool_name}: {len(content_text):,} chars, "
+        f"{line_count:,} lines; first line: {first}"
+    )
+
+
+def prune_groups(
+    groups: Sequence[Group],
+    *,
+    audit_mode: bool,
+    counter: TokenCounter,
+    keep_recent_tool_groups: int = 0,
+) -> list[Group]:
+    """Replace tool outputs with digests, except in the last ``keep_recent_tool_groups``.
+
+    Pruned tool messages are new ``ChatMessage`` copies (only ``content`` differs) whose
+    token count is recounted with ``counter``; an output shorter than its digest is kept.
+    Every other group is returned as is. In audit mode the groups are returned unchanged.
+    """
+    if audit_mode:
+        return list(groups)
+    tool_positions = [i for i, group in enumerate(groups) if group.kind is GroupKind.TOOL_EXCHANGE]
+    keep = set(tool_positions[-keep_recent_tool_groups:]) if keep_recent_tool_groups > 0 else set()
+    return [
+        group if group.kind is not GroupKind.TOOL_EXCHANGE or i in keep
+        else _prune_exchange(group, counter)
+        for i, group in enumerate(groups)
+    ]
+
+
+def tool_names_by_call_id(group: Group) -> dict[str, str]:
+    """Map each tool call id of a group to the called function's name."""
+    return {
+        call.id: call.function.name
+        for stored in group.messages
+        for call in stored.message.tool_calls or ()
+    }
+
+
+def tool_name_of(stored: StoredMessage, names: dict[str, str]) -> str:
+    """Name the tool a result came from: its call's function, else its own ``name``."""
+    message = stored.message
+    return names.get(message.tool_call_id or "") or message.name or UNKNOWN_TOOL
+
+
+def _prune_exchange(group: Group, counter: TokenCounter) -> Group:
+    names = tool_names_by_call_id(group)
+    pruned: list[StoredMessage] = []
+    for stored in group.messages:
+        if stored.message.role is not Role.TOOL:
+            pruned.append(stored)
+            continue
+        text = stored.message.text
+        digest = digest_tool_output(tool_name_of(stored, names), text)
+        if len(digest) >= len(text):
+            pruned.append(stored)  # a short output is its own best digest
+            continue
+        message = stored.message.model_copy(update={"content": digest})
+        pruned.append(StoredMessage(stored.seq, message, counter.count_message(message)))
+    return Group(group.kind, tuple(pruned), group.pending)
