@@ -1,0 +1,191 @@
+"""The extractive summary: rules on a known span, always within budget, deterministic,
+merged with the prior, and carrying the corpus's ids in its artifacts."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.corpus import load_corpus, skip_without_corpus
+from tests.unit.session_strategies import sessions, shared_counter, to_stored
+from tests.unit.test_identifiers import _labelled_ids
+from worker.compaction.fallback import MAX_ARTIFACTS, fallback_summary
+from worker.compaction.grouping import Group, group_messages
+from worker.compaction.identifiers import Artifact, extract_identifiers
+from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
+from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
+from worker.compaction.validation import validate_summary
+
+
+def call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def exchange(call_id: str, name: str, arguments: dict[str, Any], result: str) -> list[Any]:
+    return [{"role": "assistant", "content": None,
+             "tool_calls": [call(call_id, name, arguments)]},
+            {"role": "tool", "tool_call_id": call_id, "content": result}]
+
+
+SPAN = [
+    {"role": "user",
+     "content": "Hi, I want to cancel reservation ZFA04Y. My user id is mia_li_3668."},
+    *exchange("c1", "get_user_details", {"user_id": "mia_li_3668"},
+              json.dumps({"reservations": ["ZFA04Y", "4WQ150"]})),
+    *exchange("c2", "get_reservation_details", {"reservation_id": "ZFA04Y"}, "{}"),
+    *exchange("c3", "get_reservation_details", {"reservation_id": "4WQ150"}, "{}"),
+    *exchange("c4", "cancel_reservation", {"reservation_id": "ZFA04Y"},
+              "Error: reservation ZFA04Y cannot be cancelled after 24 hours"),
+    {"role": "assistant", "content": "Sorry for the trouble. I have cancelled ZFA04Y now."},
+    {"role": "user", "content": "I don't want travel insurance. Can you also check HAT170?"},
+]
+
+
+def summarize(
+    messages: list[dict[str, Any]], prior: Summary | None = None, budget_tokens: int = 2_000
+) -> Summary:
+    stored = to_stored(messages, shared_counter(), first_seq=5)
+    return fallback_summary(
+        group_messages(stored), prior=prior, artifacts=extract_identifiers(stored),
+        budget_tokens=budget_tokens, counter=shared_counter(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("goal", "User request: Hi, I want to cancel reservation ZFA04Y. My user id is "
+                 "mia_li_3668."),
+        ("completed_actions", [
+            "Compacted seq 5 to 15: 2 user, 5 assistant, 4 tool messages",
+            "called get_user_details \u00d71 (mia_li_3668)",
+            "called get_reservation_details \u00d72 (ZFA04Y, 4WQ150)",
+            "called cancel_reservation \u00d71 (ZFA04Y)",
+            "cancel_reservation failed: Error: reservation ZFA04Y cannot be cancelled after 24 "
+            "hours",
+        ]),
+        ("key_decisions", ["I have cancelled ZFA04Y now."]),
+        ("constraints_and_preferences", ["I don't want travel insurance."]),
+        ("pending", ["Unanswered user request: I don't want travel insurance. Can you also "
+                     "check HAT170?"]),
+        ("resolved", []),
+        ("remaining_work", []),
+    ],
+)
+def test_fallback_rules_on_a_known_span(section: str, expected: object) -> None:
+    assert getattr(summarize(SPAN), section) == expected
+
+
+def test_artifacts_are_listed_in_rank_order_without_tool_names() -> None:
+    summary = summarize(SPAN)
+    stored = to_stored(SPAN, shared_counter(), first_seq=5)
+    ranked = [a.value for a in extract_identifiers(stored) if a.kind != "tool"]
+    assert summary.relevant_artifacts == ranked
+    assert {"ZFA04Y", "mia_li_3668", "4WQ150", "HAT170"} <= set(summary.relevant_artifacts)
+
+
+def test_an_answered_request_is_not_pending() -> None:
+    answered = [*SPAN, {"role": "assistant", "content": "HAT170 is on time."}]
+    assert summarize(answered).pending == []
+
+
+def test_a_tool_call_without_its_result_is_pending() -> None:
+    waiting = [*SPAN, {"role": "assistant", "content": None,
+                       "tool_calls": [call("c9", "get_flight_status", {"flight": "HAT170"})]}]
+    assert summarize(waiting).pending[-1] == (
+        "Tool call get_flight_status (c9) has no result yet"
+    )
+
+
+def test_the_prior_summary_is_merged_first_and_keeps_its_goal_without_a_new_request() -> None:
+    prior = Summary.model_validate({
+        **empty_summary().model_dump(), "goal": "Rebook mia_li_3668",
+        "completed_actions": ["Looked up HAT170"], "relevant_artifacts": ["HAT170"],
+    })
+    span = exchange("c1", "get_flight_status", {"flight_number": "HAT170"}, "on time")
+    summary = summarize(span, prior=prior)
+    assert summary.goal == "Rebook mia_li_3668"
+    assert summary.completed_actions == [
+        "Looked up HAT170",
+        "Compacted seq 5 to 6: 1 assistant, 1 tool messages",
+        "called get_flight_status \u00d71 (HAT170)",
+    ]
+    assert summary.relevant_artifacts == ["HAT170"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(sessions(max_turns=6), st.integers(0, 3_000), st.booleans())
+def test_the_fallback_always_fits_its_budget_and_is_deterministic(
+    stored: list[StoredMessage], extra_tokens: int, with_prior: bool
+) -> None:
+    counter = shared_counter()
+    budget_tokens = count_summary_tokens(empty_summary(), counter) + extra_tokens
+    prior = summarize(SPAN) if with_prior else None
+    groups, artifacts = group_messages(stored), extract_identifiers(stored)
+    options: dict[str, Any] = {
+        "prior": prior, "artifacts": artifacts, "budget_tokens": budget_tokens, "counter": counter,
+    }
+    summary = fallback_summary(groups, **options)
+    assert count_summary_tokens(summary, counter) <= budget_tokens
+    assert fallback_summary(list(groups), **options) == summary
+    if extra_tokens >= 200 and any(m.message.role not in INSTRUCTION_ROLES for m in stored):
+        # Room for a goal and one action: the summary passes validation of a long span.
+        validate_summary(
+            summary.model_dump(), finish_reason=None, span_tokens=10_000, identifiers=[],
+            budget_tokens=budget_tokens, replaced_tokens=10**9, counter=counter,
+        )
+
+
+def test_a_span_without_user_words_still_fills_the_load_bearing_sections() -> None:
+    summary = summarize([{"role": "assistant", "content": "Here is the plan. Step one."}])
+    assert summary.goal == "Agent topic: Here is the plan. Step one."
+    assert summary.completed_actions == ["Compacted seq 5 to 5: 1 assistant messages"]
+
+
+@functools.cache
+def corpus_spans(name: str) -> list[tuple[dict[str, Any], list[Group], list[Artifact]]]:
+    """Each corpus session with its groups and artifact index (token counts not needed)."""
+    prepared = []
+    for session in load_corpus(name):
+        stored = [StoredMessage(n, parse_message(m), 0) for n, m in enumerate(session["messages"])]
+        prepared.append((session, group_messages(stored), extract_identifiers(stored)))
+    return prepared
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", ["dev", "dev_long"])
+def test_corpus_fallbacks_fit_their_budget(name: str) -> None:
+    skip_without_corpus()
+    counter = shared_counter()
+    for session, groups, artifacts in corpus_spans(name):
+        for budget_tokens in (256, 1_024):
+            summary = fallback_summary(
+                groups, prior=None, artifacts=artifacts, budget_tokens=budget_tokens,
+                counter=counter,
+            )
+            tokens = count_summary_tokens(summary, counter)
+            assert tokens <= budget_tokens, f"{session['session_id']}: {tokens} tokens"
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", ["dev", "dev_long"])
+def test_corpus_ids_survive_into_the_fallback_artifacts(name: str) -> None:
+    skip_without_corpus()
+    counter = shared_counter()
+    for session, groups, artifacts in corpus_spans(name):
+        summary = fallback_summary(
+            groups, prior=None, artifacts=artifacts, budget_tokens=4_096, counter=counter
+        )
+        listed = summary.relevant_artifacts
+        ranked = [a.value for a in artifacts if a.kind != "tool"]
+        assert listed == ranked[: len(listed)], session["session_id"]
+        assert len(listed) == min(len(ranked), MAX_ARTIFACTS), session["session_id"]
+        if name == "dev":  # short sessions: every id a tool call named fits
+            missing = _labelled_ids(session) - set(listed)
+            assert not missing, f"{session['session_id']}: {sorted(missing)}"

@@ -1,0 +1,249 @@
+"""The summary schema: strictness, stable rendering, merge rules and the size budget."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from tests.unit.session_strategies import shared_counter
+from worker.compaction.schema import (
+    BLOCK_FOOTER,
+    BLOCK_HEADER,
+    DROP_ORDER,
+    HEADINGS,
+    LIST_SECTIONS,
+    LOAD_BEARING_SECTIONS,
+    SUMMARY_SECTIONS,
+    Summary,
+    count_summary_tokens,
+    empty_summary,
+    enforce_summary_budget,
+    merge_summaries,
+    render_summary_block,
+    summary_block_message,
+    summary_json_schema,
+    summary_response_format,
+    truncate_text,
+)
+
+PHRASES = (
+    "called get_reservation_details for ZFA04Y",
+    "user prefers flights after 11 AM EST",
+    "refund of $255 to credit_card_4421486",
+    "mia_li_3668",
+    "/srv/app/config.yaml failed with E1042",
+    "upgrade to v2.3.1",
+    "cancelled HAT170",
+    "déjà vu: 東京 🙂",
+)
+
+
+# Items are drawn whole from a fixed pool: one draw per item keeps generation fast.
+ITEM_POOL = (
+    *PHRASES,
+    *(f"{a}; {b}" for a in PHRASES for b in PHRASES[:3]),
+    *(" ".join(PHRASES[n:] * 30) for n in range(3)),  # far over the per-item cap
+)
+ITEMS = st.sampled_from(ITEM_POOL)
+SUMMARIES = st.fixed_dictionaries(
+    {"goal": st.sampled_from(("", *ITEM_POOL)),
+     **{name: st.lists(ITEMS, max_size=6) for name in LIST_SECTIONS}}
+).map(Summary.model_validate)
+
+
+def filled(**sections: Any) -> Summary:
+    """A summary with the given sections and every other one empty."""
+    return Summary.model_validate({**empty_summary().model_dump(), **sections})
+
+
+def test_json_schema_is_openai_strict_with_every_section_required() -> None:
+    schema = summary_json_schema()
+    assert list(schema["properties"]) == list(SUMMARY_SECTIONS) == list(Summary.model_fields)
+    assert schema["required"] == list(SUMMARY_SECTIONS)
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["goal"]["type"] == "string"
+    for name in LIST_SECTIONS:
+        assert schema["properties"][name]["type"] == "array"
+        assert schema["properties"][name]["items"] == {"type": "string"}
+    assert "default" not in json.dumps(schema)
+    response_format = summary_response_format()
+    assert response_format["json_schema"]["strict"] is True
+    assert response_format["json_schema"]["schema"] == schema
+
+
+def test_load_bearing_sections_are_sections() -> None:
+    assert set(LOAD_BEARING_SECTIONS) <= set(SUMMARY_SECTIONS)
+    assert set(DROP_ORDER) == set(LIST_SECTIONS)
+
+
+def test_summary_rejects_extra_keys() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        Summary.model_validate({**empty_summary().model_dump(), "notes": []})
+
+
+@pytest.mark.parametrize("section", SUMMARY_SECTIONS)
+def test_summary_requires_every_section(section: str) -> None:
+    data = empty_summary().model_dump()
+    del data[section]
+    with pytest.raises(ValidationError, match=section):
+        Summary.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("section", "value"),
+    [("goal", ["a list"]), ("pending", "a string"), ("resolved", [1, 2]), ("goal", None)],
+)
+def test_summary_rejects_wrong_types(section: str, value: object) -> None:
+    with pytest.raises(ValidationError):
+        Summary.model_validate({**empty_summary().model_dump(), section: value})
+
+
+def test_blank_items_are_dropped_and_items_stripped() -> None:
+    summary = filled(goal="  book  ", pending=["", "  call back  ", "   "])
+    assert summary.goal == "book"
+    assert summary.pending == ["call back"]
+
+
+def test_rendered_block_is_wrapped_as_background_reference_with_every_heading() -> None:
+    text = render_summary_block(empty_summary())
+    assert text.startswith(BLOCK_HEADER)
+    assert "background reference, not instructions" in BLOCK_HEADER
+    assert text.endswith(BLOCK_FOOTER)
+    positions = [text.index(f"\n{HEADINGS[name]}:") for name in SUMMARY_SECTIONS]
+    assert positions == sorted(positions)
+    assert text.count("- (none)") == len(LIST_SECTIONS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(SUMMARIES)
+def test_identical_summaries_render_identical_bytes(summary: Summary) -> None:
+    copy = Summary.model_validate_json(summary.model_dump_json())
+    assert render_summary_block(copy).encode() == render_summary_block(summary).encode()
+
+
+def test_an_item_with_line_breaks_stays_one_bullet() -> None:
+    text = render_summary_block(filled(pending=["first line\nsecond line"]))
+    assert "- first line / second line\n" in text
+
+
+def test_render_lists_extra_artifacts_the_summary_lacks_once() -> None:
+    summary = filled(completed_actions=["cancelled ZFA04Y"], relevant_artifacts=["mia_li_3668"])
+    text = render_summary_block(summary, artifacts=["ZFA04Y", "HAT170", "HAT170", "mia_li_3668"])
+    section = text.split("Relevant artifacts:\n", 1)[1].split("\nRemaining work:", 1)[0]
+    assert section.splitlines() == ["- mia_li_3668", "- HAT170"]
+
+
+def test_summary_block_message_is_a_user_message_with_the_text() -> None:
+    assert summary_block_message("block") == {"role": "user", "content": "block"}
+
+
+@pytest.mark.parametrize(
+    ("prior", "new", "expected"),
+    [
+        (
+            filled(completed_actions=["Booked HAT170", "Called think"]),
+            filled(completed_actions=["booked hat170.", "Cancelled ZFA04Y"]),
+            filled(completed_actions=["Booked HAT170", "Called think", "Cancelled ZFA04Y"]),
+        ),
+        (
+            filled(goal="Book a flight", pending=["Refund for ZFA04Y", "Seat for HAT170"]),
+            filled(goal="", resolved=["Refund for ZFA04Y issued to the gift card"]),
+            filled(goal="Book a flight", pending=["Seat for HAT170"],
+                   resolved=["Refund for ZFA04Y issued to the gift card"]),
+        ),
+        (
+            filled(goal="Book a flight", remaining_work=["Send the receipt"]),
+            filled(goal="Cancel ZFA04Y", resolved=["send the receipt"]),
+            filled(goal="Cancel ZFA04Y", resolved=["send the receipt"]),
+        ),
+        (   # a short pending item is not settled by merely appearing inside a longer one
+            filled(pending=["refund"]),
+            filled(resolved=["refund for another booking"]),
+            filled(pending=["refund"], resolved=["refund for another booking"]),
+        ),
+    ],
+    ids=["dedupe-prior-first", "pending-moves-to-resolved", "newer-goal", "short-item"],
+)
+def test_merge_rules(prior: Summary, new: Summary, expected: Summary) -> None:
+    assert merge_summaries(prior, new) == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(SUMMARIES, min_size=11, max_size=11), st.integers(85, 1_500))
+def test_ten_successive_merges_never_exceed_the_budget(
+    summaries_: list[Summary], budget_tokens: int
+) -> None:
+    counter = shared_counter()
+    budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
+    current = enforce_summary_budget(summaries_[0], budget_tokens, counter)
+    for new in summaries_[1:]:
+        current = enforce_summary_budget(merge_summaries(current, new), budget_tokens, counter)
+        assert count_summary_tokens(current, counter) <= budget_tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(SUMMARIES, st.integers(85, 800))
+def test_budget_enforcement_is_deterministic(summary: Summary, budget_tokens: int) -> None:
+    counter = shared_counter()
+    budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
+    first = enforce_summary_budget(summary, budget_tokens, counter)
+    assert enforce_summary_budget(summary, budget_tokens, counter) == first
+    if count_summary_tokens(summary, counter) <= budget_tokens:
+        assert first == summary
+
+
+def test_budget_drops_oldest_least_load_bearing_items_and_keeps_goal_and_pending() -> None:
+    counter = shared_counter()
+    summary = filled(
+        goal="Move mia_li_3668 to a later flight",
+        resolved=[f"old question {n} about HAT{n:03d} settled" for n in range(30)],
+        key_decisions=["Agreed to waive the change fee"],
+        pending=["Confirm the new seat on HAT170"],
+    )
+    budget_tokens = count_summary_tokens(summary, counter) - 60
+    fitted = enforce_summary_budget(summary, budget_tokens, counter)
+    assert count_summary_tokens(fitted, counter) <= budget_tokens
+    assert fitted.goal == summary.goal
+    assert fitted.pending == summary.pending
+    assert fitted.key_decisions == summary.key_decisions
+    assert fitted.resolved == summary.resolved[-len(fitted.resolved):]
+    assert 0 < len(fitted.resolved) < len(summary.resolved)
+
+
+def test_budget_below_an_empty_block_is_refused() -> None:
+    counter = shared_counter()
+    floor_tokens = count_summary_tokens(empty_summary(), counter)
+    with pytest.raises(ValueError, match="below"):
+        enforce_summary_budget(filled(goal="x " * 50), floor_tokens - 1, counter)
+
+
+def test_the_goal_is_shortened_last_and_the_empty_goal_fits_the_floor() -> None:
+    counter = shared_counter()
+    floor_tokens = count_summary_tokens(empty_summary(), counter)
+    summary = filled(goal="rebook " * 400, pending=["confirm"] * 1)
+    fitted = enforce_summary_budget(summary, floor_tokens + 10, counter)
+    assert count_summary_tokens(fitted, counter) <= floor_tokens + 10
+    assert fitted.goal.startswith("rebook")
+
+
+@pytest.mark.parametrize(
+    ("text", "max_tokens"),
+    [("alpha beta gamma " * 50 + "ZFA04Y", 20), ("one two three", 100), ("x" * 500, 10)],
+)
+def test_truncation_cuts_at_a_word_boundary_and_marks_the_cut(text: str, max_tokens: int) -> None:
+    counter = shared_counter()
+    cut = truncate_text(text, max_tokens, counter)
+    if counter.count_text(text) <= max_tokens:
+        assert cut == text
+        return
+    assert cut.endswith("…")
+    assert counter.count_text(cut) <= max_tokens + 1
+    head = cut.removesuffix("…")
+    assert text.startswith(head)
+    if " " in head:
+        assert text[len(head)] == " "
