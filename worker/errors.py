@@ -9,7 +9,8 @@
     ├── SessionFailure                 failed       no      session breaker
     │   ├── SummaryInvalid             failed       no      session breaker (typed reason)
     │   ├── ContextOverflow            failed       no      session breaker (after one re-plan)
-    │   └── DeliveryCapExceeded        failed       no      session breaker
+    │   ├── DeliveryCapExceeded        failed       no      session breaker
+    │   └── InternalError              failed       no      session breaker (unexpected)
     ├── StaleSnapshot                  conflict     no      -
     ├── LeaseHeld                      skipped      no      -
     ├── BreakerOpen                    breaker_open no      -
@@ -119,3 +120,8 @@ class JobRejected(CompactionError):
     """Raised when a job message is malformed or names an unknown session."""
 
     outcome = Outcome.REJECTED
+
+
+class InternalError(SessionFailure):
+    """Raised when a job hits an unexpected error; counts on the session's breaker so a
+    session that keeps crashing its job ends breaker-open instead of looping."""

@@ -129,7 +129,7 @@ class Settings(BaseSettings):
     )
     llm_max_output_tokens: int | None = Field(
         None, gt=0, description="Pin the summary output budget per call (tokens); default "
-        "clamp(span × 0.15, 1024, 4096)."
+        "clamp(span * 0.15, 1024, 4096)."
     )
     llm_connect_timeout_s: float = Field(
         5.0, gt=0, description="Connect timeout per LLM request (s)."

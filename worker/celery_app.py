@@ -1,0 +1,92 @@
+"""The Celery app: Redis broker, JSON only, late acks, prefetch 1, time limits from
+settings, a dedicated queue. ``celery -A worker.celery_app worker`` starts a worker as
+well as ``compactor worker`` does.
+
+Pool: prefork. It is the pool that enforces both time limits (threads enforces none,
+gevent/eventlet no soft limit), and a session that exhausts memory kills only its
+child process, whose job is then redelivered (``reject_on_worker_lost``) and capped by
+the delivery counter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+)
+from structlog.contextvars import bind_contextvars, clear_contextvars
+
+from worker.logging import configure_logging, get_logger
+from worker.settings import Settings, get_settings
+
+TASK_NAME = "compactor.compact_session"
+SCAN_TASK_NAME = "compactor.scan"
+
+
+def create_app(settings: Settings) -> Celery:
+    """Build the app from settings; connects to nothing until used."""
+    app = Celery("compactor", broker=settings.redis_url, include=["worker.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        # Reports undecodable messages (pickle, broken JSON) as rejected jobs.
+        worker_consumer="worker.tasks:JobConsumer",
+        task_soft_time_limit=settings.task_soft_time_limit_s,
+        task_time_limit=settings.task_hard_time_limit_s,
+        task_default_queue=settings.queue_name,
+        task_routes={TASK_NAME: {"queue": settings.queue_name},
+                     SCAN_TASK_NAME: {"queue": settings.queue_name}},
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout_s,
+            "global_keyprefix": settings.redis_key_prefix,
+        },
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        timezone="UTC",
+        enable_utc=True,
+    )
+    return app
+
+
+app = create_app(get_settings())
+
+
+@worker_init.connect
+@worker_process_init.connect
+def _configure_logging(**_: Any) -> None:
+    settings = get_settings()
+    configure_logging(settings.log_format.value, settings.log_level)
+
+
+@worker_ready.connect
+def _announce_ready(**_: Any) -> None:
+    settings = get_settings()
+    get_logger().info("worker.ready", queue=settings.queue_name,
+                      summarizer=settings.effective_summarizer.value)
+
+
+@task_prerun.connect
+def _bind_task_context(task_id: str | None = None, kwargs: Any = None, **_: Any) -> None:
+    clear_contextvars()
+    session_id = kwargs.get("session_id") if isinstance(kwargs, dict) else None
+    bind_contextvars(task_id=task_id, session_id=session_id if isinstance(session_id, str)
+                     else None)
+
+
+@task_postrun.connect
+def _unbind_task_context(**_: Any) -> None:
+    clear_contextvars()

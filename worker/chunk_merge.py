@@ -1,0 +1,173 @@
+"""The LLM summarizer: executes the core's chunk-and-merge plan through the LLM adapter.
+
+Map calls of a round run concurrently (bounded); merge rounds follow until one summary
+remains. The first call that fails for good stops the job: a partial result is never
+returned. A context-length error re-plans once with smaller chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+from worker.compaction.chunking import (
+    ChunkPlan,
+    SpanItem,
+    chunk_budget_tokens,
+    merge_fan_in,
+    output_budget_tokens,
+    plan_chunks,
+)
+from worker.compaction.prompts import (
+    PART_FRAMING_TOKENS,
+    PROMPT_VERSION,
+    build_merge_messages,
+    build_summarize_messages,
+    prompt_overhead_tokens,
+    render_group,
+    render_prior_json,
+)
+from worker.compaction.schema import Summary, summary_json_schema
+from worker.compaction.tokens import TokenCounter
+from worker.compaction.validation import parse_summary
+from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
+from worker.fleet import FleetRateLimiter
+from worker.llm import LLMClient, LLMUsage
+from worker.summarizer import SummaryDraft, SummaryWork
+
+T = TypeVar("T")
+
+# Identifiers listed in each prompt; the full index is kept in the revision.
+PROMPT_IDENTIFIERS = 40
+# On a context-length error the chunk budget shrinks to this share, once.
+REPLAN_RATIO = 0.6
+
+
+class LLMSummarizer:
+    """Summarizes a span through any OpenAI-compatible endpoint."""
+
+    kind = "llm"
+    uses_provider = True
+
+    def __init__(self, client: LLMClient, counter: TokenCounter, *, window_tokens: int,
+                 margin_ratio: float, pinned_output_tokens: int | None, concurrency: int,
+                 max_calls: int, rate_limiter: FleetRateLimiter | None = None) -> None:
+        self._client = client
+        self._counter = counter
+        self._window_tokens = window_tokens
+        self._margin_ratio = margin_ratio
+        self._pinned_output_tokens = pinned_output_tokens
+        self._concurrency = concurrency
+        self._max_calls = max_calls
+        self._rate_limiter = rate_limiter
+        self._schema = summary_json_schema()
+
+    def summarize(self, work: SummaryWork) -> SummaryDraft:
+        usage = LLMUsage()
+        try:
+            summary, plan = self._run(work, usage, self._window_tokens)
+        except ContextOverflow:
+            # Our token counts undershot the endpoint's; retry once with more room.
+            summary, plan = self._run(work, usage, int(self._window_tokens * REPLAN_RATIO))
+        totals = usage.as_dict()
+        return SummaryDraft(summary=summary, kind=self.kind, model=self._client.model,
+                            prompt_version=PROMPT_VERSION, figures={
+                                "llm_calls": totals["calls"],
+                                "prompt_tokens": totals["prompt_tokens"],
+                                "completion_tokens": totals["completion_tokens"],
+                                "llm_retries": totals["retries"],
+                                "llm_latency_s": round(totals["latency_s"], 3),
+                                "chunks": len(plan.chunks),
+                                "merge_rounds": len(plan.merge_rounds)})
+
+    def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
+             ) -> tuple[Summary, ChunkPlan]:
+        identifiers = [a.value for a in work.artifacts[:PROMPT_IDENTIFIERS]]
+        output_tokens = output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
+        plan = self._plan(work, identifiers, output_tokens, window_tokens)
+        single = len(plan.chunks) == 1
+        partials = self._map(plan, work.prior if single else None, identifiers,
+                             output_tokens, usage)
+        for batches in plan.merge_rounds:
+            final_round = len(batches) == 1
+            partials = self._merge_round(partials, batches, work.prior if final_round else None,
+                                         identifiers, output_tokens, usage)
+        return partials[0], plan
+
+    def _plan(self, work: SummaryWork, identifiers: Sequence[str], output_tokens: int,
+              window_tokens: int) -> ChunkPlan:
+        counter = self._counter
+        prior_tokens = counter.count_text(render_prior_json(work.prior)) if work.prior else 0
+        overhead = prompt_overhead_tokens(counter, prior_tokens, identifiers=identifiers,
+                                          budget_tokens=output_tokens)
+        budget = chunk_budget_tokens(window_tokens, self._margin_ratio, output_tokens,
+                                     overhead, 0)
+        items = [_span_item(render_group(g), g.first_seq, g.last_seq, counter)
+                 for g in work.span]
+        plan = plan_chunks(items, budget_tokens=budget, counter=counter,
+                           fan_in=merge_fan_in(budget, output_tokens + PART_FRAMING_TOKENS))
+        if plan.calls > self._max_calls:
+            raise SessionFailure(
+                f"the span needs {plan.calls} LLM calls, over llm_max_calls_per_job="
+                f"{self._max_calls}", reason="too_many_calls")
+        return plan
+
+    def _map(self, plan: ChunkPlan, prior: Summary | None, identifiers: Sequence[str],
+             output_tokens: int, usage: LLMUsage) -> list[Summary]:
+        def summarize_chunk(text: str) -> Callable[[], Summary]:
+            messages = build_summarize_messages(text, prior=prior, identifiers=identifiers,
+                                                budget_tokens=output_tokens)
+            return lambda: self._call(messages, output_tokens, usage)
+
+        texts = ["\n\n".join(item.text for item in chunk.items) for chunk in plan.chunks]
+        return self._run_all([summarize_chunk(text) for text in texts])
+
+    def _merge_round(self, partials: list[Summary], batches: Sequence[Sequence[int]],
+                     prior: Summary | None, identifiers: Sequence[str], output_tokens: int,
+                     usage: LLMUsage) -> list[Summary]:
+        def merge_batch(batch: Sequence[int]) -> Callable[[], Summary]:
+            if len(batch) == 1:
+                return lambda: partials[batch[0]]
+            messages = build_merge_messages([partials[i] for i in batch], prior=prior,
+                                            identifiers=identifiers, budget_tokens=output_tokens)
+            return lambda: self._call(messages, output_tokens, usage)
+
+        return self._run_all([merge_batch(batch) for batch in batches])
+
+    def _call(self, messages: list[dict[str, Any]], output_tokens: int,
+              usage: LLMUsage) -> Summary:
+        reply = self._complete(messages, output_tokens, usage)
+        if reply.is_truncated:
+            # One more try with twice the room, then the summary counts as truncated.
+            reply = self._complete(messages, output_tokens * 2, usage)
+            if reply.is_truncated:
+                raise SummaryInvalid("the summary was cut off at the output limit twice",
+                                     reason="truncated")
+        return parse_summary(reply.content)
+
+    def _complete(self, messages: list[dict[str, Any]], output_tokens: int,
+                  usage: LLMUsage) -> Any:
+        if self._rate_limiter is not None:
+            self._rate_limiter.acquire()
+        return self._client.complete_json(messages, schema=self._schema,
+                                          max_output_tokens=output_tokens, usage=usage)
+
+    def _run_all(self, calls: Sequence[Callable[[], T]]) -> list[T]:
+        """Run calls with bounded concurrency; the first failure cancels the rest."""
+        if len(calls) == 1:
+            return [calls[0]()]
+        with ThreadPoolExecutor(max_workers=self._concurrency) as pool:
+            futures: list[Future[T]] = [pool.submit(call) for call in calls]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in pending:
+                future.cancel()
+            for future in futures:
+                if future in done and future.exception() is not None:
+                    raise future.exception()  # type: ignore[misc]  # checked not None
+            return [future.result() for future in futures]
+
+
+def _span_item(text: str, first_seq: int, last_seq: int, counter: TokenCounter) -> SpanItem:
+    return SpanItem(text=text, tokens=counter.count_text(text), first_seq=first_seq,
+                    last_seq=last_seq)

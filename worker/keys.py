@@ -1,0 +1,32 @@
+"""Every Redis key the service writes, built from one table of prefixes.
+
+All keys sit under the deployment's ``redis_key_prefix`` (settings), so two deployments,
+or two test runs, can share one Redis without colliding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Key builder for one deployment prefix (e.g. ``compactor:``)."""
+
+    prefix: str
+
+    def deliveries(self, task_id: str, retries: int) -> str:
+        """Counter of deliveries of one task attempt (retries get their own counter)."""
+        return f"{self.prefix}deliveries:{task_id}:{retries}"
+
+    def rate_window(self, window: int) -> str:
+        """Fleet-wide count of LLM calls in one rate-limit window."""
+        return f"{self.prefix}llm-rate:{window}"
+
+    def provider_breaker(self) -> str:
+        """The provider-wide breaker state (JSON)."""
+        return f"{self.prefix}provider-breaker"
+
+    def scan_lock(self) -> str:
+        """Held while a scan runs, so two beat processes never enqueue twice."""
+        return f"{self.prefix}scan-lock"

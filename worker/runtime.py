@@ -1,0 +1,129 @@
+"""Builds a process's job dependencies from settings: engine, store, token counter,
+summarizer, Redis-backed fleet state. Created lazily per process (after fork), never at
+import time; the only place below the entrypoints that reads a ``Settings``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+
+from db.engine import create_db_engine
+from db.store import Store
+from worker.compaction.plan import TriggerPolicy
+from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.fleet import (
+    DeliveryCounter,
+    FleetRateLimiter,
+    InMemoryBreakerState,
+    ProviderBreaker,
+    ProviderBreakerStore,
+)
+from worker.job import JobDeps, JobPolicy
+from worker.keys import RedisKeys
+from worker.settings import BreakerOpenPolicy, Settings, SummarizerKind
+from worker.summarizer import ExtractiveSummarizer, Summarizer
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def job_policy(settings: Settings) -> JobPolicy:
+    """The plain values of settings that a job needs."""
+    return JobPolicy(
+        trigger=TriggerPolicy(
+            trigger_tokens=settings.trigger_tokens,
+            floor_tokens=settings.floor_tokens,
+            tail_budget_tokens=settings.tail_budget_tokens,
+            min_tail_user_turns=settings.min_tail_user_turns,
+        ),
+        summary_budget_tokens=settings.summary_budget_tokens,
+        audit_mode=settings.audit_mode,
+        lease_ttl_s=settings.lease_ttl_s,
+        breaker_threshold=settings.breaker_threshold,
+        breaker_cooldown_s=settings.breaker_cooldown_s,
+        fallback_when_open=settings.breaker_open_policy is BreakerOpenPolicy.FALLBACK,
+    )
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One process's long-lived collaborators."""
+
+    settings: Settings
+    store: Store
+    deps: JobDeps
+    policy: JobPolicy
+    redis: redis.Redis | None
+    delivery_counter: DeliveryCounter | None
+
+
+def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
+    """Create engine, store, counter and summarizer; Redis only when ``use_redis``."""
+    store = Store(create_db_engine(settings.effective_database_url,
+                                   sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms))
+    counter = TokenCounter(load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir))
+    client = redis.Redis.from_url(settings.redis_url) if use_redis else None
+    keys = RedisKeys(settings.redis_key_prefix)
+    state = ProviderBreakerStore(client, keys) if client else InMemoryBreakerState()
+    provider_breaker = ProviderBreaker(state, threshold=settings.provider_breaker_threshold,
+                                       cooldown_s=settings.provider_breaker_cooldown_s,
+                                       clock=utc_now)
+    deps = JobDeps(
+        store=store,
+        summarizer=build_summarizer(settings, counter, client, keys),
+        fallback=ExtractiveSummarizer(counter, kind="fallback"),
+        counter=counter,
+        provider_breaker=provider_breaker,
+        clock=utc_now,
+    )
+    delivery_counter = (
+        DeliveryCounter(client, keys, ttl_s=settings.broker_visibility_timeout_s * 4)
+        if client else None
+    )
+    return Runtime(settings, store, deps, job_policy(settings), client, delivery_counter)
+
+
+def build_summarizer(
+    settings: Settings, counter: TokenCounter, client: redis.Redis | None, keys: RedisKeys
+) -> Summarizer:
+    """The configured summarizer: the LLM through the OpenAI SDK, or extractive."""
+    if settings.effective_summarizer is not SummarizerKind.LLM:
+        return ExtractiveSummarizer(counter)
+    from worker.chunk_merge import LLMSummarizer  # the SDK loads only when it is used
+    from worker.llm import LLMClient, LLMConfig
+
+    config = LLMConfig(
+        base_url=settings.llm_base_url,
+        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        model=settings.llm_model,
+        connect_timeout_s=settings.llm_connect_timeout_s,
+        read_timeout_s=settings.llm_read_timeout_s,
+        max_retries=settings.llm_max_retries,
+    )
+    limiter = (FleetRateLimiter(client, keys, settings.llm_rate_limit_per_s)
+               if client and settings.llm_rate_limit_per_s > 0 else None)
+    return LLMSummarizer(
+        LLMClient(config),
+        counter,
+        window_tokens=settings.llm_context_tokens,
+        margin_ratio=settings.llm_safety_margin_ratio,
+        pinned_output_tokens=settings.llm_max_output_tokens,
+        concurrency=settings.llm_concurrency,
+        max_calls=settings.llm_max_calls_per_job,
+        rate_limiter=limiter,
+    )
+
+
+_process_runtime: tuple[int, Runtime] | None = None
+
+
+def get_runtime(settings: Settings) -> Runtime:
+    """This process's runtime, rebuilt after a fork (engines must not cross processes)."""
+    global _process_runtime
+    if _process_runtime is None or _process_runtime[0] != os.getpid():
+        _process_runtime = (os.getpid(), build_runtime(settings))
+    return _process_runtime[1]

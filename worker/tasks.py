@@ -1,0 +1,124 @@
+"""The task ``compactor.compact_session``: a thin view over ``pipeline.run``.
+
+It parses the message, counts the delivery, runs the pipeline, emits the one outcome
+event, and maps a transient failure to a Celery retry. Messages that cannot even be
+decoded (pickle, garbage) never become a task: :class:`JobConsumer` reports them as a
+``rejected`` event.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+from celery import Task
+from celery.worker.consumer import Consumer
+from kombu.exceptions import ContentDisallowed, DecodeError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from worker import pipeline
+from worker.celery_app import TASK_NAME, app
+from worker.errors import DeliveryCapExceeded, JobRejected, Outcome
+from worker.job import JobRequest, JobResult
+from worker.logging import JOB_EVENT, get_logger
+from worker.outcome import emit_job_event
+from worker.runtime import get_runtime
+from worker.settings import get_settings
+
+
+class JobMessage(BaseModel):
+    """The kwargs contract of the task; anything else is rejected, never retried."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: StrictStr = Field(min_length=1, max_length=512)
+    reason: StrictStr = Field("trigger", max_length=200)
+    force: StrictBool = False
+
+
+def parse_job(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
+              attempt: int) -> JobRequest:
+    """Validate a delivery's arguments; raise JobRejected with the reason."""
+    if args:
+        raise JobRejected("positional arguments are not accepted", reason="malformed_message")
+    try:
+        message = JobMessage.model_validate(kwargs)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                             for e in exc.errors(include_input=False))
+        raise JobRejected(f"malformed job message: {problems}",
+                          reason="malformed_message") from exc
+    return JobRequest(message.session_id, message.reason, message.force, task_id, attempt)
+
+
+def retry_countdown_s(retries: int, retry_after_s: float | None, max_s: int) -> float:
+    """Exponential backoff with full jitter, never sooner than the server asked."""
+    backoff_s = random.uniform(0, min(max_s, 2 ** (retries + 2)))
+    return min(max_s, max(backoff_s, retry_after_s or 0.0))
+
+
+class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
+    """Celery's consumer, reporting messages that never become a task (a body that is not
+    JSON, a refused content type such as pickle) as ``rejected`` jobs before it drops them.
+
+    Such a message fails while its request is built, in the consumer, so no task or
+    request hook ever sees it.
+    """
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        report_unreadable_message(message, exc)
+        super().on_decode_error(message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        report_unreadable_message(message, exc)
+        super().on_invalid_task(body, message, exc)
+
+
+def report_unreadable_message(message: Any, exc: Exception) -> None:
+    """Log the ``rejected`` outcome event of a message that could not be read."""
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    content_type = message.content_type
+    reason = "undecodable_message"
+    if isinstance(exc, ContentDisallowed):
+        detail = f"refused {content_type!r} content: only JSON is accepted"
+    elif isinstance(exc, DecodeError):
+        detail = f"the {content_type!r} body does not decode"
+    else:
+        reason, detail = "invalid_message", f"not a valid task message: {exc}"
+    get_logger().error(
+        JOB_EVENT, task_id=headers.get("id"), session_id=None, attempt=1,
+        outcome=Outcome.REJECTED.value, reason=reason, will_retry=False,
+        failure_class=type(exc).__name__, failure_message=detail,
+    )
+
+
+@app.task(name=TASK_NAME, bind=True, typing=False)
+def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
+    settings = get_settings()
+    runtime = get_runtime(settings)
+    task_id, retries = str(self.request.id), int(self.request.retries)
+    result = _run_delivery(runtime, args, kwargs, task_id, retries)
+    will_retry = result.retryable and retries < settings.max_transient_retries
+    emit_job_event(get_logger(), result, will_retry=will_retry)
+    if will_retry:
+        countdown = retry_countdown_s(retries, result.retry_after_s, settings.retry_backoff_max_s)
+        raise self.retry(countdown=countdown, max_retries=None)
+    return result.outcome.value
+
+
+def _run_delivery(runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
+                  retries: int) -> JobResult:
+    fallback_request = JobRequest(str(kwargs.get("session_id", ""))[:512], "invalid",
+                                  task_id=task_id, attempt=retries + 1)
+    try:
+        request = parse_job(args, kwargs, task_id, retries + 1)
+    except JobRejected as exc:
+        return pipeline.record_failure(fallback_request, runtime.deps, runtime.policy, exc)
+    deliveries = runtime.delivery_counter.record_delivery(task_id, retries)
+    if deliveries > runtime.settings.max_deliveries:
+        cap = DeliveryCapExceeded(f"delivered {deliveries} times; its worker keeps dying",
+                                  reason="delivery_cap")
+        return pipeline.record_failure(request, runtime.deps, runtime.policy, cap)
+    return pipeline.run(replace(request, redelivered=deliveries > 1), runtime.deps,
+                        runtime.policy)
