@@ -55,6 +55,11 @@ class Store:
         self._engine = engine
         self._read_engine = derive_read_engine(engine)
 
+    def close(self) -> None:
+        """Close every pooled connection (the store is unusable afterwards)."""
+        self._read_engine.dispose()
+        self._engine.dispose()
+
     # --- sessions and messages ------------------------------------------------------
 
     def create_session(

@@ -72,9 +72,12 @@ def compact_command(
     with open_store(settings):  # creates/upgrades the embedded database, checks the schema
         pass
     runtime = build_runtime(settings, use_redis=False)
-    ids = sessions or _all_session_ids(runtime.store)
-    results = [pipeline.run(JobRequest(sid, "operator", force), runtime.deps, runtime.policy)
-               for sid in ids]
+    try:
+        ids = sessions or _all_session_ids(runtime.store)
+        results = [pipeline.run(JobRequest(sid, "operator", force), runtime.deps, runtime.policy)
+                   for sid in ids]
+    finally:
+        runtime.close()
     for result in results:
         emit_job_event(get_logger(), result)
     _print_results(results, as_json)

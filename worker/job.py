@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from db.store import NewRun, Store
 from worker.compaction.plan import TriggerPolicy
+from worker.compaction.strategies import StrategyConfig
 from worker.compaction.tokens import TokenCounter
 from worker.errors import CompactionError, Outcome
 from worker.summarizer import Summarizer, SummaryDraft
@@ -40,6 +41,7 @@ class JobPolicy:
     trigger: TriggerPolicy
     summary_budget_tokens: int
     audit_mode: bool
+    span_strategy: StrategyConfig | None
     lease_ttl_s: int
     breaker_threshold: int
     breaker_cooldown_s: int

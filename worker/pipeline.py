@@ -18,6 +18,7 @@ from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.plan import Boundary, decide_compaction, plan_boundary
 from worker.compaction.pruning import prune_groups
 from worker.compaction.schema import Summary, render_summary_block, summary_block_message
+from worker.compaction.strategies import apply_strategy
 from worker.compaction.validation import validate_summary
 from worker.errors import (
     BreakerOpen,
@@ -151,9 +152,11 @@ def _summary_work(
     ctx.figures["span_tokens"] = span_tokens
     ctx.figures["span_messages"] = len(span_messages)
     prior = Summary.model_validate(snapshot.revision.summary) if snapshot.revision else None
+    span = prune_groups(boundary.span, audit_mode=policy.audit_mode, counter=ctx.deps.counter)
+    if policy.span_strategy is not None:
+        span = apply_strategy(span, policy.span_strategy, ctx.deps.counter)
     return SummaryWork(
-        span=tuple(prune_groups(boundary.span, audit_mode=policy.audit_mode,
-                                counter=ctx.deps.counter)),
+        span=tuple(span),
         prior=prior,
         artifacts=tuple(extract_identifiers(span_messages)),
         span_tokens=span_tokens,

@@ -13,6 +13,7 @@ import redis
 from db.engine import create_db_engine
 from db.store import Store
 from worker.compaction.plan import TriggerPolicy
+from worker.compaction.strategies import StrategyConfig
 from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.fleet import (
     DeliveryCounter,
@@ -42,6 +43,10 @@ def job_policy(settings: Settings) -> JobPolicy:
         ),
         summary_budget_tokens=settings.summary_budget_tokens,
         audit_mode=settings.audit_mode,
+        span_strategy=StrategyConfig(
+            settings.span_strategy,
+            keep_last_tool_groups=settings.span_strategy_keep_last_tool_groups,
+        ) if settings.span_strategy else None,
         lease_ttl_s=settings.lease_ttl_s,
         breaker_threshold=settings.breaker_threshold,
         breaker_cooldown_s=settings.breaker_cooldown_s,
@@ -59,6 +64,12 @@ class Runtime:
     policy: JobPolicy
     redis: redis.Redis | None
     delivery_counter: DeliveryCounter | None
+
+    def close(self) -> None:
+        """Release the database connections and the Redis client."""
+        self.store.close()
+        if self.redis is not None:
+            self.redis.close()
 
 
 def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:

@@ -15,6 +15,8 @@ from typing import Self
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.compaction.strategies import StrategyName
+
 
 class SummarizerKind(StrEnum):
     """Which summarizer a job uses."""
@@ -101,6 +103,15 @@ class Settings(BaseSettings):
     )
     audit_mode: bool = Field(
         False, description="Keep tool outputs whole in what the summarizer reads (flag)."
+    )
+    span_strategy: StrategyName | None = Field(
+        None, description="Deterministic strategy applied to the span before it is "
+        "summarized: tool_result_collapse, tool_call_drop, sliding_window or truncation "
+        "(name; unset = none). The original messages stay in the history."
+    )
+    span_strategy_keep_last_tool_groups: int = Field(
+        2, ge=0, description="Tool exchanges of the span that span_strategy leaves whole "
+        "(count)."
     )
 
     # --- summarizer ----------------------------------------------------------------
