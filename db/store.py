@@ -20,6 +20,7 @@ from db import queries as q
 from db.engine import derive_read_engine
 from db.errors import SessionExists, translate_errors
 from db.models import BREAKER_STATES, RevisionRow, RunRow, SessionRow
+from db.queue import clear_queue_marker
 from db.records import (
     BreakerUpdate,
     MessageRecord,
@@ -241,6 +242,11 @@ class Store:
             .values(lease_owner=None, lease_expires_at=None)
         )
         return self._update_one(session_id, statement)
+
+    def clear_queue_marker(self, session_id: str, job_id: str) -> bool:
+        """Clear the session's queued-job marker if it is still ``job_id``'s."""
+        with translate_errors():
+            return clear_queue_marker(self._engine, session_id, job_id)
 
     def set_breaker(self, session_id: str, update: BreakerUpdate) -> None:
         """Persist the session's breaker fields."""

@@ -31,7 +31,10 @@ SCAN_TASK_NAME = "compactor.scan"
 
 def create_app(settings: Settings) -> Celery:
     """Build the app from settings; connects to nothing until used."""
-    app = Celery("compactor", broker=settings.redis_url, include=["worker.tasks"])
+    # Celery loads the scheduler's scan task by name: the scan runs as a task on a
+    # worker, while nothing in worker/ imports scheduler/ (the dependency direction).
+    app = Celery("compactor", broker=settings.redis_url,
+                 include=["worker.tasks", "scheduler.beat"])
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

@@ -4,6 +4,7 @@
 
     CompactionError                    outcome      retry   counts on
     ├── TransientError                 failed       yes     -
+    │   ├── ProviderBreakerOpen        failed       yes     - (waits out the cooldown)
     │   └── ProviderError              failed       yes     provider breaker
     │       └── ProviderRateLimited    failed       yes     provider breaker (Retry-After)
     ├── SessionFailure                 failed       no      session breaker
@@ -64,6 +65,11 @@ class TransientError(CompactionError):
     """Raised when a retry later may succeed (the session is not at fault)."""
 
     retryable = True
+
+
+class ProviderBreakerOpen(TransientError):
+    """Raised when the provider breaker is open: retry later, without counting another
+    provider failure (that would restart the cooldown and keep it open forever)."""
 
 
 class ProviderError(TransientError):

@@ -28,7 +28,7 @@ from worker.errors import (
     JobRejected,
     LeaseHeld,
     Outcome,
-    ProviderError,
+    ProviderBreakerOpen,
     StaleSnapshot,
     TransientError,
 )
@@ -116,7 +116,8 @@ def _check_breakers(ctx: JobContext, policy: JobPolicy) -> tuple[Summarizer, boo
         summarizer = ctx.deps.summarizer
         if summarizer.uses_provider and not ctx.deps.provider_breaker.admit():
             if not policy.fallback_when_open:
-                raise ProviderError("the provider breaker is open", reason="provider_breaker_open")
+                raise ProviderBreakerOpen("the provider breaker is open",
+                                          reason="provider_breaker_open")
             ctx.fallback_reason = "provider_breaker_open"
             return ctx.deps.fallback, False
         return summarizer, False
@@ -271,7 +272,8 @@ def _fail(ctx: JobContext, policy: JobPolicy, exc: CompactionError) -> JobResult
 def _failed_breaker(ctx: JobContext, policy: JobPolicy) -> BreakerUpdate | None:
     try:
         session = ctx.deps.store.get_session(ctx.request.session_id)
-    except store_errors.SessionNotFound:
+    except store_errors.StoreError:
+        # Unknown session, or a store that fails: the outcome event must still go out.
         return None
     breaker = breaker_after_failure(_session_breaker(session), ctx.deps.clock(),
                                     policy.breaker_threshold)

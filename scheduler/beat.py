@@ -1,0 +1,175 @@
+"""The nightly scan: the ``compactor.scan`` task, its beat schedule, and the Redis lock
+that keeps two beat processes (started by mistake) from scanning at the same time.
+
+The lock only saves a second pass over the sessions; the conditional UPDATE of each
+session's queue marker is what enqueues every due session once. Workers load this module
+through the Celery app's ``include``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from celery import Celery, Task
+from celery.schedules import crontab
+from sqlalchemy import Engine
+
+from db.engine import create_db_engine
+from db.errors import translate_errors
+from db.migrate import check_schema
+from scheduler.enqueue import CeleryPublisher, Publisher, ScanReport, run_scan
+from scheduler.selection import ScanPolicy
+from worker.celery_app import SCAN_TASK_NAME, app
+from worker.keys import RedisKeys
+from worker.logging import get_logger
+from worker.settings import Settings, get_settings
+
+SCAN_ENTRY_NAME = "compactor-nightly-scan"
+BEAT_SCHEDULE_FILENAME = "beat-schedule"
+# Refreshed after every page, so it only has to outlast one page; a scanner that dies
+# frees the lock within this time.
+SCAN_LOCK_TTL_S = 600
+# Each lock command is one round trip: a Redis that does not answer in this is down.
+REDIS_TIMEOUT_S = 10.0
+
+# Delete or extend the lock only while it still holds our token (never another's).
+_RELEASE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+_REFRESH_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+def scan_policy(settings: Settings) -> ScanPolicy:
+    """The plain scan values of the settings."""
+    return ScanPolicy(
+        trigger_tokens=settings.trigger_tokens,
+        dirty_ratio=settings.dirty_ratio,
+        tail_budget_tokens=settings.tail_budget_tokens,
+        quiet_period_s=settings.quiet_period_s,
+        breaker_cooldown_s=settings.breaker_cooldown_s,
+        marker_ttl_s=settings.enqueue_marker_ttl_s,
+        batch_size=settings.scan_batch_size,
+        max_jobs=settings.scan_max_jobs,
+        token_budget=settings.scan_token_budget,
+    )
+
+
+def scan_crontab(expression: str) -> crontab:
+    """Parse a five-field cron expression (UTC); ValueError names the bad expression."""
+    try:
+        return crontab.from_string(expression)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"invalid scan_cron {expression!r}: {exc}") from exc
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The beat schedule: one scan at ``scan_cron`` on the jobs' queue."""
+    return {
+        SCAN_ENTRY_NAME: {
+            "task": SCAN_TASK_NAME,
+            "schedule": scan_crontab(settings.scan_cron),
+            "options": {"queue": settings.queue_name},
+        }
+    }
+
+
+def start_beat(celery_app: Celery, settings: Settings) -> None:
+    """Run the beat process in the foreground (its schedule file under ``data_dir``)."""
+    celery_app.conf.beat_schedule = beat_schedule(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    schedule_path = settings.data_dir / BEAT_SCHEDULE_FILENAME
+    celery_app.Beat(schedule=str(schedule_path), loglevel=settings.log_level).run()
+
+
+@dataclass(frozen=True)
+class ScanLock:
+    """A Redis lock (SET NX PX) owned by ``token``; only its owner extends or frees it."""
+
+    client: redis.Redis
+    key: str
+    token: str
+    ttl_s: float = SCAN_LOCK_TTL_S
+
+    @classmethod
+    def create(cls, client: redis.Redis, keys: RedisKeys,
+               ttl_s: float = SCAN_LOCK_TTL_S) -> ScanLock:
+        return cls(client, keys.scan_lock(), uuid.uuid4().hex, ttl_s)
+
+    def acquire(self) -> bool:
+        return bool(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
+
+    def refresh(self) -> bool:
+        return bool(self.client.eval(_REFRESH_SCRIPT, 1, self.key, self.token, self._ttl_ms))
+
+    def release(self) -> bool:
+        return bool(self.client.eval(_RELEASE_SCRIPT, 1, self.key, self.token))
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.ttl_s * 1000)
+
+
+def run_locked_scan(
+    engine: Engine, publisher: Publisher, policy: ScanPolicy, now: datetime, lock: ScanLock,
+    *, limit: int | None = None, on_progress: Callable[[ScanReport], None] | None = None,
+) -> ScanReport | None:
+    """Run one scan under ``lock``; None when another scan holds it."""
+    if not lock.acquire():
+        get_logger().info("scan.skipped", reason="scan_lock_held", lock_key=lock.key)
+        return None
+
+    def after_page(report: ScanReport) -> None:
+        if not lock.refresh():
+            # The markers still dedup; a second scanner now only repeats reads.
+            get_logger().warning("scan.lock_lost", lock_key=lock.key)
+        if on_progress is not None:
+            on_progress(report)
+
+    try:
+        return run_scan(engine, publisher, policy, now, limit=limit, on_progress=after_page)
+    finally:
+        lock.release()
+
+
+def run_scheduled_scan(
+    celery_app: Celery, settings: Settings, now: datetime, *, limit: int | None = None,
+    on_progress: Callable[[ScanReport], None] | None = None,
+) -> ScanReport | None:
+    """Scan under the lock with connections made from ``settings``; None when another
+    scan holds the lock. The entrypoint of the beat task and of ``compactor scan``."""
+    engine = create_db_engine(settings.effective_database_url,
+                              sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+    try:
+        check_schema(engine)
+        lock = ScanLock.create(client, RedisKeys(settings.redis_key_prefix))
+        publisher = CeleryPublisher(celery_app, settings.queue_name)
+        with translate_errors():
+            return run_locked_scan(engine, publisher, scan_policy(settings), now, lock,
+                                   limit=limit, on_progress=on_progress)
+    finally:
+        client.close()
+        engine.dispose()
+
+
+@app.task(name=SCAN_TASK_NAME, bind=True, ignore_result=True)
+def scan_due_sessions(self: Task) -> str:
+    """``compactor.scan``: enqueue the due sessions (sent by beat)."""
+    report = run_scheduled_scan(self.app, get_settings(), datetime.now(UTC))
+    if report is None:
+        return "skipped"
+    get_logger().info("scan.finished", enqueued=report.enqueued,
+                      over_trigger=report.over_trigger, dirty=report.dirty,
+                      lost_race=report.lost_race, estimated_tokens=report.estimated_tokens,
+                      stopped=report.stopped)
+    return "scanned"

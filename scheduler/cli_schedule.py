@@ -1,0 +1,213 @@
+"""The scheduling commands of `compactor`: `trigger`, `scan` and `beat`.
+
+Settings are read here, in the command functions, and handed down as plain values.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from kombu.exceptions import OperationalError as BrokerUnavailable
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import Engine
+
+from db.engine import create_db_engine
+from db.errors import translate_errors
+from db.migrate import check_schema, upgrade_database
+from scheduler.beat import run_scheduled_scan, scan_policy, start_beat
+from scheduler.cli_common import (
+    expected_errors,
+    fail,
+    is_embedded,
+    print_json,
+    stdout_console,
+)
+from scheduler.enqueue import (
+    CeleryPublisher,
+    EnqueueResult,
+    EnqueueStatus,
+    ScanReport,
+    trigger_sessions,
+)
+from scheduler.selection import DueSession, StopReason, select_due_sessions
+from worker.celery_app import create_app
+from worker.logging import configure_logging
+from worker.settings import Settings, get_settings
+
+# The worker refuses longer reasons (worker/tasks.py JobMessage).
+MAX_REASON_CHARS = 200
+# Exit status of `trigger` when some id names no session, of `scan` when the lock is held.
+EXIT_PARTIAL = 3
+
+
+def register(app: typer.Typer) -> None:
+    """Add `trigger`, `scan` and `beat` to the `compactor` app."""
+    app.command("trigger")(trigger)
+    app.command("scan")(scan)
+    app.command("beat")(beat)
+
+
+@expected_errors
+def trigger(
+    session_ids: Annotated[list[str], typer.Argument(metavar="SESSION",
+                                                     help="External session ids.")],
+    force: Annotated[bool, typer.Option(
+        "--force", help="Compact even under the trigger or anti-thrash guard.")] = False,
+    reason: Annotated[str, typer.Option(help="Why, as logged with the job.")] = "trigger",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line.")] = False,
+) -> None:
+    """Enqueue a compaction job per session, unless one is already queued.
+
+    A session that already has a queued job (marker younger than enqueue_marker_ttl_s)
+    is reported already_queued, with --force too. Exit status 3 when an id is unknown.
+    """
+    if not 0 < len(reason) <= MAX_REASON_CHARS:
+        fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
+    settings = _settings()
+    publisher = CeleryPublisher(create_app(settings), settings.queue_name)
+    with _open_engine(settings) as engine, _broker_errors():
+        results = trigger_sessions(engine, publisher, session_ids, reason=reason, force=force,
+                                   now=datetime.now(UTC),
+                                   marker_ttl_s=settings.enqueue_marker_ttl_s)
+    if as_json:
+        print_json(results)
+    else:
+        _print_trigger_table(results)
+    if any(r.status is EnqueueStatus.UNKNOWN_SESSION for r in results):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+@expected_errors
+def scan(
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show what would be enqueued, and why; enqueue nothing.")] = False,
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="Enqueue at most this many (below scan_max_jobs).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line.")] = False,
+) -> None:
+    """Enqueue the due sessions now, most to gain first (what the nightly beat does).
+
+    Exit status 3 when another scan holds the scan lock.
+    """
+    settings = _settings()
+    now = datetime.now(UTC)
+    if dry_run:
+        with _open_engine(settings) as engine, translate_errors():
+            due, stopped = select_due_sessions(engine, scan_policy(settings), now, limit=limit)
+        _print_dry_run(due, stopped, as_json)
+        return
+    _create_embedded_schema(settings)
+    with _progress(enabled=not as_json and sys.stdout.isatty()) as on_progress, \
+            _broker_errors():
+        report = run_scheduled_scan(create_app(settings), settings, now, limit=limit,
+                                    on_progress=on_progress)
+    if report is None:
+        fail("another scan holds the scan lock; nothing enqueued", exit_code=EXIT_PARTIAL)
+    _print_scan_report(report, as_json)
+
+
+@expected_errors
+def beat() -> None:
+    """Run the beat process: sends `compactor.scan` at scan_cron (UTC)."""
+    settings = _settings()
+    try:
+        start_beat(create_app(settings), settings)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _settings() -> Settings:
+    settings = get_settings()
+    configure_logging(settings.log_format.value, settings.log_level)
+    return settings
+
+
+@contextmanager
+def _open_engine(settings: Settings) -> Iterator[Engine]:
+    """The configured database's engine, its schema checked (the embedded default is
+    created on first use, as `compactor import` does)."""
+    _create_embedded_schema(settings)
+    engine = create_db_engine(settings.effective_database_url,
+                              sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    try:
+        check_schema(engine)
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _create_embedded_schema(settings: Settings) -> None:
+    if is_embedded(settings):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        upgrade_database(settings.effective_database_url)
+
+
+@contextmanager
+def _broker_errors() -> Iterator[None]:
+    try:
+        with translate_errors():
+            yield
+    except BrokerUnavailable as exc:
+        fail(f"broker unreachable: {exc}")
+
+
+@contextmanager
+def _progress(*, enabled: bool) -> Iterator[Callable[[ScanReport], None] | None]:
+    if not enabled:
+        yield None
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=stdout_console(), transient=True) as progress:
+        task = progress.add_task("scanning")
+
+        def show(report: ScanReport) -> None:
+            progress.update(task, description=f"scanning: {report.due_seen} due, "
+                                              f"{report.enqueued} enqueued")
+
+        yield show
+
+
+def _print_trigger_table(results: list[EnqueueResult]) -> None:
+    table = Table("session", "status", "job id")
+    styles = {EnqueueStatus.ENQUEUED: "green", EnqueueStatus.ALREADY_QUEUED: "yellow",
+              EnqueueStatus.UNKNOWN_SESSION: "red"}
+    for result in results:
+        table.add_row(result.session_id, f"[{styles[result.status]}]{result.status.value}[/]",
+                      result.job_id or "-")
+    stdout_console().print(table)
+
+
+def _print_dry_run(due: list[DueSession], stopped: StopReason, as_json: bool) -> None:
+    total_tokens = sum(session.estimated_tokens for session in due)
+    if as_json:
+        print_json({"dry_run": True, "sessions": due, "count": len(due),
+                    "estimated_tokens": total_tokens, "stopped": stopped})
+        return
+    table = Table("#", "session", "why", "projection", "since compaction", "est. tokens",
+                  title="would enqueue (most to gain first)")
+    for rank, session in enumerate(due, start=1):
+        table.add_row(str(rank), session.session_id, session.why.value,
+                      str(session.projection_tokens), str(session.tokens_since_compaction),
+                      str(session.estimated_tokens))
+    console = stdout_console()
+    console.print(table)
+    console.print(f"{len(due)} sessions, {total_tokens} estimated summarizer tokens; "
+                  f"stopped: {stopped.value}")
+
+
+def _print_scan_report(report: ScanReport, as_json: bool) -> None:
+    if as_json:
+        print_json(report)
+        return
+    stdout_console().print(
+        f"enqueued {report.enqueued} ({report.over_trigger} over trigger, {report.dirty} "
+        f"dirty), {report.lost_race} already queued by another enqueuer, "
+        f"{report.estimated_tokens} estimated summarizer tokens; "
+        f"stopped: {report.stopped.value if report.stopped else '-'}"
+    )

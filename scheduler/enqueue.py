@@ -1,0 +1,215 @@
+"""Enqueue compaction jobs, at most one queued job per session: record the job on the
+session row first (the conditional UPDATE of ``db.queue.mark_queued`` is the guard), then
+publish the message; a message that cannot be published releases its marker again.
+
+A Redis message is only a wake-up call (it may be lost, duplicated or late): a marker
+older than its TTL is taken for a lost message and the next scan sends a new one, and
+the worker's lease and compare-and-swap make a duplicate harmless.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from itertools import islice
+from typing import Protocol
+
+from celery import Celery
+from sqlalchemy import Connection, Engine
+
+from db.queue import MarkOutcome, clear_queue_marker, mark_queued, mark_queued_many
+from scheduler.selection import (
+    Allowance,
+    DueSession,
+    DueWhy,
+    ScanPolicy,
+    StopReason,
+    iter_due_sessions,
+)
+from scheduler.trigger_contract import TASK_NAME, JobKwargs, job_kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job recorded on its session row, ready to publish under ``job_id``."""
+
+    job_id: str
+    kwargs: JobKwargs
+
+
+class Publisher(Protocol):
+    """Sends one job message; raises when the broker did not take it."""
+
+    def publish(self, job: QueuedJob) -> None: ...
+
+
+@dataclass(frozen=True)
+class CeleryPublisher:
+    """Publishes through a Celery app to one queue; the message id is the job id."""
+
+    app: Celery
+    queue: str
+
+    def publish(self, job: QueuedJob) -> None:
+        self.app.send_task(TASK_NAME, kwargs=dict(job.kwargs), task_id=job.job_id,
+                           queue=self.queue)
+
+
+class EnqueueStatus(StrEnum):
+    """What an explicit trigger did for one session."""
+
+    ENQUEUED = "enqueued"
+    ALREADY_QUEUED = "already_queued"
+    UNKNOWN_SESSION = "unknown_session"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """One session's trigger result; ``job_id`` is the queued job (new or existing)."""
+
+    session_id: str
+    status: EnqueueStatus
+    job_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    """What one scan did so far (after each page) or in all (``stopped`` set)."""
+
+    due_seen: int = 0
+    enqueued: int = 0
+    over_trigger: int = 0
+    dirty: int = 0
+    lost_race: int = 0  # due, but another enqueuer marked it first
+    estimated_tokens: int = 0
+    stopped: StopReason | None = None
+
+
+_MARK_STATUS = {
+    MarkOutcome.MARKED: EnqueueStatus.ENQUEUED,
+    MarkOutcome.ALREADY_QUEUED: EnqueueStatus.ALREADY_QUEUED,
+    MarkOutcome.UNKNOWN_SESSION: EnqueueStatus.UNKNOWN_SESSION,
+}
+
+
+def new_job_id() -> str:
+    return str(uuid.uuid4())
+
+
+def trigger_sessions(
+    engine: Engine, publisher: Publisher, session_ids: Sequence[str], *, reason: str,
+    force: bool, now: datetime, marker_ttl_s: float,
+) -> list[EnqueueResult]:
+    """Enqueue one job per session unless one is already queued.
+
+    ``force`` is carried to the job (it skips the trigger and anti-thrash checks) but
+    does not bypass a fresh marker: the session already has a job coming, so the
+    result is ``already_queued`` with that job's id.
+    """
+    results = []
+    for session_id in session_ids:
+        job = QueuedJob(new_job_id(), job_kwargs(session_id, reason, force=force))
+        with engine.begin() as conn:
+            marked = mark_queued(conn, session_id, job.job_id, now=now,
+                                 marker_ttl_s=marker_ttl_s)
+        if marked.outcome is MarkOutcome.MARKED:
+            publish_or_release(engine, publisher, [job])
+        results.append(EnqueueResult(session_id, _MARK_STATUS[marked.outcome], marked.job_id))
+    return results
+
+
+def run_scan(
+    engine: Engine, publisher: Publisher, policy: ScanPolicy, now: datetime, *,
+    limit: int | None = None, on_progress: Callable[[ScanReport], None] | None = None,
+) -> ScanReport:
+    """Enqueue the due sessions in gain order, within the job cap and token budget.
+
+    Each page's markers are written in one transaction (bulk conditional UPDATEs), then
+    that page's messages are published. Safe to run concurrently with other scans and
+    triggers: each session is marked by exactly one of them.
+    """
+    allowance = Allowance.of(policy, limit)
+    job_id_prefix = f"scan-{uuid.uuid4().hex[:12]}-"
+    report = ScanReport()
+    for page in _pages(iter_due_sessions(engine, policy, now), policy.batch_size):
+        with engine.begin() as conn:
+            marking = _mark_page(conn, page, allowance, job_id_prefix, policy, now)
+        publish_or_release(engine, publisher, [job for job, _ in marking.marked])
+        report = _tally(report, marking)
+        if on_progress is not None:
+            on_progress(report)
+        if marking.stopped is not None:
+            return replace(report, stopped=marking.stopped)
+    return replace(report, stopped=StopReason.EXHAUSTED)
+
+
+def publish_or_release(engine: Engine, publisher: Publisher, jobs: Sequence[QueuedJob]) -> None:
+    """Publish each job; when one fails, clear the markers of it and the rest, re-raise."""
+    for index, job in enumerate(jobs):
+        try:
+            publisher.publish(job)
+        except Exception:
+            # Unpublished jobs must not block their sessions until the marker TTL.
+            with engine.begin() as conn:
+                for unsent in jobs[index:]:
+                    clear_queue_marker(conn, unsent.kwargs["session_id"], unsent.job_id)
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class _PageMarking:
+    marked: list[tuple[QueuedJob, DueSession]]
+    lost: int  # due, but another enqueuer marked it first
+    stopped: StopReason | None
+
+
+def _mark_page(
+    conn: Connection, page: list[DueSession], allowance: Allowance, job_id_prefix: str,
+    policy: ScanPolicy, now: datetime,
+) -> _PageMarking:
+    """Mark as many of the page as the allowance takes; a session lost to another
+    enqueuer gives its share back, so the next candidates may use it."""
+    marked: list[tuple[QueuedJob, DueSession]] = []
+    lost, rest = 0, page
+    while rest:
+        chosen, stopped = allowance.take(rest)
+        rest = rest[len(chosen):]
+        job_ids = mark_queued_many(conn, [due.session_id for due in chosen], job_id_prefix,
+                                   now=now, marker_ttl_s=policy.marker_ttl_s)
+        losers = [due for due in chosen if due.session_id not in job_ids]
+        for due in losers:
+            allowance.refund(due)
+        lost += len(losers)
+        marked += [(QueuedJob(job_ids[due.session_id], _scan_kwargs(due)), due)
+                   for due in chosen if due.session_id in job_ids]
+        if stopped is not None and not losers:
+            return _PageMarking(marked, lost, stopped)
+    return _PageMarking(marked, lost, None)
+
+
+def _scan_kwargs(due: DueSession) -> JobKwargs:
+    # A dirty session is under the trigger, so the job must be forced to compact it.
+    return job_kwargs(due.session_id, due.why.value, force=due.why is DueWhy.DIRTY)
+
+
+def _tally(report: ScanReport, marking: _PageMarking) -> ScanReport:
+    dues = [due for _, due in marking.marked]
+    over = sum(due.why is DueWhy.OVER_TRIGGER for due in dues)
+    return replace(
+        report,
+        due_seen=report.due_seen + len(dues) + marking.lost,
+        enqueued=report.enqueued + len(dues),
+        over_trigger=report.over_trigger + over,
+        dirty=report.dirty + len(dues) - over,
+        lost_race=report.lost_race + marking.lost,
+        estimated_tokens=report.estimated_tokens + sum(due.estimated_tokens for due in dues),
+    )
+
+
+def _pages(items: Iterable[DueSession], size: int) -> Iterator[list[DueSession]]:
+    iterator = iter(items)
+    while page := list(islice(iterator, size)):
+        yield page

@@ -1,0 +1,162 @@
+"""The nightly scan entrypoint under its Redis lock, its beat schedule, and the beat
+process itself; PostgreSQL and SQLite, real Redis under a per-test key prefix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from celery.schedules import crontab
+from sqlalchemy import Engine
+
+from db.engine import create_db_engine
+from db.store import Store
+from scheduler.beat import (
+    BEAT_SCHEDULE_FILENAME,
+    SCAN_ENTRY_NAME,
+    beat_schedule,
+    run_scheduled_scan,
+    scan_crontab,
+)
+from scheduler.enqueue import ScanReport
+from tests.support.raw_producer import read_queue
+from tests.support.scheduling import Broker, isolated_broker, put_session
+from tests.support.worker_process import WorkerProcess
+from worker.celery_app import SCAN_TASK_NAME
+from worker.keys import RedisKeys
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2025, 6, 1, 2, 0, tzinfo=UTC)
+# trigger = 0.7 x 10,000 = 7,000 tokens; dirty above 3,500 appended since compaction.
+CONTEXT_TOKENS = 10_000
+DUE = [f"due-{index}" for index in range(12)]
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_db_engine(database_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def broker(database_url: str) -> Iterator[Broker]:
+    # One page per due session, so two concurrent scans interleave page by page.
+    with isolated_broker(database_url, model_context_tokens=CONTEXT_TOKENS,
+                         scan_batch_size=1) as broker:
+        yield broker
+
+
+@pytest.fixture
+def fleet(store: Store, engine: Engine) -> list[str]:
+    for index, session_id in enumerate(DUE):
+        put_session(store, engine, session_id, 8_000 + index, now=NOW)
+    put_session(store, engine, "small", 1_000, now=NOW)
+    return DUE
+
+
+def test_two_scans_started_at_once_enqueue_each_due_session_once(
+    broker: Broker, fleet: list[str]
+) -> None:
+    start = threading.Barrier(2)
+    reports: list[ScanReport | None] = []
+
+    def scan() -> None:
+        start.wait()
+        reports.append(run_scheduled_scan(broker.app, broker.settings, NOW))
+
+    threads = [threading.Thread(target=scan) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    messages = read_queue(broker.client, broker.prefix, broker.queue)
+    assert Counter(m.kwargs["session_id"] for m in messages) == Counter(fleet)
+    assert sum(report.enqueued for report in reports if report is not None) == len(fleet)
+    assert broker.client.exists(RedisKeys(broker.prefix).scan_lock()) == 0
+
+
+def test_a_scan_while_another_holds_the_lock_enqueues_nothing_and_leaves_its_lock(
+    broker: Broker, fleet: list[str]
+) -> None:
+    lock_key = RedisKeys(broker.prefix).scan_lock()
+    broker.client.set(lock_key, "another-scanner", px=60_000)
+
+    skipped = run_scheduled_scan(broker.app, broker.settings, NOW)
+
+    assert skipped is None
+    assert read_queue(broker.client, broker.prefix, broker.queue) == []
+    assert broker.client.get(lock_key) == b"another-scanner"
+    broker.client.delete(lock_key)
+    report = run_scheduled_scan(broker.app, broker.settings, NOW)
+    assert report is not None and report.enqueued == len(fleet)
+
+
+@pytest.mark.e2e
+def test_the_scan_task_runs_in_a_real_worker_and_each_job_it_enqueues_is_consumed(
+    broker: Broker, fleet: list[str], tmp_path: Path
+) -> None:
+    env = {"COMPACTOR_DATABASE_URL": str(broker.settings.database_url),
+           "COMPACTOR_REDIS_KEY_PREFIX": broker.prefix, "COMPACTOR_QUEUE_NAME": broker.queue,
+           "COMPACTOR_MODEL_CONTEXT_TOKENS": str(CONTEXT_TOKENS),
+           "COMPACTOR_SUMMARIZER": "extractive"}
+    with WorkerProcess(env, tmp_path / "worker.log", queue=broker.queue) as worker:
+        # What beat sends at scan_cron (beat_schedule's options route it to this queue).
+        broker.app.send_task(SCAN_TASK_NAME, queue=broker.queue)
+        [finished] = worker.wait_for_events("scan.finished", 1)
+        jobs = worker.wait_for_events("compaction.job", len(fleet))
+
+    assert (finished["enqueued"], finished["stopped"]) == (len(fleet), "exhausted")
+    assert sorted(job["session_id"] for job in jobs) == sorted(fleet)
+    assert {job["trigger"] for job in jobs} == {"over_trigger"}
+
+
+def test_the_nightly_schedule_sends_the_scan_at_scan_cron_utc_on_the_jobs_queue() -> None:
+    settings = Settings(scan_cron="30 3 * * 1", queue_name="nightly")
+
+    entry = beat_schedule(settings)[SCAN_ENTRY_NAME]
+
+    assert entry["task"] == SCAN_TASK_NAME
+    assert entry["schedule"] == crontab(minute=30, hour=3, day_of_week=1)
+    assert entry["options"] == {"queue": "nightly"}
+    assert scan_crontab("0 2 * * *") == crontab(minute=0, hour=2)
+
+
+@pytest.mark.parametrize("expression", ["0 2 * *", "61 2 * * *", "0 2 * * * *", "nightly"])
+def test_an_invalid_scan_cron_is_refused_with_the_expression_named(expression: str) -> None:
+    with pytest.raises(ValueError, match="invalid scan_cron"):
+        scan_crontab(expression)
+
+
+def test_the_beat_process_starts_with_its_schedule_file_under_data_dir(tmp_path: Path) -> None:
+    env = {**os.environ, "COMPACTOR_DATA_DIR": str(tmp_path / "state"),
+           "COMPACTOR_LOG_FORMAT": "json", "PYTHONPATH": str(Path.cwd())}
+    code = ("from scheduler.beat import start_beat; from worker.celery_app import app; "
+            "from worker.settings import get_settings; start_beat(app, get_settings())")
+    beat = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and beat.poll() is None:
+            if list((tmp_path / "state").glob(f"{BEAT_SCHEDULE_FILENAME}*")):
+                break
+            time.sleep(0.2)
+        assert beat.poll() is None, beat.stdout.read().decode() if beat.stdout else ""
+        assert list((tmp_path / "state").glob(f"{BEAT_SCHEDULE_FILENAME}*"))
+    finally:
+        beat.terminate()
+        output, _ = beat.communicate(timeout=20)
+    assert b"beat: Starting" in output
