@@ -34,9 +34,10 @@ class WorkerProcess:
                 "--pool", "prefork", "--concurrency", str(self.concurrency), "-Q", self.queue,
                 "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip",
                 "--without-mingle", "--loglevel", "INFO"]
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        cwd=REPO_ROOT, start_new_session=True)
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(argv, env=self.env, stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                            start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if any(e.get("event") == "worker.ready" for e in self.events()):

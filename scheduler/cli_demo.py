@@ -1,0 +1,225 @@
+"""`compactor demo`: the whole service once, end to end, on the embedded defaults: import
+sample sessions, scan, compact them with a real worker process, show what it did.
+
+Everything it starts (the worker, an embedded Redis) is stopped before it returns, on
+errors and Ctrl-C too; it uses a queue and a Redis key prefix of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from kombu.exceptions import OperationalError as BrokerUnavailable
+
+from db.records import RunRecord
+from db.store import Store
+from scheduler import demo_report
+from scheduler.cli_common import expected_errors, fail, load_counter, open_store, stdout_console
+from scheduler.cli_data import POLICIES, PolicyName, read_jsonl
+from scheduler.demo_jobs import (
+    release_unfinished,
+    scan_and_enqueue,
+    session_of,
+    wait_for_jobs,
+)
+from scheduler.demo_services import (
+    DemoServiceError,
+    delete_keys,
+    embedded_redis,
+    is_redis_reachable,
+    worker_process,
+)
+from scheduler.demo_sessions import generate_sessions
+from scheduler.enqueue import QueuedJob
+from worker.ingest import ImportStatus, SessionReport, import_record
+from worker.settings import Settings
+
+DEMO_QUEUE = "compactor-demo"
+DEMO_KEY_PREFIX = "compactor-demo:"
+# Applied only where the operator set nothing: a model window that the generated long
+# sessions exceed, and no quiet period (every session was imported a moment ago).
+DEMO_DEFAULTS: dict[str, Any] = {"model_context_tokens": 32_000, "quiet_period_s": 0}
+WORKER_LOG = "demo-worker.log"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo_command)
+
+
+@expected_errors
+def demo_command(
+    sessions: Annotated[Path | None, typer.Option(
+        "--sessions", exists=True, dir_okay=False, readable=True,
+        help="JSONL file of sessions to import (default: built-in generated sessions).")] = None,
+    count: Annotated[int, typer.Option(min=1, max=500,
+                                       help="Generated sessions (without --sessions).")] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of the generated sessions.")] = 7,
+    embedded: Annotated[bool, typer.Option(
+        "--embedded-redis", help="Use a private embedded Redis even when one is reachable.")
+    ] = False,
+    queue: Annotated[str, typer.Option(help="Queue of the demo's jobs.")] = DEMO_QUEUE,
+    key_prefix: Annotated[str, typer.Option(help="Redis key prefix of the demo.")] =
+    DEMO_KEY_PREFIX,
+    concurrency: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
+    timeout_s: Annotated[float, typer.Option(
+        "--timeout", min=1, help="Longest wait for the jobs (s).")] = 300.0,
+) -> None:
+    """Run the service end to end once: import sessions, scan, compact with a real worker.
+
+    Uses the embedded SQLite file under COMPACTOR_DATA_DIR (never COMPACTOR_DATABASE_URL),
+    the Redis at COMPACTOR_REDIS_URL or, when none answers, a private embedded one, and
+    its own queue and key prefix. Where unset, COMPACTOR_MODEL_CONTEXT_TOKENS is 32000 and
+    COMPACTOR_QUIET_PERIOD_S is 0 for this run. Running it again imports nothing new
+    (`exists`) and finds nothing due.
+    """
+    if not queue or not key_prefix:
+        fail("--queue and --key-prefix must not be empty", exit_code=2)
+    settings = demo_settings(queue, key_prefix)
+    try:
+        all_ended_well = run_demo(settings, sessions, count, seed, force_embedded=embedded,
+                                  concurrency=concurrency, timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        stdout_console().print("\ninterrupted: the processes the demo started are stopped; "
+                               "the next run enqueues the unfinished sessions again")
+        raise typer.Exit(130) from None
+    if not all_ended_well:
+        raise typer.Exit(1)
+
+
+def run_demo(settings: Settings, sessions: Path | None, count: int, seed: int, *,
+             force_embedded: bool, concurrency: int, timeout_s: float) -> bool:
+    """Import, scan, work, report; False when a job failed."""
+    console = stdout_console()
+    demo_report.print_setup(console, settings, _set_by_demo(settings))
+    with open_store(settings) as store:
+        reports = import_sessions(store, settings, sessions, count, seed)
+        demo_report.print_import(console, reports)
+        with demo_redis(settings, force_embedded=force_embedded) as redis_url:
+            run_settings = settings.model_copy(update={"redis_url": redis_url})
+            stored = [r.session_id for r in reports if r.status is not ImportStatus.REJECTED]
+            return run_jobs(store, run_settings, stored, concurrency, timeout_s)
+
+
+def demo_settings(queue: str, key_prefix: str) -> Settings:
+    """The settings of this run: the operator's, the embedded database, the demo's queue."""
+    overrides = {name: value for name, value in DEMO_DEFAULTS.items()
+                 if env_name(name) not in os.environ}
+    settings = Settings(database_url=None, queue_name=queue, redis_key_prefix=key_prefix,
+                        **overrides)
+    return settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
+
+
+def env_name(field_name: str) -> str:
+    return f"COMPACTOR_{field_name.upper()}"
+
+
+def _set_by_demo(settings: Settings) -> list[str]:
+    """``NAME=value`` of each demo default this run applies."""
+    return [f"{env_name(name)}={getattr(settings, name)}" for name in DEMO_DEFAULTS
+            if env_name(name) not in os.environ]
+
+
+def import_sessions(store: Store, settings: Settings, path: Path | None, count: int,
+                    seed: int) -> list[SessionReport]:
+    """Import the file's sessions, or the generated ones; already stored ones are `exists`."""
+    counter = load_counter(settings)
+    policy, now = POLICIES[PolicyName.DEFAULT], datetime.now(UTC)
+    records: Iterator[dict[str, Any] | SessionReport] = (
+        (item for _, _, item in read_jsonl(path)) if path else generate_sessions(count, seed))
+    return [item if isinstance(item, SessionReport) else
+            import_record(item, store=store, counter=counter, policy=policy, now=now)
+            for item in records]
+
+
+@contextmanager
+def demo_redis(settings: Settings, *, force_embedded: bool) -> Iterator[str]:
+    """Yield the Redis URL of this run: the configured one, or a private embedded one."""
+    console = stdout_console()
+    if not force_embedded and is_redis_reachable(settings.redis_url):
+        console.print(f"redis: {settings.redis_url} (queue {settings.queue_name!r}, key prefix "
+                      f"{settings.redis_key_prefix!r})", highlight=False, soft_wrap=True)
+        yield settings.redis_url
+        return
+    why = "as asked" if force_embedded else f"no Redis answered at {settings.redis_url}"
+    try:
+        with embedded_redis(settings.data_dir / "demo-redis") as server:
+            console.print(f"redis: {why}; started a private embedded redis-server (pid "
+                          f"{server.pid}) at {server.url} for this run (queue "
+                          f"{settings.queue_name!r}, key prefix {settings.redis_key_prefix!r})",
+                          highlight=False, soft_wrap=True)
+            yield server.url
+        console.print(f"redis: embedded redis-server (pid {server.pid}) stopped",
+                      highlight=False, soft_wrap=True)
+    except DemoServiceError as exc:
+        fail(str(exc))
+
+
+def run_jobs(store: Store, settings: Settings, session_ids: list[str], concurrency: int,
+             timeout_s: float) -> bool:
+    """Scan, then run a real worker until every job ended; False when a job failed."""
+    console = stdout_console()
+    jobs: list[QueuedJob] = []
+    try:
+        jobs = _scan(settings)
+        if not jobs:
+            demo_report.print_nothing_due(console, store, settings, session_ids)
+            return True
+        runs = _work(store, settings, jobs, concurrency, timeout_s)
+    finally:
+        _clean_up(store, settings, jobs)
+    return demo_report.print_results(console, store, settings, session_ids, runs)
+
+
+def _scan(settings: Settings) -> list[QueuedJob]:
+    try:
+        jobs = scan_and_enqueue(settings, datetime.now(UTC))
+    except BrokerUnavailable as exc:
+        fail(f"broker unreachable: {exc}")
+    if jobs is None:
+        fail("another scan holds the demo's scan lock; nothing enqueued")
+    stdout_console().print(f"scan: enqueued {len(jobs)} due sessions on queue "
+                           f"{settings.queue_name!r}", highlight=False, soft_wrap=True)
+    return jobs
+
+
+def _work(store: Store, settings: Settings, jobs: list[QueuedJob], concurrency: int,
+          timeout_s: float) -> dict[str, RunRecord]:
+    console = stdout_console()
+    log_path = settings.data_dir / WORKER_LOG
+    try:
+        with worker_process(worker_env(settings), log_path, concurrency) as worker:
+            console.print(f"worker: `compactor worker` pid {worker.pid} ready (concurrency "
+                          f"{concurrency}), log {log_path}", highlight=False, soft_wrap=True)
+            runs = wait_for_jobs(store, jobs, worker, timeout_s, settings.max_transient_retries)
+        console.print(f"worker: pid {worker.pid} stopped", highlight=False, soft_wrap=True)
+    except DemoServiceError as exc:
+        fail(str(exc))
+    return runs
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The worker's environment: the operator's, with this run's settings on top."""
+    return {**os.environ,
+            "COMPACTOR_DATA_DIR": str(settings.data_dir),
+            "COMPACTOR_DATABASE_URL": settings.effective_database_url,
+            "COMPACTOR_REDIS_URL": settings.redis_url,
+            "COMPACTOR_REDIS_KEY_PREFIX": settings.redis_key_prefix,
+            "COMPACTOR_QUEUE_NAME": settings.queue_name,
+            "COMPACTOR_MODEL_CONTEXT_TOKENS": str(settings.model_context_tokens),
+            "COMPACTOR_QUIET_PERIOD_S": str(settings.quiet_period_s),
+            "COMPACTOR_LOG_FORMAT": "json"}
+
+
+def _clean_up(store: Store, settings: Settings, jobs: list[QueuedJob]) -> None:
+    """Free the sessions of jobs that never ran for the next scan; drop the demo's keys."""
+    started = {run.task_id for job in jobs
+               for run in store.runs(session_id=session_of(job), limit=50) if run.task_id}
+    release_unfinished(settings, jobs, started)
+    if is_redis_reachable(settings.redis_url):
+        delete_keys(settings.redis_url, settings.redis_key_prefix)

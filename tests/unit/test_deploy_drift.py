@@ -1,0 +1,255 @@
+"""deploy/ stays true to the code: every COMPACTOR_* name is a setting, every `compactor`
+command it runs exists and parses, every file parses, and the services the docs promise
+are there (one beat, a migration before the workers, a liveness probe that pings)."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduler.config_table import ENV_EXAMPLE_PATH, render_env_example, setting_rows
+from tests.unit.cli_tree import check_invocation
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+COMPOSE = DEPLOY / "compose.yml"
+K8S = DEPLOY / "k8s"
+SYSTEMD = DEPLOY / "systemd"
+OUR_IMAGE = "session-compactor"
+# A `compactor` command inside a shell string, up to the next shell operator.
+SHELL_INVOCATION = re.compile(r"(?<![\w./-])(?:/\S*/)?compactor(?=\s|$)(?P<rest>[^|;&)\n]*)")
+
+
+def deploy_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.is_file())
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for p in deploy_files() if p.suffix in (".yml", ".yaml"))
+
+
+def yaml_documents(path: Path) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+
+
+def known_env_names() -> set[str]:
+    return {name for row in setting_rows() for name in row.env_names}
+
+
+def test_every_compactor_variable_in_deploy_files_is_a_setting() -> None:
+    known = known_env_names()
+    found = {(path.relative_to(DEPLOY).as_posix(), name) for path in deploy_files()
+             for name in re.findall(r"\bCOMPACTOR_[A-Z0-9_]+", path.read_text("utf-8"))}
+    assert found, "no COMPACTOR_ variable found under deploy/"
+    assert sorted((where, name) for where, name in found if name not in known) == []
+
+
+def test_env_example_lists_every_setting_at_its_default() -> None:
+    text = ENV_EXAMPLE_PATH.read_text(encoding="utf-8")
+    for row in setting_rows():
+        assert f"#{row.env_names[0]}={row.default or ''}\n" in text, row.name
+    assert text == render_env_example(), \
+        "deploy/env.example drifted: run `python -m scheduler.config_table write`"
+
+
+@pytest.mark.parametrize("path", yaml_files(), ids=lambda p: p.relative_to(DEPLOY).as_posix())
+def test_every_yaml_file_parses_into_mappings(path: Path) -> None:
+    documents = yaml_documents(path)
+    assert documents and all(isinstance(doc, dict) for doc in documents)
+
+
+# --- the `compactor` commands the deploy files run -----------------------------------
+
+def shell_invocations(script: str) -> Iterator[list[str]]:
+    for match in SHELL_INVOCATION.finditer(script):
+        yield shlex.split(match.group("rest"))
+
+
+def container_invocations(container: dict[str, Any]) -> Iterator[list[str]]:
+    """A Kubernetes container's `compactor` argv (the image's entrypoint is compactor)."""
+    command, args = container.get("command"), list(container.get("args") or [])
+    if command is None and container.get("image") == OUR_IMAGE:
+        yield args
+    elif command and Path(command[0]).name == "compactor":
+        yield [*command[1:], *args]
+    elif command and command[0] in ("sh", "/bin/sh", "bash") and "-c" in command:
+        yield from shell_invocations(command[-1])
+
+
+def k8s_containers() -> Iterator[dict[str, Any]]:
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml_documents(path):
+            spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+            yield from spec.get("initContainers", [])
+            yield from spec.get("containers", [])
+
+
+def compose_services() -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = yaml_documents(COMPOSE)[0]["services"]
+    return services
+
+
+def compose_invocations() -> Iterator[list[str]]:
+    for service in compose_services().values():
+        runs_compactor = (service.get("build", {}).get("target") == "service"
+                          and "entrypoint" not in service)
+        if runs_compactor and isinstance(service.get("command"), list):
+            yield service["command"]
+
+
+def systemd_units() -> dict[str, configparser.ConfigParser]:
+    units = {}
+    for path in sorted(SYSTEMD.glob("*.service")):
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep case
+        parser.read_string(path.read_text(encoding="utf-8"))
+        units[path.name] = parser
+    return units
+
+
+def systemd_invocations() -> Iterator[list[str]]:
+    for unit in systemd_units().values():
+        argv = shlex.split(unit["Service"]["ExecStart"])
+        assert Path(argv[0]).name == "compactor", argv
+        yield argv[1:]
+
+
+def all_invocations() -> dict[str, list[list[str]]]:
+    return {
+        "compose": list(compose_invocations()),
+        "k8s": [argv for c in k8s_containers() for argv in container_invocations(c)],
+        "systemd": list(systemd_invocations()),
+    }
+
+
+def test_every_compactor_command_the_deploy_files_run_exists_and_parses() -> None:
+    for where, invocations in all_invocations().items():
+        for argv in invocations:
+            check_invocation(argv)  # raises on an unknown command or option
+        paths = {" ".join(argv[:2]) if argv[:1] == ["db"] else argv[0] for argv in invocations}
+        assert {"db upgrade", "worker", "beat"} <= paths, where
+
+
+def test_the_shell_pattern_finds_commands_and_ignores_look_alikes() -> None:
+    script = ("until /opt/x/bin/compactor db current --json | grep -q up; do sleep 5; done; "
+              "echo session-compactor compactor-cli compactor:")
+    assert list(shell_invocations(script)) == [["db", "current", "--json"]]
+
+
+def test_a_wrong_command_in_a_deploy_file_would_be_caught() -> None:
+    with pytest.raises(LookupError):
+        check_invocation(["db", "migrate"])
+    with pytest.raises(Exception, match="No such option"):
+        check_invocation(["worker", "--threads", "4"])
+
+
+# --- the shape of each deployment -------------------------------------------------------
+
+def dockerfile_stages() -> list[dict[str, Any]]:
+    stages: list[dict[str, Any]] = []
+    for line in (DEPLOY / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] == "FROM":
+            name = words[3] if len(words) > 3 and words[2].upper() == "AS" else None
+            stages.append({"base": words[1], "name": name, "user": None, "lines": []})
+        elif words[0] == "USER":
+            stages[-1]["user"] = words[1]
+        if stages:
+            stages[-1]["lines"].append(line)
+    return stages
+
+
+def lineage(stages: list[dict[str, Any]], stage: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stage and the stages it is built FROM, nearest first."""
+    parent = next((s for s in stages if s["name"] == stage["base"]), None)
+    return [stage, *(lineage(stages, parent) if parent else [])]
+
+
+def test_dockerfile_builds_in_stages_and_runs_compactor_as_non_root() -> None:
+    stages = dockerfile_stages()
+    names = {stage["name"] for stage in stages}
+    assert len(stages) >= 2
+    assert all(s["base"].startswith("python:3.11-slim") or s["base"] in names for s in stages)
+    final = lineage(stages, stages[-1])
+    user = next(s["user"] for s in final if s["user"] is not None)
+    assert user.split(":")[0] not in ("root", "0")
+    lines = [line for stage in final for line in stage["lines"]]
+    entrypoint = next(line for line in lines if line.startswith("ENTRYPOINT"))
+    assert entrypoint == 'ENTRYPOINT ["compactor"]'
+    assert not any("build-essential" in line or "pip wheel" in line for line in lines)
+
+
+def test_systemd_units_parse_and_run_the_service_commands() -> None:
+    units = systemd_units()
+    assert set(units) == {"compactor-worker.service", "compactor-beat.service",
+                          "compactor-migrate.service"}
+    for name, unit in units.items():
+        service = unit["Service"]
+        assert service["User"] == "compactor", name
+        env_file = service["EnvironmentFile"].lstrip("-")
+        assert Path(env_file).name == "compactor.env", name
+        assert unit.has_section("Install"), name
+    assert units["compactor-migrate.service"]["Service"]["Type"] == "oneshot"
+    for name in ("compactor-worker.service", "compactor-beat.service"):
+        assert "compactor-migrate.service" in units[name]["Unit"]["Requires"]
+
+
+def test_systemd_environment_file_sets_only_known_settings() -> None:
+    known = known_env_names()
+    for line in (SYSTEMD / "compactor.env").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, _ = line.partition("=")
+            assert name in known, line
+
+
+def test_compose_runs_migration_first_workers_scalable_and_one_beat() -> None:
+    services = compose_services()
+    assert {"redis", "postgres", "migrate", "worker", "beat", "flower"} <= set(services)
+    assert services["migrate"]["command"] == ["db", "upgrade"]
+    assert services["migrate"]["restart"] == "no"
+    for name in ("worker", "beat"):
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+    assert "replicas" not in services["worker"].get("deploy", {})  # scaled with --scale
+    assert services["beat"]["deploy"]["replicas"] == 1
+    assert "inspect ping" in " ".join(services["worker"]["healthcheck"]["test"])
+    assert services["flower"]["profiles"] == ["monitoring"]
+
+
+def k8s_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(doc["kind"], doc["metadata"]["name"]): doc
+            for path in sorted(K8S.glob("*.yaml")) for doc in yaml_documents(path)
+            if "kind" in doc and "metadata" in doc}
+
+
+def test_k8s_has_one_recreated_beat_a_pinged_worker_and_a_migration_job() -> None:
+    objects = k8s_objects()
+    beat = objects[("Deployment", "compactor-beat")]["spec"]
+    assert beat["replicas"] == 1 and beat["strategy"]["type"] == "Recreate"
+    worker = objects[("Deployment", "compactor-worker")]["spec"]["template"]["spec"]
+    probe = worker["containers"][0]["livenessProbe"]["exec"]["command"]
+    assert "inspect ping" in probe[-1] and "celery@$HOSTNAME" in probe[-1]
+    job = objects[("Job", "compactor-migrate")]["spec"]["template"]["spec"]
+    assert job["containers"][0]["args"] == ["db", "upgrade"]
+    secret = objects[("Secret", "compactor-secrets")]["stringData"]
+    assert set(secret) == {"COMPACTOR_DATABASE_URL", "COMPACTOR_LLM_API_KEY"}
+    settings = objects[("ConfigMap", "compactor-settings")]["data"]
+    assert set(settings) <= known_env_names()
+    assert not set(settings) & set(secret), "a secret setting is in the ConfigMap"
+
+
+def test_every_k8s_container_has_requests_and_limits_and_runs_as_non_root() -> None:
+    containers = list(k8s_containers())
+    assert containers
+    for container in containers:
+        resources = container["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]) & set(resources["limits"])
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False

@@ -1,0 +1,139 @@
+"""The README and the runbook stay true to the code: the configuration table is the one
+generated from the settings, every outcome-event field is documented, every `compactor`
+command they show exists, every command is documented, and the raw trigger example is a
+message the worker accepts."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.config_table import (
+    README_PATH,
+    TABLE_END,
+    TABLE_START,
+    render_markdown_table,
+    setting_rows,
+)
+from scheduler.trigger_contract import TASK_NAME, queue_list_key
+from tests.unit.cli_tree import command_paths, resolve_command, subcommands
+from worker.errors import Outcome
+from worker.job import JobResult
+from worker.outcome import job_event_fields
+from worker.settings import Settings
+from worker.tasks import JobMessage
+
+DOCS = [README_PATH, README_PATH.parent / "docs" / "RUNBOOK.md"]
+# `compactor WORD [WORD]` where a command is written (not session-compactor, compactor:).
+COMMAND = re.compile(r"(?<![\w./-])compactor[ \t]+([a-z][\w-]*)(?:[ \t]+([a-z][\w-]*))?")
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def section(text: str, heading: str) -> str:
+    """The body of a level-2 section, up to the next level-2 heading."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start: end if end >= 0 else len(text)]
+
+
+def code_in(text: str) -> list[str]:
+    """Fenced blocks and inline code spans: where commands are written."""
+    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
+    rest = re.sub(r"```.*?```", "", text, flags=re.S)
+    return fenced + re.findall(r"`([^`\n]+)`", rest)
+
+
+def written_commands(path: Path) -> list[list[str]]:
+    return [[word for word in match if word] for code in code_in(read(path))
+            for match in COMMAND.findall(code)]
+
+
+def test_readme_config_table_is_the_one_generated_from_the_settings() -> None:
+    readme = read(README_PATH)
+    table = readme[readme.index(TABLE_START) + len(TABLE_START): readme.index(TABLE_END)]
+    assert table.strip() == render_markdown_table().strip(), \
+        "README configuration table drifted: run `python -m scheduler.config_table write`"
+    assert len(setting_rows()) == len(Settings.model_fields)
+
+
+def event_field_names() -> set[str]:
+    """The keys job_event_fields emits, from a result with every field empty."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(JobResult):
+        if field.default is not dataclasses.MISSING:
+            continue
+        type_text = str(field.type)
+        values[field.name] = (Outcome.COMPACTED if field.name == "outcome"
+                              else {} if type_text.startswith("dict") else None)
+    return set(job_event_fields(JobResult(**values)))
+
+
+def test_readme_documents_every_outcome_event_field() -> None:
+    documented = set(re.findall(r"^\| `(\w+)` \|", section(read(README_PATH), "Outcome events"),
+                                flags=re.M))
+    fields = event_field_names()
+    assert {"session_id", "outcome", "tokens_before", "tokens_after"} <= fields
+    assert sorted(fields - documented) == []
+    assert sorted(documented - fields) == [], "README documents fields the event lacks"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_compactor_command_in_the_docs_exists(path: Path) -> None:
+    written = written_commands(path)
+    assert written, f"no `compactor` command found in {path.name}"
+    for words in written:
+        command, used, _ = resolve_command(words)
+        if subcommands(command) is not None:
+            pytest.fail(f"{path.name}: `compactor {' '.join(words)}` names no command")
+        assert used, words
+
+
+def test_a_misspelt_command_in_the_docs_would_be_caught() -> None:
+    assert COMMAND.findall("see `compactor rollbak sess-1`, session-compactor, compactor:") \
+        == [("rollbak", "sess-1")]
+    with pytest.raises(LookupError):
+        resolve_command(["rollbak", "sess-1"])
+
+
+def test_readme_lists_every_command_in_its_commands_section() -> None:
+    listed = {" ".join(words) for words in (
+        [w for w in match if w] for match in COMMAND.findall(section(read(README_PATH),
+                                                                     "Commands")))}
+    missing = {path for path in command_paths()
+               if not any(entry == path or entry.startswith(path + " ") for entry in listed)}
+    assert sorted(missing) == []
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_setting_the_docs_name_exists(path: Path) -> None:
+    known = {name for row in setting_rows() for name in row.env_names}
+    named = set(re.findall(r"\bCOMPACTOR_[A-Z0-9_]+", read(path)))
+    assert named
+    assert sorted(named - known) == []
+
+
+def test_readme_raw_trigger_example_is_a_message_the_worker_accepts() -> None:
+    text = section(read(README_PATH), "Triggering a compaction from another system")
+    example = re.search(r"```json\n(.*?)```", text, flags=re.S)
+    assert example is not None
+    envelope = json.loads(example.group(1))
+    args, kwargs, embed = json.loads(base64.b64decode(envelope["body"]))
+    assert args == [] and embed == {"callbacks": None, "errbacks": None, "chain": None,
+                                    "chord": None}
+    JobMessage.model_validate(kwargs)
+    assert envelope["headers"]["task"] == TASK_NAME
+    assert envelope["content-type"] == "application/json"
+    assert envelope["properties"]["body_encoding"] == "base64"
+    queue = Settings.model_fields["queue_name"].default
+    prefix = Settings.model_fields["redis_key_prefix"].default
+    assert envelope["properties"]["delivery_info"]["routing_key"] == queue
+    assert queue_list_key(prefix, queue) in text
