@@ -189,3 +189,23 @@ def test_corpus_ids_survive_into_the_fallback_artifacts(name: str) -> None:
         if name == "dev":  # short sessions: every id a tool call named fits
             missing = _labelled_ids(session) - set(listed)
             assert not missing, f"{session['session_id']}: {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    ("result", "is_failure"),
+    [
+        ("Error: payment amount does not add up", True),
+        ('{"error": "reservation not found"}', True),
+        ("Traceback (most recent call last):\n  File \"x.py\", line 1", True),
+        ("===== 12 passed, 0 failed in 3.1s =====", False),
+        ("2024-05-01 INFO start\n2024-05-01 ERROR retrying upstream\n2024-05-01 INFO ok", False),
+        ('{"status": "ok", "errors_seen_last_week": 0}', False),
+    ],
+)
+def test_only_a_result_that_leads_with_an_error_counts_as_a_failed_call(
+    result: str, is_failure: bool
+) -> None:
+    span = [{"role": "user", "content": "Please run the check for ticket OPS-12."},
+            *exchange("c1", "run_check", {"ticket": "OPS-12"}, result)]
+    failures = [a for a in summarize(span).completed_actions if "failed:" in a]
+    assert bool(failures) is is_failure

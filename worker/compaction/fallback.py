@@ -28,7 +28,6 @@ MAX_DECISIONS = 8
 MAX_ERRORS = 5
 MAX_CALL_VALUES = 4
 MAX_ARTIFACTS = 40
-ERROR_SCAN_CHARS = 2_000
 
 _REQUEST = re.compile(
     r"\?|(?i:\b(?:i want|i'd like|i would like|i need|i'm looking|i am looking|looking to|"
@@ -42,7 +41,11 @@ _DECISION = re.compile(
     r"(?i:\b(?:i will|i'll|i have|i've|confirmed|cancell?ed|booked|updated|modified|"
     r"refunded|transferred|approved|denied|cannot|can't|unable|not eligible|successfully)\b)"
 )
-_ERROR = re.compile(r"(?i:\b(?:error|failed|failure|exception|traceback)\b)")
+# A failing tool says so up front ("Error: ...", {"error": ...}, a traceback); a word
+# like "failed" deep in a log or a test report ("0 failed") is not a failure of the call.
+_ERROR = re.compile(
+    r'(?i:\A\s*(?:\{\s*"(?:error|errors)"|(?:error|failed|failure|fatal|exception|traceback)\b))'
+)
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 _ARGUMENT_KINDS = frozenset({"id", "path", "url", "uuid", "hash", "ticket", "email"})
 
@@ -146,8 +149,7 @@ def _draft_actions(messages: Sequence[StoredMessage], counter: TokenCounter) -> 
             if len(tally.values) < MAX_CALL_VALUES:
                 found = find_identifiers(call.function.arguments)
                 tally.values.update((v, None) for v, kind in found if kind in _ARGUMENT_KINDS)
-        # A failing tool says so up front; scanning whole outputs would cost more than it finds.
-        if message.role is Role.TOOL and _ERROR.search(message.text, 0, ERROR_SCAN_CHARS):
+        if message.role is Role.TOOL and _ERROR.match(message.text):
             name = names.get(message.tool_call_id or "", "a tool")
             errors.append(f"{name} failed: {_clip(message.text, SENTENCE_TOKENS, counter)}")
     actions = [_describe_calls(name, tally) for name, tally in tallies.items()]
