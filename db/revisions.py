@@ -13,14 +13,16 @@ from sqlalchemy.orm import Session
 from db import queries as q
 from db.errors import LeaseLost, RevisionConflict, RevisionNotFound
 from db.models import RevisionRow, SessionRow
-from db.records import NewRevision, NewRun, RevisionRecord
+from db.records import BreakerUpdate, NewRevision, NewRun, RevisionRecord
 
 
 def swap_in(
     session: Session, session_id: str, *, expected_revision_id: int | None,
     lease_owner: str | None, revision: NewRevision, run: NewRun, now: datetime,
+    breaker: BreakerUpdate | None = None,
 ) -> int:
-    """Compare-and-swap the active revision, reset the breaker, record the run."""
+    """Compare-and-swap the active revision, set the breaker (closed unless ``breaker``
+    says otherwise), record the run."""
     row = q.find_session(session, session_id, lock=True)
     _check_lease(row, lease_owner, now)
     if row.active_revision_id != expected_revision_id:
@@ -36,7 +38,9 @@ def swap_in(
     created = _insert_revision(session, row, parent, revision, figures, now)
     _point_session(row, created.id, figures)
     row.last_compacted_at = now
-    row.breaker_state, row.breaker_failures, row.breaker_opened_at = "closed", 0, None
+    breaker = breaker or BreakerUpdate(state="closed", failures=0, opened_at=None)
+    row.breaker_state, row.breaker_failures = breaker.state, breaker.failures
+    row.breaker_opened_at = breaker.opened_at
     q.insert_run(session, run, revision_id=created.id)
     return created.id
 

@@ -161,21 +161,22 @@ class Store:
 
     def swap_revision(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
-        revision: NewRevision, run: NewRun, now: datetime,
+        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
     ) -> int:
         """Swap in a new active revision and record its run; return the revision id.
 
         One transaction under the session's row lock. Raises LeaseLost when
         ``lease_owner`` is given and no longer holds an unexpired lease, and
         RevisionConflict when the active revision is not ``expected_revision_id``; on
-        any error nothing is written. Also resets the breaker to closed.
+        any error nothing is written. Also sets the breaker: closed, unless ``breaker``
+        is given (a fallback committed while it is open leaves it open).
         """
         if run.session_id != session_id:
             raise ValueError(f"run is for {run.session_id!r}, not {session_id!r}")
         with self._write() as session:
             return swap_in(
                 session, session_id, expected_revision_id=expected_revision_id,
-                lease_owner=lease_owner, revision=revision, run=run, now=now,
+                lease_owner=lease_owner, revision=revision, run=run, now=now, breaker=breaker,
             )
 
     def rollback(

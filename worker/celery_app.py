@@ -69,10 +69,21 @@ app = create_app(get_settings())
 
 
 @worker_init.connect
-@worker_process_init.connect
 def _configure_logging(**_: Any) -> None:
     settings = get_settings()
     configure_logging(settings.log_format.value, settings.log_level)
+
+
+@worker_process_init.connect
+def _prepare_child(**_: Any) -> None:
+    """Configure logging and build the runtime before the first job, not during it."""
+    _configure_logging()
+    from worker.runtime import get_runtime  # the runtime belongs to pool children only
+
+    try:
+        get_runtime(get_settings())
+    except Exception as exc:  # the first job builds it again and reports the failure
+        get_logger().warning("worker.runtime_deferred", error_class=type(exc).__name__)
 
 
 @worker_ready.connect

@@ -95,32 +95,39 @@ def _compact(ctx: JobContext, policy: JobPolicy) -> JobResult:
         revision = _validated_revision(ctx, policy, snapshot, boundary, work, draft)
     if summarizer.uses_provider:
         ctx.deps.provider_breaker.record_success()
-    outcome = _success_outcome(ctx, draft, open_breaker)
+    outcome = _success_outcome(ctx, draft, open_breaker is not None)
     with ctx.step("swap"):
-        revision_id = _swap(ctx, snapshot, revision, outcome, draft)
+        revision_id = _swap(ctx, snapshot, revision, outcome, draft, open_breaker)
     ctx.revision_id, ctx.parent_revision_id = revision_id, snapshot.session.active_revision_id
-    ctx.breaker_state = BreakerState.CLOSED.value
+    ctx.breaker_state = (open_breaker.state if open_breaker else BreakerState.CLOSED).value
     return ctx.result(outcome, reason=str(ctx.figures["decision"]))
 
 
-def _check_breakers(ctx: JobContext, policy: JobPolicy) -> tuple[Summarizer, bool]:
-    """Pick the summarizer the breakers allow; raise when the job must not run."""
+def _check_breakers(ctx: JobContext, policy: JobPolicy) -> tuple[Summarizer, Breaker | None]:
+    """Pick the summarizer the breakers allow; raise when the job must not run.
+
+    Returns the session's breaker too when it is open (a fallback commit keeps it so).
+    """
     with ctx.step("breaker"):
         session = ctx.deps.store.get_session(ctx.request.session_id)
         ctx.breaker_state = session.breaker_state
-        admission = admit(_session_breaker(session), ctx.deps.clock(), policy.breaker_cooldown_s)
+        breaker = _session_breaker(session)
+        admission = admit(breaker, ctx.deps.clock(), policy.breaker_cooldown_s)
         if not admission.allowed:
             if not policy.fallback_when_open:
                 raise BreakerOpen("the session's breaker is open", reason="breaker_open")
-            return ctx.deps.fallback, True
+            return ctx.deps.fallback, breaker
+        if admission.breaker != breaker:  # the trial after the cooldown: record half-open
+            ctx.deps.store.set_breaker(ctx.request.session_id, _breaker_update(admission.breaker))
+            ctx.breaker_state = admission.breaker.state.value
         summarizer = ctx.deps.summarizer
         if summarizer.uses_provider and not ctx.deps.provider_breaker.admit():
             if not policy.fallback_when_open:
                 raise ProviderBreakerOpen("the provider breaker is open",
                                           reason="provider_breaker_open")
             ctx.fallback_reason = "provider_breaker_open"
-            return ctx.deps.fallback, False
-        return summarizer, False
+            return ctx.deps.fallback, None
+        return summarizer, None
 
 
 def _plan(ctx: JobContext, policy: JobPolicy, snapshot: Snapshot) -> Boundary:
@@ -222,7 +229,7 @@ def _success_outcome(ctx: JobContext, draft: SummaryDraft, open_breaker: bool) -
 
 
 def _swap(ctx: JobContext, snapshot: Snapshot, revision: _Revision, outcome: Outcome,
-          draft: SummaryDraft) -> int:
+          draft: SummaryDraft, open_breaker: Breaker | None) -> int:
     now = ctx.deps.clock()
     new_revision = NewRevision(
         through_seq=revision.through_seq,
@@ -246,6 +253,7 @@ def _swap(ctx: JobContext, snapshot: Snapshot, revision: _Revision, outcome: Out
             revision=new_revision,
             run=ctx.new_run(outcome, now),
             now=now,
+            breaker=_breaker_update(open_breaker) if open_breaker else None,
         )
     except store_errors.RevisionConflict as exc:
         raise StaleSnapshot(str(exc), reason="active_revision_changed") from exc
@@ -278,6 +286,10 @@ def _failed_breaker(ctx: JobContext, policy: JobPolicy) -> BreakerUpdate | None:
     breaker = breaker_after_failure(_session_breaker(session), ctx.deps.clock(),
                                     policy.breaker_threshold)
     ctx.breaker_state = breaker.state.value
+    return _breaker_update(breaker)
+
+
+def _breaker_update(breaker: Breaker) -> BreakerUpdate:
     return BreakerUpdate(state=breaker.state.value, failures=breaker.failures,
                          opened_at=breaker.opened_at)
 

@@ -43,7 +43,8 @@ class Settings(BaseSettings):
     """Every knob of the service, with its unit in the description."""
 
     model_config = SettingsConfigDict(
-        env_prefix="COMPACTOR_", env_file=None, extra="ignore", validate_default=True
+        env_prefix="COMPACTOR_", env_file=None, extra="ignore", validate_default=True,
+        populate_by_name=True,  # Settings(llm_base_url=...) works as well as the env aliases
     )
 
     # --- storage -------------------------------------------------------------------
