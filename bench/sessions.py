@@ -1,0 +1,104 @@
+"""Sessions the benchmarks compact: tool-heavy coding-agent sessions of any size (the
+demo generator's sessions joined end to end, as the corpus builds its long ones), the
+corpus's largest, and their import into a store with every message counted once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from db.records import NewMessage
+from db.store import Store
+from scheduler.demo_sessions import generate_sessions
+from tests.support.corpus import corpus_path, load_corpus
+from worker.compaction.messages import parse_message
+from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.ingest import count_messages
+
+# Imported sessions were last appended to long ago: no quiet-period effects.
+IMPORTED_AGO = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class BenchSession:
+    """A session's messages as store rows, with its size in tokens and JSON bytes."""
+
+    name: str
+    rows: tuple[NewMessage, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(row.tokens for row in self.rows)
+
+    @property
+    def json_bytes(self) -> int:
+        """Size of the session's messages as compact JSON (its raw size)."""
+        return len(json.dumps([row.body for row in self.rows], ensure_ascii=False,
+                              separators=(",", ":")).encode())
+
+
+def new_counter() -> TokenCounter:
+    return TokenCounter(load_encoding())
+
+
+def tool_heavy_messages(target_tokens: int, counter: TokenCounter, *, seed: int = 1,
+                        with_system: bool = True) -> list[dict[str, Any]]:
+    """Join demo sessions (system prompt once) until ``target_tokens`` are reached.
+
+    The result ends where a user turn would begin, so never inside a tool call.
+    """
+    messages: list[dict[str, Any]] = []
+    total = 0
+    index = 0
+    while True:
+        index += 1
+        [record] = generate_sessions(1, seed * 100_000 + index)
+        for message in record["messages"]:
+            if message["role"] == "user" and total >= target_tokens:
+                return messages
+            if message["role"] == "system" and (messages or not with_system):
+                continue
+            messages.append(message)
+            total += counter.count_message(parse_message(message))
+
+
+def generated_session(target_tokens: int, counter: TokenCounter, *, seed: int = 1,
+                      with_system: bool = True) -> BenchSession:
+    """A tool-heavy session of at least ``target_tokens`` tokens."""
+    messages = tool_heavy_messages(target_tokens, counter, seed=seed, with_system=with_system)
+    return BenchSession(f"generated-{target_tokens}", tuple(to_rows(messages, counter)))
+
+
+def largest_corpus_session(counter: TokenCounter, name: str = "dev_long") -> BenchSession | None:
+    """The corpus file's largest session (by JSON size); None where the corpus is absent."""
+    if not corpus_path(name).is_file():
+        return None
+    record = max(load_corpus(name), key=lambda r: len(json.dumps(r["messages"])))
+    return BenchSession(str(record["session_id"]), tuple(to_rows(record["messages"], counter)))
+
+
+def smallest_corpus_session(counter: TokenCounter, name: str = "dev_long") -> BenchSession | None:
+    """The corpus file's smallest session; None where the corpus is absent."""
+    if not corpus_path(name).is_file():
+        return None
+    record = min(load_corpus(name), key=lambda r: len(json.dumps(r["messages"])))
+    return BenchSession(str(record["session_id"]), tuple(to_rows(record["messages"], counter)))
+
+
+def to_rows(messages: Iterable[dict[str, Any]], counter: TokenCounter) -> list[NewMessage]:
+    return count_messages([parse_message(m) for m in messages], counter)
+
+
+def import_copies(store: Store, session: BenchSession, session_ids: Sequence[str]) -> None:
+    """Store ``session`` under each id (counted once, so copies cost only the inserts)."""
+    now = datetime.now(UTC) - IMPORTED_AGO
+    for session_id in session_ids:
+        store.import_session(session_id, {"bench": session.name}, list(session.rows), now)
+
+
+def append_rows(store: Store, session_id: str, rows: Sequence[NewMessage]) -> None:
+    """Append rows to a stored session, as the platform would."""
+    store.append_messages(session_id, list(rows), now=datetime.now(UTC) - IMPORTED_AGO)
