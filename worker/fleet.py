@@ -3,6 +3,9 @@ the redelivery cap, the fleet-wide LLM rate limit, and the provider-wide breaker
 
 Celery's own ``rate_limit`` is per worker, and Celery no longer caps the redeliveries of
 a task whose worker died; both need a view across workers, which only Redis has here.
+While Redis is unreachable (a restart) each of them fails open, loudly: an uncounted
+delivery, an unspaced call or a breaker read as closed wrongs no session, whereas an
+error there would end the job without its outcome event or blame the session.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from worker.compaction.breaker import (
 )
 from worker.errors import ProviderError
 from worker.keys import RedisKeys
+from worker.logging import get_logger
 
 # Reserve the next free slot on a fleet-wide schedule spaced `interval_us` apart, using
 # Redis' clock so that workers on different hosts agree; returns how long to wait (us).
@@ -47,12 +51,17 @@ class DeliveryCounter:
         self._ttl_s = ttl_s
 
     def record_delivery(self, task_id: str, retries: int) -> int:
-        """Count this delivery and return how many there have been (1 on the first)."""
+        """Count this delivery and return how many there have been (1 on the first; 0
+        when Redis is unreachable and it could not be counted)."""
         key = self._keys.deliveries(task_id, retries)
-        with self._client.pipeline() as pipe:
-            pipe.incr(key)
-            pipe.expire(key, self._ttl_s)
-            count, _ = pipe.execute()
+        try:
+            with self._client.pipeline() as pipe:
+                pipe.incr(key)
+                pipe.expire(key, self._ttl_s)
+                count, _ = pipe.execute()
+        except redis.RedisError as exc:
+            log_redis_unavailable("delivery_counter", exc)
+            return 0
         return int(count)
 
 
@@ -81,7 +90,11 @@ class FleetRateLimiter:
             return 0.0
         interval_us = int(1_000_000 / self._calls_per_s)
         ttl_ms = int(self._max_wait_s * 1000) + interval_us // 1000 + 1000
-        wait_s = int(self._reserve(keys=[self._key], args=[interval_us, ttl_ms])) / 1e6
+        try:
+            wait_s = int(self._reserve(keys=[self._key], args=[interval_us, ttl_ms])) / 1e6
+        except redis.RedisError as exc:
+            log_redis_unavailable("rate_limiter", exc)
+            return 0.0
         if wait_s > self._max_wait_s:
             raise ProviderError(
                 f"fleet LLM rate limit backlog is {wait_s:.0f}s", reason="rate_limit_backlog"
@@ -99,7 +112,11 @@ class ProviderBreakerStore:
         self._key = keys.provider_breaker()
 
     def load(self) -> Breaker:
-        raw = self._client.get(self._key)
+        try:
+            raw = self._client.get(self._key)
+        except redis.RedisError as exc:
+            log_redis_unavailable("provider_breaker", exc)
+            raw = None  # read as closed
         if raw is None:
             return Breaker(state=BreakerState.CLOSED, failures=0, opened_at=None)
         data: dict[str, Any] = json.loads(raw)
@@ -114,7 +131,10 @@ class ProviderBreakerStore:
         opened_at = breaker.opened_at.astimezone(UTC).isoformat() if breaker.opened_at else None
         payload = {"state": breaker.state.value, "failures": breaker.failures,
                    "opened_at": opened_at}
-        self._client.set(self._key, json.dumps(payload))
+        try:
+            self._client.set(self._key, json.dumps(payload))
+        except redis.RedisError as exc:
+            log_redis_unavailable("provider_breaker", exc)
 
 
 class ProviderBreaker:
@@ -161,3 +181,8 @@ class InMemoryBreakerState:
 
     def save(self, breaker: Breaker) -> None:
         self._breaker = breaker
+
+
+def log_redis_unavailable(component: str, exc: redis.RedisError) -> None:
+    get_logger().warning("fleet.redis_unavailable", component=component,
+                         failure_class=type(exc).__name__)

@@ -67,6 +67,9 @@ def retry_countdown_s(retries: int, retry_after_s: float | None, max_s: int) -> 
 UNREADABLE_ITEM_ERRORS = (json.JSONDecodeError, TypeError)
 # Raised by Celery while it builds a request from a message whose headers are broken.
 BAD_HEADER_ERRORS = (KeyError, ValueError, TypeError)
+# Raised by kombu (5.7) when a channel of a connection lost while Redis was down is used
+# after collect() detached its transport: to close it, or to ack a job that was in flight.
+DETACHED_TRANSPORT_ERRORS = (AttributeError,)
 
 
 class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
@@ -82,12 +85,19 @@ class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
     or TypeError there as fatal: one stray item would make the worker exit. The item is
     already popped, so it is handled like kombu's own KeyError for an object without the
     envelope's fields: logged, then the consumer reconnects and goes on.
+
+    A Redis restart while a job runs trips kombu over its detached transport twice (see
+    DETACHED_TRANSPORT_ERRORS); both would stop the worker. Counted as connection errors,
+    the late ack fails loudly ("Couldn't ack") and the job is redelivered, or re-sent by
+    the scan when the restart lost it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         kombu_errors: tuple[type[Exception], ...] = self.conninfo.connection_errors
-        self.connection_errors = (*kombu_errors, *UNREADABLE_ITEM_ERRORS)
+        # Requests built later take this tuple as the errors their ack may log and skip.
+        self.connection_errors = (*kombu_errors, *UNREADABLE_ITEM_ERRORS,
+                                  *DETACHED_TRANSPORT_ERRORS)
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         handle = super().create_task_handler(*args, **kwargs)
@@ -109,7 +119,13 @@ class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
         if isinstance(exc, UNREADABLE_ITEM_ERRORS):
             get_logger().error("broker.unreadable_item", failure_class=type(exc).__name__,
                                failure_message="a queue item is not a task message; dropped")
-        super().on_connection_error_after_connected(exc)
+        try:
+            super().on_connection_error_after_connected(exc)
+        except DETACHED_TRANSPORT_ERRORS as close_error:
+            # Closing the lost connection restores its unacked messages through the
+            # detached transport. The connection is already dropped: reconnect anyway.
+            get_logger().warning("broker.close_failed", failure_class="AttributeError",
+                                 failure_message=str(close_error))
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         report_unreadable_message(message, exc)
