@@ -6,6 +6,7 @@ compare-and-swap of the active revision; the lease only saves wasted work.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,7 +46,10 @@ def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
         try:
             return _compact(ctx, policy)
         finally:
-            deps.store.release_lease(request.session_id, ctx.owner)
+            # A release that fails must not turn a committed swap into a failure: the
+            # lease then expires after lease_ttl_s (a redelivery takes it over at once).
+            with contextlib.suppress(store_errors.StoreError):
+                deps.store.release_lease(request.session_id, ctx.owner)
     except Skip as skip:
         return _finish(ctx, Outcome.SKIPPED, skip.reason)
     except CompactionError as exc:
