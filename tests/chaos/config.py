@@ -1,0 +1,28 @@
+"""The knobs of one chaos run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """One run (``kills``: the least number of SIGKILLs to deliver; ``corpus_sessions``:
+    how many sessions of the corpus's ``dev_long`` split join the generated ones)."""
+
+    work_dir: Path
+    sessions: int = 300
+    corpus_sessions: int = 0
+    kills: int = 25
+    duration_s: float = 240.0
+    workers: int = 3
+    concurrency: int = 2
+    appenders: int = 2
+    append_pause_s: float = 0.15
+    redis_restarts: int = 2
+    pg_drops: int = 4
+    llm_latency_ms: int = 400
+    failing_share: float = 0.05
+    drain_timeout_s: float = 240.0
+    seed: int = 1
