@@ -3,6 +3,8 @@ compacted session's projection, and where an operator looks next."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +165,11 @@ def print_next_steps(console: Console, settings: Settings, session_id: str | Non
     )
     width = max(len(env + command) for command, _ in steps)
     console.print("\n[bold]Where to look next[/]", highlight=False, soft_wrap=True)
+    if shutil.which("compactor") is None:
+        # `make demo` runs from .venv without activating it: say how to reach the command.
+        console.print(f"  (put `compactor` on your PATH first: source "
+                      f"{Path(sys.executable).parent / 'activate'})", markup=False,
+                      highlight=False, soft_wrap=True)
     for command, what in steps:
         # Whole lines, never wrapped by rich, so each command copies and pastes as is.
         console.print(f"  {env + command:<{width}}  # {what}", markup=False, highlight=False,
