@@ -41,6 +41,20 @@ def job_event_fields(result: JobResult, *, will_retry: bool = False) -> dict[str
     return fields
 
 
+def rejected_message_fields(task_id: str | None, reason: str, failure_class: str,
+                            failure_message: str) -> dict[str, Any]:
+    """The event of a message that never became a job: every field, most of them null."""
+    fields: dict[str, Any] = {
+        "session_id": None, "task_id": task_id, "attempt": 1, "trigger": None,
+        "outcome": "rejected", "reason": reason, "summarizer": None,
+        "failure_class": failure_class, "failure_message": failure_message,
+        "will_retry": False, "revision_id": None, "parent_revision_id": None,
+        "breaker_state": None, "duration_ms": None, "durations_ms": {},
+        "run_recorded": False,
+    }
+    return {**fields, **dict.fromkeys(_FIGURES)}
+
+
 def emit_job_event(logger: Any, result: JobResult, *, will_retry: bool = False) -> None:
     """Log the one outcome event of this job attempt."""
     fields = job_event_fields(result, will_retry=will_retry)

@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from db.errors import StoreError
 from worker import pipeline
 from worker.celery_app import TASK_NAME, app
-from worker.errors import DeliveryCapExceeded, JobRejected, Outcome
+from worker.errors import DeliveryCapExceeded, JobRejected
 from worker.job import JobRequest, JobResult
 from worker.logging import JOB_EVENT, get_logger
-from worker.outcome import emit_job_event
+from worker.outcome import emit_job_event, rejected_message_fields
 from worker.runtime import Runtime, get_runtime
 from worker.settings import get_settings
 
@@ -147,11 +147,9 @@ def report_unreadable_message(message: Any, exc: Exception) -> None:
         detail = f"the {content_type!r} body does not decode"
     else:
         reason, detail = "invalid_message", f"not a valid task message: {exc}"
-    get_logger().error(
-        JOB_EVENT, task_id=headers.get("id"), session_id=None, attempt=1,
-        outcome=Outcome.REJECTED.value, reason=reason, will_retry=False,
-        failure_class=type(exc).__name__, failure_message=detail,
-    )
+    task_id = headers.get("id")
+    get_logger().error(JOB_EVENT, **rejected_message_fields(
+        task_id if isinstance(task_id, str) else None, reason, type(exc).__name__, detail))
 
 
 @app.task(name=TASK_NAME, bind=True, typing=False)
