@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from db.engine import create_db_engine
 from db.migrate import upgrade_database
 from db.store import Store
 from tests.support.corpus import CORPUS_DIR, skip_without_corpus
 from tests.support.databases import (
     create_postgres_database,
     drop_postgres_database,
+    open_store,
     sqlite_url,
     truncate_store_tables,
 )
@@ -70,11 +70,8 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 
 @pytest.fixture
 def store(database_url: str) -> Iterator[Store]:
-    engine = create_db_engine(database_url)
-    try:
-        yield Store(engine)
-    finally:
-        engine.dispose()
+    with open_store(database_url) as store:
+        yield store
 
 
 @pytest.fixture

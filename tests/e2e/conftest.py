@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from db.engine import create_db_engine
 from db.store import Store
-from tests.support.databases import truncate_store_tables
+from tests.support.databases import open_store, truncate_store_tables
 from tests.support.e2e import JobEnv, JobPublisher, build_job_env, redis_under_prefix
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
@@ -29,11 +28,8 @@ def postgres_url(migrated_postgres_url: str) -> str:
 
 @pytest.fixture
 def pg_store(postgres_url: str) -> Iterator[Store]:
-    engine = create_db_engine(postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        engine.dispose()
+    with open_store(postgres_url) as store:
+        yield store
 
 
 @pytest.fixture

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from db.engine import create_db_engine
 from db.migrate import upgrade_database
 from db.store import Store
 from scheduler.enqueue import CeleryPublisher, QueuedJob
 from scheduler.trigger_contract import TASK_NAME, job_kwargs, queue_list_key
-from tests.support.databases import create_postgres_database, drop_postgres_database
+from tests.support.databases import create_postgres_database, drop_postgres_database, open_store
 from tests.support.raw_producer import (
     EMBED,
     build_raw_message,
@@ -75,11 +74,8 @@ def agent_turn(turn: int) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def store(postgres_url: str) -> Iterator[Store]:
-    engine = create_db_engine(postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        engine.dispose()
+    with open_store(postgres_url) as store:
+        yield store
 
 
 def import_long_session(store: Store) -> None:

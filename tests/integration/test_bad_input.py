@@ -25,7 +25,7 @@ from tests.support.chaos import (
     generate_session,
     runtime_for_case,
 )
-from tests.support.databases import truncate_store_tables
+from tests.support.databases import open_store, truncate_store_tables
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
 from worker import pipeline
@@ -245,11 +245,8 @@ def huge_text(megabytes: int, line: str) -> str:
 def postgres_store(migrated_postgres_url: str) -> Iterator[Store]:
     """PostgreSQL alone, for the slowest case: the production store (JSONB bodies)."""
     truncate_store_tables(migrated_postgres_url)
-    engine = create_db_engine(migrated_postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        engine.dispose()
+    with open_store(migrated_postgres_url) as store:
+        yield store
 
 
 @pytest.mark.slow

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from db.engine import create_db_engine
 from db.migrate import upgrade_database
 from db.store import NewRevision, NewRun, Store
 from tests.support.chaos import (
@@ -30,7 +29,7 @@ from tests.support.chaos import (
     generate_session,
     runtime_for_case,
 )
-from tests.support.databases import sqlite_url
+from tests.support.databases import open_store, sqlite_url
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer, RecordedRequest
 from worker import pipeline
@@ -120,20 +119,14 @@ def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """One SQLite database for the module; each case has sessions of its own."""
     url = sqlite_url(tmp_path_factory.mktemp("fault-matrix") / "store.db")
     upgrade_database(url)
-    engine = create_db_engine(url)
-    try:
-        yield Store(engine)
-    finally:
-        engine.dispose()
+    with open_store(url) as store:
+        yield store
 
 
 @pytest.fixture
 def postgres_store(migrated_postgres_url: str) -> Iterator[Store]:
-    engine = create_db_engine(migrated_postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        engine.dispose()
+    with open_store(migrated_postgres_url) as store:
+        yield store
 
 
 @pytest.fixture

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, exc, text
 from sqlalchemy.engine import URL, make_url
+
+from db.engine import create_db_engine
+from db.store import Store
 
 POSTGRES_URL_ENV = "COMPACTOR_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -86,3 +91,13 @@ def _run_admin(admin_url: URL, statement: str) -> None:
         f"{POSTGRES_URL_ENV} at a server where user postgres may create databases.",
         pytrace=False,
     )
+
+
+@contextmanager
+def open_store(url: str) -> Iterator[Store]:
+    """A store on ``url`` whose pooled connections are closed on exit."""
+    store = Store(create_db_engine(url))
+    try:
+        yield store
+    finally:
+        store.close()
