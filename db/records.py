@@ -111,21 +111,10 @@ class NewRun:
 
 
 @dataclass(frozen=True, slots=True)
-class RunRecord:
+class RunRecord(NewRun):
     """A stored run: the recorded fields plus its ``id``."""
 
     id: int
-    session_id: str
-    task_id: str | None
-    attempt: int
-    reason: str
-    outcome: str
-    failure_class: str | None
-    failure_message: str | None
-    figures: dict[str, Any]
-    revision_id: int | None
-    started_at: datetime
-    finished_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,16 +12,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-SUMMARY_SECTIONS = (
-    "goal",
-    "constraints_and_preferences",
-    "completed_actions",
-    "key_decisions",
-    "resolved",
-    "pending",
-    "relevant_artifacts",
-    "remaining_work",
-)
+from worker.compaction.schema import SUMMARY_SECTIONS
+
 ARTIFACTS_SECTION = "relevant_artifacts"
 SNIPPET_CHARS = 80
 MAX_ENTRIES_PER_SECTION = 8
