@@ -22,11 +22,11 @@ from pydantic import AliasChoices
 
 from db.migrate import upgrade_database
 from scheduler.enqueue import CeleryPublisher, QueuedJob
-from scheduler.trigger_contract import job_kwargs
 from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT, WorkerProcess
 from worker import pipeline
 from worker.celery_app import create_app
+from worker.contract import job_kwargs
 from worker.job import JobRequest, JobResult
 from worker.runtime import Runtime, build_runtime
 from worker.settings import Settings
@@ -105,7 +105,7 @@ class BenchWorker(WorkerProcess):
         self.app = app
 
     def start(self, timeout_s: float = 60.0) -> BenchWorker:
-        # The flags of `compactor worker` (scheduler/cli_jobs.py), for either app.
+        # The flags of `compactor worker` (scheduler/cli/jobs.py), for either app.
         argv = [sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool=prefork",
                 f"--concurrency={self.concurrency}", f"--queues={self.queue}", "--loglevel=INFO",
                 "-O", "fair", "--without-gossip", "--without-mingle",

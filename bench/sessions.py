@@ -12,7 +12,7 @@ from typing import Any
 
 from db.records import NewMessage
 from db.store import Store
-from scheduler.demo_sessions import generate_sessions
+from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.corpus import corpus_path, load_corpus
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding

@@ -1,1 +1,63 @@
-"""The durable session store: tables, migrations, and the store API (``db.store``)."""
+"""The durable session store: tables, migrations, and the store API.
+
+This module is the package's public face: code outside ``db/`` imports from ``db`` only
+(``from db import Store, NewMessage``), never from its modules; a test walks the imports.
+"""
+
+from db.engine import create_db_engine
+from db.errors import (
+    LeaseLost,
+    RevisionConflict,
+    RevisionNotFound,
+    SchemaMissing,
+    SessionExists,
+    SessionNotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from db.migrate import (
+    check_schema,
+    current_revision,
+    downgrade_database,
+    head_revision,
+    upgrade_database,
+)
+from db.records import (
+    BreakerUpdate,
+    MessageRecord,
+    NewMessage,
+    NewRevision,
+    NewRun,
+    RevisionRecord,
+    RunRecord,
+    SessionState,
+    Snapshot,
+)
+from db.store import Store
+
+__all__ = [
+    "BreakerUpdate",
+    "LeaseLost",
+    "MessageRecord",
+    "NewMessage",
+    "NewRevision",
+    "NewRun",
+    "RevisionConflict",
+    "RevisionNotFound",
+    "RevisionRecord",
+    "RunRecord",
+    "SchemaMissing",
+    "SessionExists",
+    "SessionNotFound",
+    "SessionState",
+    "Snapshot",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "check_schema",
+    "create_db_engine",
+    "current_revision",
+    "downgrade_database",
+    "head_revision",
+    "upgrade_database",
+]

@@ -1,5 +1,5 @@
 """`python -m scheduler`: the `compactor` command line."""
 
-from scheduler.cli import app
+from scheduler.cli.main import app
 
 app(prog_name="compactor")

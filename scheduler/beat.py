@@ -19,12 +19,12 @@ from celery import Celery, Task
 from celery.schedules import crontab
 from sqlalchemy import Engine
 
-from db.engine import create_db_engine
+from db import check_schema, create_db_engine
 from db.errors import translate_errors
-from db.migrate import check_schema
 from scheduler.enqueue import CeleryPublisher, Publisher, ScanReport, run_scan
 from scheduler.selection import ScanPolicy
-from worker.celery_app import SCAN_TASK_NAME, app
+from worker.celery_app import app
+from worker.contract import SCAN_TASK_NAME
 from worker.keys import RedisKeys
 from worker.logging import get_logger
 from worker.settings import Settings, get_settings

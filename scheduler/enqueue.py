@@ -29,7 +29,7 @@ from scheduler.selection import (
     StopReason,
     iter_due_sessions,
 )
-from scheduler.trigger_contract import TASK_NAME, JobKwargs, job_kwargs
+from worker.contract import TASK_NAME, JobKwargs, job_kwargs
 
 
 @dataclass(frozen=True, slots=True)

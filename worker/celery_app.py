@@ -22,11 +22,9 @@ from celery.signals import (
 )
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
+from worker.contract import SCAN_TASK_NAME, TASK_NAME
 from worker.logging import configure_logging, get_logger
 from worker.settings import Settings, get_settings
-
-TASK_NAME = "compactor.compact_session"
-SCAN_TASK_NAME = "compactor.scan"
 
 
 def create_app(settings: Settings) -> Celery:
@@ -46,7 +44,7 @@ def create_app(settings: Settings) -> Celery:
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         # Reports undecodable messages (pickle, broken JSON) as rejected jobs.
-        worker_consumer="worker.tasks:JobConsumer",
+        worker_consumer="worker.consumer:JobConsumer",
         task_soft_time_limit=settings.task_soft_time_limit_s,
         task_time_limit=settings.task_hard_time_limit_s,
         task_default_queue=settings.queue_name,

@@ -15,56 +15,55 @@
     ├── StaleSnapshot                  conflict     no      -
     ├── LeaseHeld                      skipped      no      -
     ├── BreakerOpen                    breaker_open no      -
-    └── JobRejected                    rejected     no      -
+    ├── JobRejected                    rejected     no      -
+    │   └── MessagesRejected           rejected     no      - (intake refused an append)
+    └── ConfigurationError             failed       no      - (an operator must act)
+        └── TokenizerUnavailable       failed       no      -
 
-The task has one ``except CompactionError`` and reads ``outcome``, ``retryable`` and
-``counts_on`` from the instance. Third-party errors are translated into these once, at
-the adapters (``worker/llm.py``); the store has its own small tree in ``db/errors.py``
-that the pipeline maps here.
+The base, the policy enums and the errors the pure core raises live in the core
+(``worker/compaction/errors.py``); this module extends them and is the one place to
+import the whole tree from. The task has one ``except CompactionError`` and reads
+``outcome``, ``retryable`` and ``counts_on`` from the instance. Third-party errors are
+translated into these once, at the adapters (``worker/llm.py``); the store has its own
+small tree in ``db/errors.py`` that the pipeline maps here.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import ClassVar
+from worker.compaction.errors import (
+    BreakerScope,
+    CompactionError,
+    ConfigurationError,
+    ContextOverflow,
+    Outcome,
+    SessionFailure,
+    SummaryInvalid,
+    TokenizerUnavailable,
+    TransientError,
+)
+from worker.compaction.intake import Problem
 
-
-class Outcome(StrEnum):
-    """The outcome of one job, as logged in ``compaction.job`` and stored in ``runs``."""
-
-    COMPACTED = "compacted"
-    FALLBACK = "fallback"
-    SKIPPED = "skipped"
-    BREAKER_OPEN = "breaker_open"
-    CONFLICT = "conflict"
-    REJECTED = "rejected"
-    FAILED = "failed"
-
-
-class BreakerScope(StrEnum):
-    """Which breaker a failure counts on."""
-
-    SESSION = "session"
-    PROVIDER = "provider"
-
-
-class CompactionError(Exception):
-    """Base of every error a job can end with."""
-
-    outcome: ClassVar[Outcome] = Outcome.FAILED
-    retryable: ClassVar[bool] = False
-    counts_on: ClassVar[BreakerScope | None] = None
-
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.reason = reason or type(self).__name__
-
-
-class TransientError(CompactionError):
-    """Raised when a retry later may succeed (the session is not at fault)."""
-
-    retryable = True
+__all__ = [
+    "BreakerOpen",
+    "BreakerScope",
+    "CompactionError",
+    "ConfigurationError",
+    "ContextOverflow",
+    "DeliveryCapExceeded",
+    "InternalError",
+    "JobRejected",
+    "LeaseHeld",
+    "MessagesRejected",
+    "Outcome",
+    "ProviderBreakerOpen",
+    "ProviderError",
+    "ProviderRateLimited",
+    "SessionFailure",
+    "StaleSnapshot",
+    "SummaryInvalid",
+    "TokenizerUnavailable",
+    "TransientError",
+]
 
 
 class ProviderBreakerOpen(TransientError):
@@ -86,22 +85,13 @@ class ProviderRateLimited(ProviderError):
         self.retry_after_s = retry_after_s
 
 
-class SessionFailure(CompactionError):
-    """Raised when this session's job failed for good; counts on its breaker."""
-
-    counts_on = BreakerScope.SESSION
-
-
-class SummaryInvalid(SessionFailure):
-    """Raised when the summary fails validation; ``reason`` names the check."""
-
-
-class ContextOverflow(SessionFailure):
-    """Raised when the summarizer still reports context-length exceeded after a re-plan."""
-
-
 class DeliveryCapExceeded(SessionFailure):
     """Raised when a job was delivered more times than allowed (its worker keeps dying)."""
+
+
+class InternalError(SessionFailure):
+    """Raised when a job hits an unexpected error; counts on the session's breaker so a
+    session that keeps crashing its job ends breaker-open instead of looping."""
 
 
 class StaleSnapshot(CompactionError):
@@ -128,6 +118,11 @@ class JobRejected(CompactionError):
     outcome = Outcome.REJECTED
 
 
-class InternalError(SessionFailure):
-    """Raised when a job hits an unexpected error; counts on the session's breaker so a
-    session that keeps crashing its job ends breaker-open instead of looping."""
+class MessagesRejected(JobRejected):
+    """Raised when intake rejects messages to append; ``problems`` says why."""
+
+    def __init__(self, session_id: str, problems: tuple[Problem, ...]) -> None:
+        kinds = sorted({problem.kind.value for problem in problems})
+        super().__init__(f"messages for session {session_id!r} rejected: {', '.join(kinds)}",
+                         reason="messages_rejected")
+        self.problems = problems

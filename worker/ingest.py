@@ -11,8 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from db.errors import SessionExists
-from db.records import MessageRecord, NewMessage, SessionState
+from db import MessageRecord, NewMessage, SessionExists, SessionState
 from worker.compaction.intake import (
     Action,
     IntakePolicy,
@@ -25,6 +24,7 @@ from worker.compaction.intake import (
 )
 from worker.compaction.messages import ChatMessage, dump_message, parse_message
 from worker.compaction.tokens import TokenCounter
+from worker.errors import MessagesRejected
 
 RECORD_KEYS = ("session_id", "messages")
 
@@ -75,15 +75,6 @@ class SessionReport:
     messages: int
     tokens: int
     problems: tuple[Problem, ...] = ()
-
-
-class MessagesRejected(ValueError):
-    """Raised when intake rejects messages to append; ``problems`` says why."""
-
-    def __init__(self, session_id: str, problems: tuple[Problem, ...]) -> None:
-        kinds = sorted({problem.kind.value for problem in problems})
-        super().__init__(f"messages for session {session_id!r} rejected: {', '.join(kinds)}")
-        self.problems = problems
 
 
 def import_sessions(

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from db.store import NewRun, Store
+from db import NewRun, Store
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.strategies import StrategyConfig
 from worker.compaction.tokens import TokenCounter
 from worker.errors import CompactionError, Outcome
-from worker.summarizer import Summarizer, SummaryDraft
+from worker.summarizers import Summarizer, SummaryDraft
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import contextlib
 from dataclasses import dataclass, replace
 from typing import Any
 
+from db import BreakerUpdate, NewRevision, Snapshot
 from db import errors as store_errors
-from db.store import BreakerUpdate, NewRevision, Snapshot
 from worker.compaction.breaker import Breaker, BreakerState, admit, breaker_after_failure
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
@@ -34,7 +34,7 @@ from worker.errors import (
     TransientError,
 )
 from worker.job import JobContext, JobDeps, JobPolicy, JobRequest, JobResult, Skip
-from worker.summarizer import Summarizer, SummaryDraft, SummaryWork
+from worker.summarizers import Summarizer, SummaryDraft, SummaryWork
 
 
 def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:

@@ -10,8 +10,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.strategies import StrategyConfig
 from worker.compaction.tokens import TokenCounter, load_encoding
@@ -25,7 +24,7 @@ from worker.fleet import (
 from worker.job import JobDeps, JobPolicy
 from worker.keys import RedisKeys
 from worker.settings import BreakerOpenPolicy, Settings, SummarizerKind
-from worker.summarizer import ExtractiveSummarizer, Summarizer
+from worker.summarizers import ExtractiveSummarizer, Summarizer
 
 
 def utc_now() -> datetime:
@@ -104,8 +103,8 @@ def build_summarizer(
     """The configured summarizer: the LLM through the OpenAI SDK, or extractive."""
     if settings.effective_summarizer is not SummarizerKind.LLM:
         return ExtractiveSummarizer(counter)
-    from worker.chunk_merge import LLMSummarizer  # the SDK loads only when it is used
     from worker.llm import LLMClient, LLMConfig
+    from worker.summarizers.llm import LLMSummarizer  # the SDK loads only when it is used
 
     config = LLMConfig(
         base_url=settings.llm_base_url,

@@ -17,7 +17,6 @@ import pytest
 from db.migrate import upgrade_database
 from db.store import Store
 from scheduler.enqueue import CeleryPublisher, QueuedJob
-from scheduler.trigger_contract import TASK_NAME, job_kwargs, queue_list_key
 from tests.support.databases import create_postgres_database, drop_postgres_database, open_store
 from tests.support.raw_producer import (
     EMBED,
@@ -30,6 +29,7 @@ from tests.support.scheduling import Broker, isolated_broker
 from tests.support.worker_process import WorkerProcess
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.contract import TASK_NAME, job_kwargs, queue_list_key
 from worker.ingest import count_messages
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

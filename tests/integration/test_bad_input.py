@@ -37,10 +37,9 @@ from worker.compaction.intake import (
 )
 from worker.compaction.prompts import QUOTE_PREFIX
 from worker.compaction.schema import BLOCK_HEADER, Summary
-from worker.errors import Outcome
+from worker.errors import MessagesRejected, Outcome
 from worker.ingest import (
     ImportStatus,
-    MessagesRejected,
     SessionReport,
     append_messages,
     import_sessions,

@@ -30,7 +30,7 @@ from scheduler.enqueue import ScanReport
 from tests.support.raw_producer import read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session
 from tests.support.worker_process import WorkerProcess
-from worker.celery_app import SCAN_TASK_NAME
+from worker.contract import SCAN_TASK_NAME
 from worker.keys import RedisKeys
 from worker.settings import Settings
 

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.openai_server import OpenAIServer
-from worker.chunk_merge import LLMSummarizer
 from worker.compaction.grouping import group_messages
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.schema import summary_text
 from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.llm import LLMClient, LLMConfig
-from worker.summarizer import SummaryWork
+from worker.summarizers import SummaryWork
+from worker.summarizers.llm import LLMSummarizer
 
 WINDOW_TOKENS = 32_000
 EXCHANGES = 64

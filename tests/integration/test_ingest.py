@@ -12,10 +12,10 @@ from db.store import Store
 from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.errors import MessagesRejected
 from worker.ingest import (
     ExportView,
     ImportStatus,
-    MessagesRejected,
     append_messages,
     export_session,
     import_sessions,

@@ -41,7 +41,7 @@ from worker.logging import JOB_EVENT, get_logger
 from worker.outcome import emit_job_event
 from worker.runtime import build_summarizer, job_policy
 from worker.settings import Settings
-from worker.summarizer import ExtractiveSummarizer, Summarizer, SummaryDraft, SummaryWork
+from worker.summarizers import ExtractiveSummarizer, Summarizer, SummaryDraft, SummaryWork
 
 pytestmark = [pytest.mark.integration, pytest.mark.corpus]
 

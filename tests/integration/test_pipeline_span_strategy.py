@@ -13,7 +13,7 @@ from worker.ingest import import_sessions
 from worker.job import JobRequest
 from worker.runtime import build_runtime
 from worker.settings import Settings
-from worker.summarizer import ExtractiveSummarizer, SummaryDraft, SummaryWork
+from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryWork
 
 
 class RecordingSummarizer(ExtractiveSummarizer):

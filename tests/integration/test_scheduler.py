@@ -21,7 +21,7 @@ from db.engine import create_db_engine
 from db.queue import clear_queue_marker
 from db.store import Store
 from scheduler import enqueue
-from scheduler.cli_schedule import register
+from scheduler.cli.schedule import register
 from scheduler.enqueue import (
     CeleryPublisher,
     EnqueueStatus,

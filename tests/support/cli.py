@@ -13,7 +13,7 @@ from typing import Any
 
 from typer.testing import CliRunner, Result
 
-from scheduler.cli import app
+from scheduler.cli.main import app
 from worker.settings import get_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,13 +17,13 @@ import redis
 from celery import Celery
 
 from db.store import RevisionRecord, Store
-from scheduler.trigger_contract import job_kwargs
 from tests.support.corpus import load_corpus
-from worker.celery_app import TASK_NAME, create_app
+from worker.celery_app import create_app
 from worker.compaction.grouping import find_chat_violations
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.contract import TASK_NAME, job_kwargs
 from worker.ingest import ImportStatus, append_messages, import_sessions
 from worker.settings import Settings
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from scheduler.cli import app
+from scheduler.cli.main import app
 
 
 def subcommands(command: Any) -> dict[str, Any] | None:

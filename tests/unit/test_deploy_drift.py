@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler.config_table import ENV_EXAMPLE_PATH, render_env_example, setting_rows
+from scheduler.cli.config_table import ENV_EXAMPLE_PATH, render_env_example, setting_rows
 from tests.unit.cli_tree import check_invocation
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -55,7 +55,7 @@ def test_env_example_lists_every_setting_at_its_default() -> None:
     for row in setting_rows():
         assert f"#{row.env_names[0]}={row.default or ''}\n" in text, row.name
     assert text == render_env_example(), \
-        "deploy/env.example drifted: run `python -m scheduler.config_table write`"
+        "deploy/env.example drifted: run `python -m scheduler.cli.config_table write`"
 
 
 @pytest.mark.parametrize("path", yaml_files(), ids=lambda p: p.relative_to(DEPLOY).as_posix())

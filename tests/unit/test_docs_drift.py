@@ -14,20 +14,19 @@ from typing import Any
 
 import pytest
 
-from scheduler.config_table import (
+from scheduler.cli.config_table import (
     README_PATH,
     TABLE_END,
     TABLE_START,
     render_markdown_table,
     setting_rows,
 )
-from scheduler.trigger_contract import TASK_NAME, queue_list_key
 from tests.unit.cli_tree import command_paths, resolve_command, subcommands
+from worker.contract import TASK_NAME, JobMessage, queue_list_key
 from worker.errors import Outcome
 from worker.job import JobResult
 from worker.outcome import job_event_fields
 from worker.settings import Settings
-from worker.tasks import JobMessage
 
 DOCS = [README_PATH, README_PATH.parent / "docs" / "RUNBOOK.md"]
 # `compactor WORD [WORD]` where a command is written (not session-compactor, compactor:).
@@ -61,7 +60,7 @@ def test_readme_config_table_is_the_one_generated_from_the_settings() -> None:
     readme = read(README_PATH)
     table = readme[readme.index(TABLE_START) + len(TABLE_START): readme.index(TABLE_END)]
     assert table.strip() == render_markdown_table().strip(), \
-        "README configuration table drifted: run `python -m scheduler.config_table write`"
+        "README configuration table drifted: run `python -m scheduler.cli.config_table write`"
     assert len(setting_rows()) == len(Settings.model_fields)
 
 

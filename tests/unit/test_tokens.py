@@ -23,9 +23,9 @@ from worker.compaction.messages import parse_message
 from worker.compaction.tokens import (
     SUPPORTED_ENCODINGS,
     TokenCounter,
-    TokenizerUnavailable,
     load_encoding,
 )
+from worker.errors import TokenizerUnavailable
 
 URLS = {
     "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",

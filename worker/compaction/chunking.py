@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from worker.compaction.errors import ContextOverflow
 from worker.compaction.tokens import TokenCounter
-from worker.errors import ContextOverflow
 
 OUTPUT_SPAN_RATIO = 0.15
 MIN_OUTPUT_TOKENS = 1_024

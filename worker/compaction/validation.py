@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from worker.compaction.errors import SummaryInvalid
 from worker.compaction.schema import (
     LOAD_BEARING_SECTIONS,
     Summary,
@@ -23,7 +24,6 @@ from worker.compaction.schema import (
     summary_text,
 )
 from worker.compaction.tokens import TokenCounter
-from worker.errors import SummaryInvalid
 
 REASONS = (
     "truncated",

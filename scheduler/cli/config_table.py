@@ -1,9 +1,9 @@
 """The configuration reference, generated from ``Settings.model_fields``: the README's
 table (between its config-table markers) and ``deploy/env.example``.
 
-    python -m scheduler.config_table markdown        # print the table
-    python -m scheduler.config_table env             # print env.example
-    python -m scheduler.config_table write           # rewrite both files in place
+    python -m scheduler.cli.config_table markdown        # print the table
+    python -m scheduler.cli.config_table env             # print env.example
+    python -m scheduler.cli.config_table write           # rewrite both files in place
 
 Tests regenerate both and fail when the files drift from the settings.
 """
@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from worker.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 README_PATH = REPO_ROOT / "README.md"
 ENV_EXAMPLE_PATH = REPO_ROOT / "deploy" / "env.example"
 TABLE_START = "<!-- config-table:start -->"
@@ -30,7 +30,7 @@ ENV_PREFIX = "COMPACTOR_"
 
 ENV_EXAMPLE_HEADER = """\
 # Every setting of the session compactor with its default, one commented line each.
-# Generated from worker/settings.py by `python -m scheduler.config_table env`; a test fails
+# Generated from worker/settings.py by `python -m scheduler.cli.config_table env`; a test fails
 # when this file and the settings drift apart. Uncomment and change what you need, then
 # use the file as a systemd EnvironmentFile, `docker run --env-file`, or compose `env_file`.
 """
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
                 "env": lambda: sys.stdout.write(render_env_example()),
                 "write": write_all}
     if len(argv) != 1 or argv[0] not in commands:
-        sys.stderr.write(f"usage: python -m scheduler.config_table {{{'|'.join(commands)}}}\n")
+        sys.stderr.write(f"usage: python -m scheduler.cli.config_table {{{'|'.join(commands)}}}\n")
         return 2
     commands[argv[0]]()
     return 0

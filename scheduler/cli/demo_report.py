@@ -14,10 +14,9 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from db.records import RunRecord, SessionState
-from db.store import Store
-from scheduler.cli_common import display_url
-from scheduler.cli_sessions import projection_table
+from db import RunRecord, SessionState, Store
+from scheduler.cli.common import display_url
+from scheduler.cli.sessions import projection_table
 from worker.ingest import ImportStatus, SessionReport
 from worker.settings import Settings
 

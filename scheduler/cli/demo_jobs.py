@@ -12,15 +12,12 @@ from datetime import datetime
 import redis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from db.engine import create_db_engine
+from db import RunRecord, Store, check_schema, create_db_engine
 from db.errors import translate_errors
-from db.migrate import check_schema
 from db.queue import clear_queue_marker
-from db.records import RunRecord
-from db.store import Store
 from scheduler.beat import ScanLock, run_locked_scan, scan_policy
-from scheduler.cli_common import stdout_console
-from scheduler.demo_services import DemoServiceError, WorkerProcess
+from scheduler.cli.common import stdout_console
+from scheduler.cli.demo_services import DemoServiceError, WorkerProcess
 from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob
 from worker.celery_app import create_app
 from worker.errors import TransientError

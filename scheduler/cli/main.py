@@ -1,15 +1,15 @@
 """The `compactor` command line: the typer app, assembled from small command modules.
 
 Settings are read only in the commands, through ``get_settings()``; helpers shared by
-every command live in ``scheduler/cli_common.py``.
+every command live in ``scheduler/cli/common.py``.
 """
 
 from __future__ import annotations
 
 import typer
 
-from scheduler import cli_data, cli_demo, cli_jobs, cli_schedule, cli_sessions
-from scheduler.cli_db import db_app
+from scheduler.cli import data, demo, jobs, schedule, sessions
+from scheduler.cli.db import db_app
 
 app = typer.Typer(
     name="compactor",
@@ -22,10 +22,10 @@ app = typer.Typer(
 )
 
 app.add_typer(db_app, name="db")
-app.command("import")(cli_data.import_command)
-app.command("export")(cli_data.export_command)
-app.command("sessions")(cli_sessions.sessions_command)
-app.command("show")(cli_sessions.show_command)
-cli_jobs.register(app)
-cli_schedule.register(app)
-cli_demo.register(app)
+app.command("import")(data.import_command)
+app.command("export")(data.export_command)
+app.command("sessions")(sessions.sessions_command)
+app.command("show")(sessions.show_command)
+jobs.register(app)
+schedule.register(app)
+demo.register(app)

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from db.store import BreakerUpdate, Store
-from scheduler.cli_common import (
+from db import BreakerUpdate, Store
+from scheduler.cli.common import (
     expected_errors,
     fail,
     open_store,

@@ -17,25 +17,24 @@ from typing import Annotated, Any
 import typer
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
-from db.records import RunRecord
-from db.store import Store
-from scheduler import demo_report
-from scheduler.cli_common import expected_errors, fail, load_counter, open_store, stdout_console
-from scheduler.cli_data import POLICIES, PolicyName, read_jsonl
-from scheduler.demo_jobs import (
+from db import RunRecord, Store
+from scheduler.cli import demo_report
+from scheduler.cli.common import expected_errors, fail, load_counter, open_store, stdout_console
+from scheduler.cli.data import POLICIES, PolicyName, read_jsonl
+from scheduler.cli.demo_jobs import (
     release_unfinished,
     scan_and_enqueue,
     session_of,
     wait_for_jobs,
 )
-from scheduler.demo_services import (
+from scheduler.cli.demo_services import (
     DemoServiceError,
     delete_keys,
     embedded_redis,
     is_redis_reachable,
     worker_process,
 )
-from scheduler.demo_sessions import generate_sessions
+from scheduler.cli.demo_sessions import generate_sessions
 from scheduler.enqueue import QueuedJob
 from worker.ingest import ImportStatus, SessionReport, import_record
 from worker.settings import Settings

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from db.migrate import current_revision, head_revision, upgrade_database
-from scheduler.cli_common import (
+from db import current_revision, head_revision, upgrade_database
+from scheduler.cli.common import (
     database_url,
     display_url,
     expected_errors,

@@ -20,11 +20,18 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from db.engine import create_db_engine
-from db.errors import SchemaMissing, SessionNotFound, StoreError, StoreUnavailable
-from db.migrate import check_schema, upgrade_database
-from db.store import Store
-from worker.compaction.tokens import TokenCounter, TokenizerUnavailable, load_encoding
+from db import (
+    SchemaMissing,
+    SessionNotFound,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    check_schema,
+    create_db_engine,
+    upgrade_database,
+)
+from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.errors import TokenizerUnavailable
 from worker.settings import Settings
 
 P = ParamSpec("P")

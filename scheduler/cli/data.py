@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from scheduler.cli_common import (
+from scheduler.cli.common import (
     dumps_json,
     expected_errors,
     load_counter,

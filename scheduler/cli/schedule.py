@@ -17,11 +17,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import Engine
 
-from db.engine import create_db_engine
+from db import check_schema, create_db_engine, upgrade_database
 from db.errors import translate_errors
-from db.migrate import check_schema, upgrade_database
 from scheduler.beat import run_scheduled_scan, scan_policy, start_beat
-from scheduler.cli_common import (
+from scheduler.cli.common import (
     expected_errors,
     fail,
     is_embedded,
@@ -37,11 +36,10 @@ from scheduler.enqueue import (
 )
 from scheduler.selection import DueSession, StopReason, select_due_sessions
 from worker.celery_app import create_app
+from worker.contract import MAX_REASON_CHARS
 from worker.logging import configure_logging
 from worker.settings import Settings, get_settings
 
-# The worker refuses longer reasons (worker/tasks.py JobMessage).
-MAX_REASON_CHARS = 200
 # Exit status of `trigger` when some id names no session, of `scan` when the lock is held.
 EXIT_PARTIAL = 3
 

@@ -34,7 +34,7 @@ from worker.compaction.validation import parse_summary
 from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
 from worker.fleet import FleetRateLimiter
 from worker.llm import LLMClient, LLMUsage
-from worker.summarizer import SummaryDraft, SummaryWork
+from worker.summarizers.base import SummaryDraft, SummaryWork
 
 T = TypeVar("T")
 

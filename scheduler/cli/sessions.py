@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from db.records import RevisionRecord, SessionState
-from scheduler.cli_common import (
+from db import RevisionRecord, SessionState
+from scheduler.cli.common import (
     expected_errors,
     open_store,
     print_json,

@@ -1,0 +1,44 @@
+"""The job message contract other systems rely on (docs/TRIGGER.md): the task names, the
+task's kwargs and their limits, and the Redis list a message lands in.
+
+Constants and plain types only: importing this module builds no app and reads no setting.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+TASK_NAME = "compactor.compact_session"
+SCAN_TASK_NAME = "compactor.scan"
+MAX_SESSION_ID_CHARS = 512
+MAX_REASON_CHARS = 200
+
+
+class JobKwargs(TypedDict):
+    """The task's keyword arguments; the worker rejects any other key."""
+
+    session_id: str
+    reason: str
+    force: bool
+
+
+class JobMessage(BaseModel):
+    """The kwargs as the worker validates them; anything else is rejected, never retried."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: StrictStr = Field(min_length=1, max_length=MAX_SESSION_ID_CHARS)
+    reason: StrictStr = Field("trigger", max_length=MAX_REASON_CHARS)
+    force: StrictBool = False
+
+
+def job_kwargs(session_id: str, reason: str, *, force: bool = False) -> JobKwargs:
+    """Build the kwargs of one ``compactor.compact_session`` message."""
+    return {"session_id": session_id, "reason": reason, "force": force}
+
+
+def queue_list_key(redis_key_prefix: str, queue_name: str) -> str:
+    """The Redis list the worker pops messages of priority 0 from (producers LPUSH)."""
+    return f"{redis_key_prefix}{queue_name}"

@@ -1,0 +1,33 @@
+"""The embedded deterministic (extractive) summarizer: no network, always in budget."""
+
+from __future__ import annotations
+
+from worker.compaction.fallback import fallback_summary
+from worker.compaction.tokens import TokenCounter
+from worker.summarizers.base import SummaryDraft, SummaryWork
+
+# Stored as the revision's prompt_version, so a changed extraction is traceable too.
+EXTRACTIVE_VERSION = "extractive-v1"
+
+
+class ExtractiveSummarizer:
+    """Builds the summary from structure alone: deterministic, offline, always in budget."""
+
+    kind = "extractive"
+    uses_provider = False
+
+    def __init__(self, counter: TokenCounter, *, kind: str = "extractive") -> None:
+        self._counter = counter
+        self.kind = kind
+
+    def summarize(self, work: SummaryWork) -> SummaryDraft:
+        summary = fallback_summary(
+            work.span,
+            prior=work.prior,
+            artifacts=work.artifacts,
+            budget_tokens=work.budget_tokens,
+            counter=self._counter,
+        )
+        return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
+                            prompt_version=EXTRACTIVE_VERSION,
+                            figures={"llm_calls": 0, "chunks": 0, "merge_rounds": 0})
