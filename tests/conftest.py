@@ -1,4 +1,5 @@
-"""Fixtures shared by every test layer: databases of both kinds, the store, the corpus.
+"""Fixtures shared by every test layer: databases of both kinds, the store; corpus tests skip
+where the corpus is absent, and the run's summary says how many did and where it looked.
 
 ``database_url`` is parametrized over SQLite and PostgreSQL and yields a migrated
 database with no rows: a fresh SQLite file per test, and one PostgreSQL database per
@@ -15,7 +16,7 @@ import pytest
 
 from db.migrate import upgrade_database
 from db.store import Store
-from tests.support.corpus import CORPUS_DIR, skip_without_corpus
+from tests.support.corpus import count_corpus_skips, describe_corpus_skips, skip_without_corpus
 from tests.support.databases import (
     create_postgres_database,
     drop_postgres_database,
@@ -30,6 +31,11 @@ DATABASE_KINDS = ("sqlite", "postgresql")
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("corpus") is not None:
         skip_without_corpus()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    skipped = terminalreporter.stats.get("skipped", [])
+    terminalreporter.write_line(describe_corpus_skips(count_corpus_skips(skipped)))
 
 
 @pytest.fixture(scope="session")
@@ -72,10 +78,3 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 def store(database_url: str) -> Iterator[Store]:
     with open_store(database_url) as store:
         yield store
-
-
-@pytest.fixture
-def corpus_dir() -> Path:
-    """The shared corpus directory; skips the test with a notice where it is absent."""
-    skip_without_corpus()
-    return CORPUS_DIR
