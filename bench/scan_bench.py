@@ -168,7 +168,7 @@ def explain_pages(engine: Engine, policy: ScanPolicy, now: datetime) -> None:
                 first.with_only_columns(columns.order_key, columns.id)
                 .offset(policy.batch_size - 1).limit(1)
             ).first()
-            pages = [("first page", None)]
+            pages: list[tuple[str, tuple[int, int] | None]] = [("first page", None)]
             if end_of_first is not None:
                 pages.append(("second page", (end_of_first[0], end_of_first[1])))
             for label, cursor in pages:

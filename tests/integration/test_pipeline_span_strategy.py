@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from worker import pipeline
 from worker.compaction.grouping import GroupKind
 from worker.compaction.intake import IntakePolicy
+from worker.compaction.tokens import TokenCounter
 from worker.errors import Outcome
 from worker.ingest import import_sessions
 from worker.job import JobRequest
@@ -19,8 +20,8 @@ from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryWork
 class RecordingSummarizer(ExtractiveSummarizer):
     """The extractive summarizer, keeping the work it was given."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, counter: TokenCounter) -> None:
+        super().__init__(counter)
         self.seen: list[SummaryWork] = []
 
     def summarize(self, work: SummaryWork) -> SummaryDraft:

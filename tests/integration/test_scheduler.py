@@ -68,7 +68,7 @@ def broker(database_url: str) -> Iterator[Broker]:
 
 def put_mixed_fleet(store: Store, engine: Engine) -> list[tuple[str, DueWhy]]:
     """Sessions of every kind; return the due ones in the order the scan must take them."""
-    put = dict(store=store, engine=engine, now=NOW)
+    put: dict[str, Any] = dict(store=store, engine=engine, now=NOW)
     put_session(session_id="over-5000", projection_tokens=5_000, **put)
     put_session(session_id="over-3000", projection_tokens=3_000, **put)
     put_session(session_id="dirty-700", projection_tokens=900, since_tokens=700, **put)
@@ -118,7 +118,7 @@ def test_selection_picks_exactly_the_due_sessions_most_to_gain_first(
 
 
 def test_keyset_pages_of_two_return_each_due_session_once(store: Store, engine: Engine) -> None:
-    put = dict(store=store, engine=engine, now=NOW)
+    put: dict[str, Any] = dict(store=store, engine=engine, now=NOW)
     # Equal projections and equal dirty figures: the id breaks ties across page edges.
     for index in range(7):
         put_session(session_id=f"over-{index}", projection_tokens=2_000 + 100 * (index // 3),
@@ -220,7 +220,7 @@ def test_a_session_marked_by_another_enqueuer_meanwhile_frees_its_share_of_the_c
     for session_id, tokens in (("a", 5_000), ("b", 4_000), ("c", 3_000), ("d", 2_000)):
         put_session(store, engine, session_id, tokens, now=NOW)
     publisher = CeleryPublisher(broker.app, broker.queue)
-    read_due = enqueue.iter_due_sessions
+    read_due = iter_due_sessions
 
     def racing_reads(*args: Any) -> Iterator[DueSession]:
         for due in read_due(*args):
