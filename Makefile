@@ -19,6 +19,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# CI's gates before the tests (.ci/run): both cover worker, scheduler, db, tests and bench;
+# mypy takes its package list and strict mode from pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check worker scheduler db tests bench
 

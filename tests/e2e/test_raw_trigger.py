@@ -92,7 +92,7 @@ def wait_for_job_event(worker: WorkerProcess, task_id: str,
     """Wait for ``task_id``'s outcome event; return every job event by task id."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        events = {e.get("task_id"): e for e in worker.events("compaction.job")}
+        events = {e["task_id"]: e for e in worker.events("compaction.job") if "task_id" in e}
         if task_id in events:
             return events
         time.sleep(0.2)

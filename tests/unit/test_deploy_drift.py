@@ -103,11 +103,20 @@ def compose_invocations() -> Iterator[list[str]]:
             yield service["command"]
 
 
+class UnitParser(configparser.ConfigParser):
+    """A systemd unit's parser: keys keep their case (``ExecStart``), repeats are allowed."""
+
+    def __init__(self) -> None:
+        super().__init__(strict=False, interpolation=None)
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def systemd_units() -> dict[str, configparser.ConfigParser]:
-    units = {}
+    units: dict[str, configparser.ConfigParser] = {}
     for path in sorted(SYSTEMD.glob("*.service")):
-        parser = configparser.ConfigParser(strict=False, interpolation=None)
-        parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep case
+        parser = UnitParser()
         parser.read_string(path.read_text(encoding="utf-8"))
         units[path.name] = parser
     return units

@@ -80,7 +80,7 @@ def _stored(messages: list[dict[str, Any]]) -> list[StoredMessage]:
     return to_stored(messages, shared_counter(), first_seq=10)
 
 
-AIRLINE_SPAN = [
+AIRLINE_SPAN: list[dict[str, Any]] = [
     {"role": "system", "content": "Policy: see reservation POLICY1 and /etc/policy.md"},
     {"role": "user", "content": "Hi, my user id is mia_li_3668 and I want to cancel ZFA04Y."},
     {"role": "assistant", "content": None, "tool_calls": [
