@@ -38,12 +38,12 @@ class MarkResult:
     job_id: str | None
 
 
-@dataclass(frozen=True)
 class QueueMarkers:
     """Marker writes inside one transaction of the store (``Store.queue_markers``); none
     of them guards anything until that transaction commits."""
 
-    connection: Connection
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
 
     def mark(self, session_id: str, job_id: str, *, now: datetime,
              marker_ttl_s: float) -> MarkResult:
@@ -52,7 +52,7 @@ class QueueMarkers:
         On PostgreSQL a racing UPDATE waits for the row lock and re-checks the
         condition, so exactly one of two concurrent callers gets ENQUEUED.
         """
-        marked = self.connection.execute(
+        marked = self._connection.execute(
             update(SessionRow)
             .where(SessionRow.session_id == session_id, is_marker_free(now, marker_ttl_s))
             .values(queued_at=now, queued_job_id=job_id)
@@ -60,7 +60,7 @@ class QueueMarkers:
         ).first()
         if marked is not None:
             return MarkResult(session_id, MarkStatus.ENQUEUED, job_id)
-        existing = self.connection.execute(
+        existing = self._connection.execute(
             select(SessionRow.queued_job_id).where(SessionRow.session_id == session_id)
         ).first()
         if existing is None:
@@ -80,7 +80,7 @@ class QueueMarkers:
         job_id = literal(job_id_prefix, String) + cast(SessionRow.id, String)
         for start in range(0, len(session_ids), _IDS_PER_STATEMENT):
             chunk = session_ids[start:start + _IDS_PER_STATEMENT]
-            rows = self.connection.execute(
+            rows = self._connection.execute(
                 update(SessionRow)
                 .where(SessionRow.session_id.in_(chunk), is_marker_free(now, marker_ttl_s))
                 .values(queued_at=now, queued_job_id=job_id)
@@ -94,7 +94,7 @@ class QueueMarkers:
 
         A job that ends clears only its own marker, never a newer one that replaced it.
         """
-        cleared = self.connection.execute(
+        cleared = self._connection.execute(
             update(SessionRow)
             .where(SessionRow.session_id == session_id, SessionRow.queued_job_id == job_id)
             .values(queued_at=None, queued_job_id=None)

@@ -250,6 +250,24 @@ def test_trigger_reports_enqueued_already_queued_and_unknown_sessions(
     assert message.kwargs == {"session_id": "small", "reason": "ops", "force": True}
 
 
+def test_markers_set_in_one_transaction_are_kept_together_or_not_at_all(
+    store: Store, engine: Engine
+) -> None:
+    for session_id in ("a", "b", "c"):
+        put_session(store, engine, session_id, 5_000, now=NOW)
+
+    with pytest.raises(RuntimeError), store.queue_markers() as markers:
+        assert markers.mark_many(["a", "b"], "page-", now=NOW, marker_ttl_s=7_200)
+        raise RuntimeError("the scan died before its page committed")
+    with store.queue_markers() as markers:
+        marked = markers.mark("c", "job-c", now=NOW, marker_ttl_s=7_200)
+        again = markers.mark("c", "job-other", now=NOW, marker_ttl_s=7_200)
+
+    assert [session_row(engine, sid).queued_job_id for sid in ("a", "b")] == [None, None]
+    assert (marked.status, again.status, again.job_id) == (
+        MarkStatus.ENQUEUED, MarkStatus.ALREADY_QUEUED, "job-c")
+
+
 def test_a_stale_marker_counts_as_a_lost_message_and_is_sent_again(
     store: Store, engine: Engine, broker: Broker
 ) -> None:
