@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from pydantic import AliasChoices
 
-from db.migrate import upgrade_database
+from db import upgrade_database
 from scheduler.enqueue import CeleryPublisher, QueuedJob
 from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT, WorkerProcess

@@ -38,8 +38,7 @@ from bench.report import (
     print_table,
 )
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 from worker.celery_app import create_app
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.messages import StoredMessage, parse_message

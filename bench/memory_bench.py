@@ -38,8 +38,7 @@ from bench.sessions import (
     new_counter,
     smallest_corpus_session,
 )
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 from worker.logging import JOB_EVENT
 
 WARMUP_TOKENS = 20_000

@@ -25,10 +25,10 @@ import redis
 from sqlalchemy import Connection, Engine, Select, create_engine, text
 from sqlalchemy.engine import make_url
 
-from db.engine import create_db_engine
-from db.migrate import upgrade_database
+from db import DueCursor, DueWhy, Store, create_db_engine, upgrade_database
+from db.scan import due_page_query
 from scheduler.enqueue import CeleryPublisher, QueuedJob, run_scan
-from scheduler.selection import DueWhy, ScanPolicy, due_page_query
+from scheduler.selection import ScanPolicy
 from worker.celery_app import create_app
 from worker.settings import Settings
 
@@ -77,13 +77,14 @@ def main() -> None:
     now = datetime.now(UTC)
     with bench_database(args.admin_url, keep=args.keep) as url:
         engine = create_db_engine(url)
+        store = Store(engine)
         try:
             fill(engine, policy, now, args)
-            time_pages(engine, policy, now)
+            time_pages(store, policy, now)
             explain_pages(engine, policy, now)
-            time_enqueueing(engine, policy, now, args.enqueue_jobs)
+            time_enqueueing(store, policy, now, args.enqueue_jobs)
         finally:
-            engine.dispose()
+            store.close()
 
 
 def parse_args() -> argparse.Namespace:
@@ -136,22 +137,22 @@ def fill(engine: Engine, policy: ScanPolicy, now: datetime, args: argparse.Names
               f"tokens, dirty above {policy.dirty_tokens:,}")
 
 
-def time_pages(engine: Engine, policy: ScanPolicy, now: datetime) -> None:
-    """Read every page of both tiers as the scan does, timing each query."""
+def time_pages(store: Store, policy: ScanPolicy, now: datetime) -> None:
+    """Read every page of both tiers through the store, as the scan does, timing each."""
     for why in DueWhy:
         timings_ms: list[float] = []
         rows_total, cursor = 0, None
-        with engine.connect() as conn:
-            while True:
-                began = time.perf_counter()
-                rows = list(conn.execute(due_page_query(why, policy, now, cursor)))
-                timings_ms.append((time.perf_counter() - began) * 1000)
-                rows_total += len(rows)
-                print(f"  {why.value:<12} page {len(timings_ms):>3}: {len(rows):>6} sessions "
-                      f"in {timings_ms[-1]:8.1f} ms")
-                if len(rows) < policy.batch_size:
-                    break
-                cursor = (rows[-1].order_key, rows[-1].id)
+        while True:
+            began = time.perf_counter()
+            page = store.due_sessions_page(why, policy.criteria, now, limit=policy.batch_size,
+                                           after=cursor)
+            timings_ms.append((time.perf_counter() - began) * 1000)
+            rows_total += len(page.sessions)
+            print(f"  {why.value:<12} page {len(timings_ms):>3}: {len(page.sessions):>6} "
+                  f"sessions in {timings_ms[-1]:8.1f} ms")
+            if page.next_after is None:
+                break
+            cursor = page.next_after
         print(f"{why.value}: {rows_total:,} due sessions in {len(timings_ms)} pages; per page "
               f"median {statistics.median(timings_ms):.1f} ms, max {max(timings_ms):.1f} ms, "
               f"total {sum(timings_ms) / 1000:.2f} s")
@@ -159,20 +160,22 @@ def time_pages(engine: Engine, policy: ScanPolicy, now: datetime) -> None:
 
 def explain_pages(engine: Engine, policy: ScanPolicy, now: datetime) -> None:
     """Print the plan of each tier's first page and of a page deep into the tier."""
+    criteria, limit = policy.criteria, policy.batch_size
     with engine.connect() as conn:
         for why in DueWhy:
-            first = due_page_query(why, policy, now)
+            first = due_page_query(why, criteria, now, limit=limit)
             columns = first.selected_columns
             # The cursor at the end of the first page starts the second.
             end_of_first = conn.execute(
                 first.with_only_columns(columns.order_key, columns.id)
-                .offset(policy.batch_size - 1).limit(1)
+                .offset(limit - 1).limit(1)
             ).first()
-            pages: list[tuple[str, tuple[int, int] | None]] = [("first page", None)]
+            pages: list[tuple[str, DueCursor | None]] = [("first page", None)]
             if end_of_first is not None:
-                pages.append(("second page", (end_of_first[0], end_of_first[1])))
+                pages.append(("second page", DueCursor(end_of_first[0], end_of_first[1])))
             for label, cursor in pages:
-                plan = explain(conn, due_page_query(why, policy, now, cursor))
+                plan = explain(conn, due_page_query(why, criteria, now, limit=limit,
+                                                    after=cursor))
                 verdict = ("index range scan, no sequential scan"
                            if "Index Scan" in plan and "Seq Scan" not in plan
                            else "NOT AN INDEX SCAN")
@@ -195,10 +198,10 @@ class CountingPublisher:
         self.sent += 1
 
 
-def time_enqueueing(engine: Engine, policy: ScanPolicy, now: datetime, jobs: int) -> None:
+def time_enqueueing(store: Store, policy: ScanPolicy, now: datetime, jobs: int) -> None:
     """Time a scan that marks ``jobs`` sessions queued, then one that also publishes."""
     began = time.perf_counter()
-    report = run_scan(engine, CountingPublisher(), policy, now, limit=jobs)
+    report = run_scan(store, CountingPublisher(), policy, now, limit=jobs)
     print_rate("marked queued (no broker)", report.enqueued, time.perf_counter() - began)
     tag = secrets.token_hex(4)
     settings = Settings(redis_key_prefix=f"bench-{tag}:", queue_name=f"bench-{tag}")
@@ -206,7 +209,7 @@ def time_enqueueing(engine: Engine, policy: ScanPolicy, now: datetime, jobs: int
     client = redis.Redis.from_url(settings.redis_url)
     try:
         began = time.perf_counter()
-        report = run_scan(engine, CeleryPublisher(app, settings.queue_name), policy, now,
+        report = run_scan(store, CeleryPublisher(app, settings.queue_name), policy, now,
                           limit=jobs)
         print_rate("marked and published to Redis", report.enqueued,
                    time.perf_counter() - began)

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from db.records import NewMessage
-from db.store import Store
+from db import NewMessage, Store
 from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.corpus import corpus_path, load_corpus
 from worker.compaction.messages import parse_message

@@ -32,8 +32,7 @@ from bench.report import (
     print_table,
 )
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 from worker.logging import JOB_EVENT
 
 

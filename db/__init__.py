@@ -22,6 +22,7 @@ from db.migrate import (
     head_revision,
     upgrade_database,
 )
+from db.queue import MarkResult, MarkStatus, QueueMarkers
 from db.records import (
     BreakerUpdate,
     MessageRecord,
@@ -33,15 +34,24 @@ from db.records import (
     SessionState,
     Snapshot,
 )
+from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy
 from db.store import Store
 
 __all__ = [
     "BreakerUpdate",
+    "DueCriteria",
+    "DueCursor",
+    "DuePage",
+    "DueRow",
+    "DueWhy",
     "LeaseLost",
+    "MarkResult",
+    "MarkStatus",
     "MessageRecord",
     "NewMessage",
     "NewRevision",
     "NewRun",
+    "QueueMarkers",
     "RevisionConflict",
     "RevisionNotFound",
     "RevisionRecord",

@@ -53,7 +53,7 @@ class SessionRow(Base):
     __tablename__ = "sessions"
     __table_args__ = (
         CheckConstraint(f"breaker_state IN ({_quoted(BREAKER_STATES)})", name="breaker_state"),
-        # The due-session scan's keyset tiers (migration 0002, scheduler/selection.py).
+        # The due-session scan's keyset tiers (migration 0002, db/scan.py).
         Index(None, "projection_tokens", "id"),
         Index(None, "tokens_since_compaction", "id"),
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from sqlalchemy import ColumnElement, Connection, Engine, String, cast, literal, or_, select, update
+from sqlalchemy import ColumnElement, Connection, String, cast, literal, or_, select, update
 
 from db.models import SessionRow
 
@@ -21,91 +21,89 @@ from db.models import SessionRow
 _IDS_PER_STATEMENT = 1_000
 
 
-class MarkOutcome(StrEnum):
-    """What one attempt to mark a session as queued found."""
+class MarkStatus(StrEnum):
+    """What an attempt to mark a session as queued found (values are what users see)."""
 
-    MARKED = "marked"
-    ALREADY_QUEUED = "already_queued"
+    ENQUEUED = "enqueued"  # the marker is now this attempt's job
+    ALREADY_QUEUED = "already_queued"  # a fresh marker names another job
     UNKNOWN_SESSION = "unknown_session"
 
 
 @dataclass(frozen=True, slots=True)
 class MarkResult:
-    """The attempt's outcome and the job id the marker now holds (None if unknown)."""
+    """One session's attempt; ``job_id`` is the job the marker holds (None if unknown)."""
 
-    outcome: MarkOutcome
+    session_id: str
+    status: MarkStatus
     job_id: str | None
+
+
+class QueueMarkers:
+    """Marker writes inside one transaction of the store (``Store.queue_markers``); none
+    of them guards anything until that transaction commits."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def mark(self, session_id: str, job_id: str, *, now: datetime,
+             marker_ttl_s: float) -> MarkResult:
+        """Set the session's marker to ``job_id`` unless a fresh marker exists.
+
+        On PostgreSQL a racing UPDATE waits for the row lock and re-checks the
+        condition, so exactly one of two concurrent callers gets ENQUEUED.
+        """
+        marked = self._connection.execute(
+            update(SessionRow)
+            .where(SessionRow.session_id == session_id, is_marker_free(now, marker_ttl_s))
+            .values(queued_at=now, queued_job_id=job_id)
+            .returning(SessionRow.id)
+        ).first()
+        if marked is not None:
+            return MarkResult(session_id, MarkStatus.ENQUEUED, job_id)
+        existing = self._connection.execute(
+            select(SessionRow.queued_job_id).where(SessionRow.session_id == session_id)
+        ).first()
+        if existing is None:
+            return MarkResult(session_id, MarkStatus.UNKNOWN_SESSION, None)
+        return MarkResult(session_id, MarkStatus.ALREADY_QUEUED, existing.queued_job_id)
+
+    def mark_many(self, session_ids: Sequence[str], job_id_prefix: str, *, now: datetime,
+                  marker_ttl_s: float) -> dict[str, str]:
+        """Mark each session that has no fresh marker; return {session_id: job_id} of
+        those marked. A marked session's job id is ``job_id_prefix`` + its row id, so one
+        prefix per scan makes every job id unique.
+
+        The bulk form of :meth:`mark` (one UPDATE per chunk of ids): the guard is the
+        same conditional UPDATE.
+        """
+        marked: dict[str, str] = {}
+        job_id = literal(job_id_prefix, String) + cast(SessionRow.id, String)
+        for start in range(0, len(session_ids), _IDS_PER_STATEMENT):
+            chunk = session_ids[start:start + _IDS_PER_STATEMENT]
+            rows = self._connection.execute(
+                update(SessionRow)
+                .where(SessionRow.session_id.in_(chunk), is_marker_free(now, marker_ttl_s))
+                .values(queued_at=now, queued_job_id=job_id)
+                .returning(SessionRow.session_id, SessionRow.queued_job_id)
+            )
+            marked.update((session_id, str(job)) for session_id, job in rows)
+        return marked
+
+    def clear(self, session_id: str, job_id: str) -> bool:
+        """Clear the session's marker if it still names ``job_id``; return whether it did.
+
+        A job that ends clears only its own marker, never a newer one that replaced it.
+        """
+        cleared = self._connection.execute(
+            update(SessionRow)
+            .where(SessionRow.session_id == session_id, SessionRow.queued_job_id == job_id)
+            .values(queued_at=None, queued_job_id=None)
+            .returning(SessionRow.id)
+        ).first()
+        return cleared is not None
 
 
 def is_marker_free(now: datetime, marker_ttl_s: float) -> ColumnElement[bool]:
     """SQL condition: the session has no queued-job marker younger than ``marker_ttl_s``."""
     stale_before = now - timedelta(seconds=marker_ttl_s)
     return or_(SessionRow.queued_at.is_(None), SessionRow.queued_at <= stale_before)
-
-
-def mark_queued(
-    conn: Connection, session_id: str, job_id: str, *, now: datetime, marker_ttl_s: float
-) -> MarkResult:
-    """Set the session's marker to ``job_id`` unless a fresh marker exists.
-
-    Runs in the caller's transaction; the marker only guards once that commits. On
-    PostgreSQL a racing UPDATE waits for the row lock and re-checks the condition, so
-    exactly one of two concurrent callers gets MARKED.
-    """
-    marked = conn.execute(
-        update(SessionRow)
-        .where(SessionRow.session_id == session_id, is_marker_free(now, marker_ttl_s))
-        .values(queued_at=now, queued_job_id=job_id)
-        .returning(SessionRow.id)
-    ).first()
-    if marked is not None:
-        return MarkResult(MarkOutcome.MARKED, job_id)
-    existing = conn.execute(
-        select(SessionRow.queued_job_id).where(SessionRow.session_id == session_id)
-    ).first()
-    if existing is None:
-        return MarkResult(MarkOutcome.UNKNOWN_SESSION, None)
-    return MarkResult(MarkOutcome.ALREADY_QUEUED, existing.queued_job_id)
-
-
-def mark_queued_many(
-    conn: Connection, session_ids: Sequence[str], job_id_prefix: str, *, now: datetime,
-    marker_ttl_s: float,
-) -> dict[str, str]:
-    """Mark each session that has no fresh marker; return {session_id: job_id} of those
-    marked. A marked session's job id is ``job_id_prefix`` + its row id, so one prefix
-    per scan makes every job id unique.
-
-    The bulk form of :func:`mark_queued` (one UPDATE per chunk of ids, in the caller's
-    transaction): the guard is the same conditional UPDATE.
-    """
-    marked: dict[str, str] = {}
-    job_id = literal(job_id_prefix, String) + cast(SessionRow.id, String)
-    for start in range(0, len(session_ids), _IDS_PER_STATEMENT):
-        chunk = session_ids[start:start + _IDS_PER_STATEMENT]
-        rows = conn.execute(
-            update(SessionRow)
-            .where(SessionRow.session_id.in_(chunk), is_marker_free(now, marker_ttl_s))
-            .values(queued_at=now, queued_job_id=job_id)
-            .returning(SessionRow.session_id, SessionRow.queued_job_id)
-        )
-        marked.update((session_id, str(job)) for session_id, job in rows)
-    return marked
-
-
-def clear_queue_marker(bind: Engine | Connection, session_id: str, job_id: str) -> bool:
-    """Clear the session's marker if it still names ``job_id``; return whether it did.
-
-    A job that ends clears only its own marker, never a newer one that replaced it.
-    Given an Engine it commits its own transaction; given a Connection, the caller's.
-    """
-    statement = (
-        update(SessionRow)
-        .where(SessionRow.session_id == session_id, SessionRow.queued_job_id == job_id)
-        .values(queued_at=None, queued_job_id=None)
-        .returning(SessionRow.id)
-    )
-    if isinstance(bind, Engine):
-        with bind.begin() as conn:
-            return conn.execute(statement).first() is not None
-    return bind.execute(statement).first() is not None

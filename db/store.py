@@ -1,26 +1,30 @@
-"""The session store: every public method is one transaction on PostgreSQL or SQLite.
+"""The session store, the one door to the database for the worker and the scheduler.
 
-Values go in and out as the frozen dataclasses of ``db/records.py``. ``sqlalchemy.exc``
-errors are translated here, once, into ``db/errors.py``. Writes lock the session row
-(``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite); reads run in
-one consistent snapshot (see ``db.engine.derive_read_engine``).
+Every public method is one transaction on PostgreSQL or SQLite (the due-session iterator
+one per page; ``queue_markers`` one around the caller's block). Values go in and out as
+the frozen dataclasses of ``db/records.py``. ``sqlalchemy.exc`` errors are translated
+here, once, into ``db/errors.py``. Writes lock the session row (``SELECT ... FOR
+UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite); reads run in one consistent
+snapshot (see ``db.engine.derive_read_engine``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Update, or_, select, update
+from sqlalchemy import Engine, Update, select
 from sqlalchemy.orm import Session
 
+from db import leases
 from db import queries as q
-from db.engine import derive_read_engine
+from db.engine import create_db_engine, derive_read_engine
 from db.errors import SessionExists, translate_errors
-from db.models import BREAKER_STATES, RevisionRow, RunRow, SessionRow
-from db.queue import clear_queue_marker
+from db.migrate import check_schema
+from db.models import RevisionRow, RunRow, SessionRow
+from db.queue import QueueMarkers
 from db.records import (
     BreakerUpdate,
     MessageRecord,
@@ -33,20 +37,7 @@ from db.records import (
     Snapshot,
 )
 from db.revisions import load_active_revision, roll_back, swap_in
-
-# The values callers need come with the store: ``from db.store import Store, NewMessage``.
-__all__ = [
-    "BreakerUpdate",
-    "MessageRecord",
-    "NewMessage",
-    "NewRevision",
-    "NewRun",
-    "RevisionRecord",
-    "RunRecord",
-    "SessionState",
-    "Snapshot",
-    "Store",
-]
+from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy, read_due_page
 
 
 class Store:
@@ -55,6 +46,15 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._read_engine = derive_read_engine(engine)
+
+    @classmethod
+    def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Store:
+        """Open the store of the database at ``url`` (its own engine and pool)."""
+        return cls(create_db_engine(url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms))
+
+    def check_schema(self) -> None:
+        """Raise SchemaMissing unless the database is at the packaged migrations' head."""
+        check_schema(self._engine)
 
     def close(self) -> None:
         """Close every pooled connection (the store is unusable afterwards)."""
@@ -193,12 +193,10 @@ class Store:
 
     def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int:
         """Record a job attempt and, when given and the session exists, its breaker state."""
-        if breaker is not None:
-            _check_breaker(breaker)
+        statement = None if breaker is None else leases.set_breaker(run.session_id, breaker)
         with self._write() as session:
             run_id = q.insert_run(session, run, revision_id=run.revision_id)
-            if breaker is not None:
-                statement = _breaker_update(run.session_id, breaker)
+            if statement is not None:
                 session.execute(statement, execution_options=q.NO_SYNC)
             return run_id
 
@@ -219,40 +217,55 @@ class Store:
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         """Take or renew the session's lease until ``now + ttl_s``; False when another
         owner holds an unexpired lease."""
-        if ttl_s <= 0:
-            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
-        statement = (
-            update(SessionRow)
-            .where(
-                SessionRow.session_id == session_id,
-                or_(
-                    SessionRow.lease_owner.is_(None),
-                    SessionRow.lease_owner == owner,
-                    SessionRow.lease_expires_at <= now,
-                ),
-            )
-            .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
-        )
-        return self._update_one(session_id, statement)
+        return self._update_one(session_id, leases.acquire_lease(session_id, owner, ttl_s, now))
 
     def release_lease(self, session_id: str, owner: str) -> bool:
         """Release the lease if ``owner`` holds it; return whether it did."""
-        statement = (
-            update(SessionRow)
-            .where(SessionRow.session_id == session_id, SessionRow.lease_owner == owner)
-            .values(lease_owner=None, lease_expires_at=None)
-        )
-        return self._update_one(session_id, statement)
-
-    def clear_queue_marker(self, session_id: str, job_id: str) -> bool:
-        """Clear the session's queued-job marker if it is still ``job_id``'s."""
-        with translate_errors():
-            return clear_queue_marker(self._engine, session_id, job_id)
+        return self._update_one(session_id, leases.release_lease(session_id, owner))
 
     def set_breaker(self, session_id: str, update: BreakerUpdate) -> None:
         """Persist the session's breaker fields."""
-        _check_breaker(update)
-        self._update_one(session_id, _breaker_update(session_id, update))
+        self._update_one(session_id, leases.set_breaker(session_id, update))
+
+    # --- scheduling: the due-session scan and queued-job markers ---------------------
+
+    def due_sessions_page(
+        self, why: DueWhy, criteria: DueCriteria, now: datetime, *, limit: int,
+        after: DueCursor | None = None,
+    ) -> DuePage:
+        """Read one keyset page of ``why``'s tier of due sessions, most to gain first."""
+        with self._read() as session:
+            return read_due_page(session, why, criteria, now, limit=limit, after=after)
+
+    def iter_due_sessions(
+        self, criteria: DueCriteria, now: datetime, *, page_size: int
+    ) -> Iterator[DueRow]:
+        """Yield every due session once, tier by tier, one short read per page.
+
+        No snapshot stays open between pages, so a session whose figures change
+        meanwhile may be skipped or seen twice; the queue marker makes a second sighting
+        harmless and the next scan picks up a skipped one.
+        """
+        for why in DueWhy:
+            after: DueCursor | None = None
+            while True:
+                page = self.due_sessions_page(why, criteria, now, limit=page_size, after=after)
+                yield from page.sessions
+                if page.next_after is None:
+                    break
+                after = page.next_after
+
+    @contextmanager
+    def queue_markers(self) -> Iterator[QueueMarkers]:
+        """One write transaction over queued-job markers: what is marked or cleared
+        through it commits together on exit, or not at all."""
+        with self._write() as session:
+            yield QueueMarkers(session.connection())
+
+    def clear_queue_marker(self, session_id: str, job_id: str) -> bool:
+        """Clear the session's queued-job marker if it is still ``job_id``'s."""
+        with self.queue_markers() as markers:
+            return markers.clear(session_id, job_id)
 
     # --- transactions ---------------------------------------------------------------
 
@@ -283,19 +296,3 @@ def _insert_new_session(
     if not q.insert_session_if_absent(session, session_id, metadata, now):
         raise SessionExists(f"session {session_id!r} already exists")
 
-
-def _check_breaker(update_: BreakerUpdate) -> None:
-    if update_.state not in BREAKER_STATES or update_.failures < 0:
-        raise ValueError(f"invalid breaker update {update_!r}")
-
-
-def _breaker_update(session_id: str, update_: BreakerUpdate) -> Update:
-    return (
-        update(SessionRow)
-        .where(SessionRow.session_id == session_id)
-        .values(
-            breaker_state=update_.state,
-            breaker_failures=update_.failures,
-            breaker_opened_at=update_.opened_at,
-        )
-    )

@@ -17,10 +17,8 @@ from typing import Any
 import redis
 from celery import Celery, Task
 from celery.schedules import crontab
-from sqlalchemy import Engine
 
-from db import check_schema, create_db_engine
-from db.errors import translate_errors
+from db import Store
 from scheduler.enqueue import CeleryPublisher, Publisher, ScanReport, run_scan
 from scheduler.selection import ScanPolicy
 from worker.celery_app import app
@@ -119,7 +117,7 @@ class ScanLock:
 
 
 def run_locked_scan(
-    engine: Engine, publisher: Publisher, policy: ScanPolicy, now: datetime, lock: ScanLock,
+    store: Store, publisher: Publisher, policy: ScanPolicy, now: datetime, lock: ScanLock,
     *, limit: int | None = None, on_progress: Callable[[ScanReport], None] | None = None,
 ) -> ScanReport | None:
     """Run one scan under ``lock``; None when another scan holds it."""
@@ -135,7 +133,7 @@ def run_locked_scan(
             on_progress(report)
 
     try:
-        return run_scan(engine, publisher, policy, now, limit=limit, on_progress=after_page)
+        return run_scan(store, publisher, policy, now, limit=limit, on_progress=after_page)
     finally:
         lock.release()
 
@@ -146,20 +144,19 @@ def run_scheduled_scan(
 ) -> ScanReport | None:
     """Scan under the lock with connections made from ``settings``; None when another
     scan holds the lock. The entrypoint of the beat task and of ``compactor scan``."""
-    engine = create_db_engine(settings.effective_database_url,
-                              sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    store = Store.from_url(settings.effective_database_url,
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
                                   socket_connect_timeout=REDIS_TIMEOUT_S)
     try:
-        check_schema(engine)
+        store.check_schema()
         lock = ScanLock.create(client, RedisKeys(settings.redis_key_prefix))
         publisher = CeleryPublisher(celery_app, settings.queue_name)
-        with translate_errors():
-            return run_locked_scan(engine, publisher, scan_policy(settings), now, lock,
-                                   limit=limit, on_progress=on_progress)
+        return run_locked_scan(store, publisher, scan_policy(settings), now, lock,
+                               limit=limit, on_progress=on_progress)
     finally:
         client.close()
-        engine.dispose()
+        store.close()
 
 
 @app.task(name=SCAN_TASK_NAME, bind=True, ignore_result=True)

@@ -1,6 +1,6 @@
 """Enqueue compaction jobs, at most one queued job per session: record the job on the
-session row first (the conditional UPDATE of ``db.queue.mark_queued`` is the guard), then
-publish the message; a message that cannot be published releases its marker again.
+session row first (the conditional UPDATE behind ``Store.queue_markers`` is the guard),
+then publish the message; a message that cannot be published releases its marker again.
 
 A Redis message is only a wake-up call (it may be lost, duplicated or late): a marker
 older than its TTL is taken for a lost message and the next scan sends a new one, and
@@ -13,22 +13,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from enum import StrEnum
 from itertools import islice
 from typing import Protocol
 
 from celery import Celery
-from sqlalchemy import Connection, Engine
 
-from db.queue import MarkOutcome, clear_queue_marker, mark_queued, mark_queued_many
-from scheduler.selection import (
-    Allowance,
-    DueSession,
-    DueWhy,
-    ScanPolicy,
-    StopReason,
-    iter_due_sessions,
-)
+from db import DueWhy, MarkResult, MarkStatus, QueueMarkers, Store
+from scheduler.selection import Allowance, DueSession, ScanPolicy, StopReason, iter_due_sessions
 from worker.contract import TASK_NAME, JobKwargs, job_kwargs
 
 
@@ -58,23 +49,6 @@ class CeleryPublisher:
                            queue=self.queue)
 
 
-class EnqueueStatus(StrEnum):
-    """What an explicit trigger did for one session."""
-
-    ENQUEUED = "enqueued"
-    ALREADY_QUEUED = "already_queued"
-    UNKNOWN_SESSION = "unknown_session"
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueResult:
-    """One session's trigger result; ``job_id`` is the queued job (new or existing)."""
-
-    session_id: str
-    status: EnqueueStatus
-    job_id: str | None
-
-
 @dataclass(frozen=True, slots=True)
 class ScanReport:
     """What one scan did so far (after each page) or in all (``stopped`` set)."""
@@ -88,21 +62,14 @@ class ScanReport:
     stopped: StopReason | None = None
 
 
-_MARK_STATUS = {
-    MarkOutcome.MARKED: EnqueueStatus.ENQUEUED,
-    MarkOutcome.ALREADY_QUEUED: EnqueueStatus.ALREADY_QUEUED,
-    MarkOutcome.UNKNOWN_SESSION: EnqueueStatus.UNKNOWN_SESSION,
-}
-
-
 def new_job_id() -> str:
     return str(uuid.uuid4())
 
 
 def trigger_sessions(
-    engine: Engine, publisher: Publisher, session_ids: Sequence[str], *, reason: str,
+    store: Store, publisher: Publisher, session_ids: Sequence[str], *, reason: str,
     force: bool, now: datetime, marker_ttl_s: float,
-) -> list[EnqueueResult]:
+) -> list[MarkResult]:
     """Enqueue one job per session unless one is already queued.
 
     ``force`` is carried to the job (it skips the trigger and anti-thrash checks) but
@@ -112,17 +79,16 @@ def trigger_sessions(
     results = []
     for session_id in session_ids:
         job = QueuedJob(new_job_id(), job_kwargs(session_id, reason, force=force))
-        with engine.begin() as conn:
-            marked = mark_queued(conn, session_id, job.job_id, now=now,
-                                 marker_ttl_s=marker_ttl_s)
-        if marked.outcome is MarkOutcome.MARKED:
-            publish_or_release(engine, publisher, [job])
-        results.append(EnqueueResult(session_id, _MARK_STATUS[marked.outcome], marked.job_id))
+        with store.queue_markers() as markers:
+            marked = markers.mark(session_id, job.job_id, now=now, marker_ttl_s=marker_ttl_s)
+        if marked.status is MarkStatus.ENQUEUED:
+            publish_or_release(store, publisher, [job])
+        results.append(marked)
     return results
 
 
 def run_scan(
-    engine: Engine, publisher: Publisher, policy: ScanPolicy, now: datetime, *,
+    store: Store, publisher: Publisher, policy: ScanPolicy, now: datetime, *,
     limit: int | None = None, on_progress: Callable[[ScanReport], None] | None = None,
 ) -> ScanReport:
     """Enqueue the due sessions in gain order, within the job cap and token budget.
@@ -134,10 +100,10 @@ def run_scan(
     allowance = Allowance.of(policy, limit)
     job_id_prefix = f"scan-{uuid.uuid4().hex[:12]}-"
     report = ScanReport()
-    for page in _pages(iter_due_sessions(engine, policy, now), policy.batch_size):
-        with engine.begin() as conn:
-            marking = _mark_page(conn, page, allowance, job_id_prefix, policy, now)
-        publish_or_release(engine, publisher, [job for job, _ in marking.marked])
+    for page in _pages(iter_due_sessions(store, policy, now), policy.batch_size):
+        with store.queue_markers() as markers:
+            marking = _mark_page(markers, page, allowance, job_id_prefix, policy, now)
+        publish_or_release(store, publisher, [job for job, _ in marking.marked])
         report = _tally(report, marking)
         if on_progress is not None:
             on_progress(report)
@@ -146,16 +112,16 @@ def run_scan(
     return replace(report, stopped=StopReason.EXHAUSTED)
 
 
-def publish_or_release(engine: Engine, publisher: Publisher, jobs: Sequence[QueuedJob]) -> None:
+def publish_or_release(store: Store, publisher: Publisher, jobs: Sequence[QueuedJob]) -> None:
     """Publish each job; when one fails, clear the markers of it and the rest, re-raise."""
     for index, job in enumerate(jobs):
         try:
             publisher.publish(job)
         except Exception:
             # Unpublished jobs must not block their sessions until the marker TTL.
-            with engine.begin() as conn:
+            with store.queue_markers() as markers:
                 for unsent in jobs[index:]:
-                    clear_queue_marker(conn, unsent.kwargs["session_id"], unsent.job_id)
+                    markers.clear(unsent.kwargs["session_id"], unsent.job_id)
             raise
 
 
@@ -167,7 +133,7 @@ class _PageMarking:
 
 
 def _mark_page(
-    conn: Connection, page: list[DueSession], allowance: Allowance, job_id_prefix: str,
+    markers: QueueMarkers, page: list[DueSession], allowance: Allowance, job_id_prefix: str,
     policy: ScanPolicy, now: datetime,
 ) -> _PageMarking:
     """Mark as many of the page as the allowance takes; a session lost to another
@@ -177,8 +143,8 @@ def _mark_page(
     while rest:
         chosen, stopped = allowance.take(rest)
         rest = rest[len(chosen):]
-        job_ids = mark_queued_many(conn, [due.session_id for due in chosen], job_id_prefix,
-                                   now=now, marker_ttl_s=policy.marker_ttl_s)
+        job_ids = markers.mark_many([due.session_id for due in chosen], job_id_prefix,
+                                    now=now, marker_ttl_s=policy.marker_ttl_s)
         losers = [due for due in chosen if due.session_id not in job_ids]
         for due in losers:
             allowance.refund(due)

@@ -1,31 +1,18 @@
-"""Which sessions are due for compaction, in order of gain, read in keyset pages.
+"""Which sessions a scan takes, in order of gain, within its job cap and token budget.
 
-Two tiers, each a range scan of its own index (migration 0002), so a scan reads the due
-candidates and never every session: first sessions whose projection is over the trigger
-(largest projection first), then "dirty" sessions under it whose tokens appended since
-the last compaction exceed ``dirty_ratio`` x trigger (most appended first).
+The due sessions themselves come from the store (``Store.iter_due_sessions``: keyset
+pages of two indexed tiers, the SQL in ``db/scan.py``); this module holds the policy
+around them: the summarizer tokens each would cost, and the cap and budget of one scan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, or_, select, tuple_
-
-from db.engine import derive_read_engine
-from db.models import SessionRow
-from db.queue import is_marker_free
-
-
-class DueWhy(StrEnum):
-    """Why a session is due (also the ``reason`` of the job the scan sends)."""
-
-    OVER_TRIGGER = "over_trigger"
-    DIRTY = "dirty"
+from db import DueCriteria, DueRow, DueWhy, Store
 
 
 class StopReason(StrEnum):
@@ -62,6 +49,15 @@ class ScanPolicy:
     def dirty_tokens(self) -> int:
         """Tokens appended since the last compaction above which a session is dirty."""
         return int(self.trigger_tokens * self.dirty_ratio)
+
+    @property
+    def criteria(self) -> DueCriteria:
+        """The thresholds the store's scan filters by."""
+        return DueCriteria(
+            trigger_tokens=self.trigger_tokens, dirty_tokens=self.dirty_tokens,
+            quiet_period_s=self.quiet_period_s, breaker_cooldown_s=self.breaker_cooldown_s,
+            marker_ttl_s=self.marker_ttl_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,45 +122,24 @@ def estimate_summarizer_tokens(projection_tokens: int, tail_budget_tokens: int) 
     return max(0, projection_tokens - tail_budget_tokens)
 
 
-# Each tier's ordering column; migration 0002 indexes (column, id) for both.
-_ORDER_KEYS: dict[DueWhy, Any] = {
-    DueWhy.OVER_TRIGGER: SessionRow.projection_tokens,
-    DueWhy.DIRTY: SessionRow.tokens_since_compaction,
-}
-
-
-def iter_due_sessions(
-    bind: Engine | Connection, policy: ScanPolicy, now: datetime
-) -> Iterator[DueSession]:
-    """Yield every due session once, most to gain first, one page per query.
-
-    Each page is its own short read, so a long scan holds no snapshot open. A session
-    whose figures change between pages may be skipped or seen twice; the enqueue guard
-    makes a second sighting harmless and the next scan picks up a skipped one.
-    """
-    for why in DueWhy:
-        cursor: tuple[int, int] | None = None
-        while True:
-            rows = _read_page(bind, due_page_query(why, policy, now, cursor))
-            for row in rows:
-                due = _due_session(row, why, policy)
-                # A dirty session's job is forced, so it must hold more than the verbatim
-                # tail. Checked here: in SQL the planner may take it for an index range.
-                if why is DueWhy.OVER_TRIGGER or due.estimated_tokens > 0:
-                    yield due
-            if len(rows) < policy.batch_size:
-                break
-            cursor = (rows[-1].order_key, rows[-1].id)
+def iter_due_sessions(store: Store, policy: ScanPolicy, now: datetime) -> Iterator[DueSession]:
+    """Yield every due session once, most to gain first (see ``Store.iter_due_sessions``)."""
+    for row in store.iter_due_sessions(policy.criteria, now, page_size=policy.batch_size):
+        due = _due_session(row, policy)
+        # A dirty session's job is forced, so it must hold more than the verbatim tail.
+        # Checked here: in SQL the planner may take it for an index range.
+        if due.why is DueWhy.OVER_TRIGGER or due.estimated_tokens > 0:
+            yield due
 
 
 def select_due_sessions(
-    bind: Engine | Connection, policy: ScanPolicy, now: datetime, *, limit: int | None = None
+    store: Store, policy: ScanPolicy, now: datetime, *, limit: int | None = None
 ) -> tuple[list[DueSession], StopReason]:
     """Return the sessions one scan would take within its cap and budget, and why it
     would stop (what ``compactor scan --dry-run`` shows)."""
     allowance = Allowance.of(policy, limit)
     taken: list[DueSession] = []
-    for due in iter_due_sessions(bind, policy, now):
+    for due in iter_due_sessions(store, policy, now):
         accepted, refusal = allowance.take([due])
         if refusal is not None:
             return taken, refusal
@@ -172,69 +147,12 @@ def select_due_sessions(
     return taken, StopReason.EXHAUSTED
 
 
-def is_eligible(policy: ScanPolicy, now: datetime) -> list[ColumnElement[bool]]:
-    """SQL conditions of a session the scan may enqueue, whatever its size: quiet,
-    unleased, admitted by its breaker, and without a fresh queued-job marker."""
-    quiet_before = now - timedelta(seconds=policy.quiet_period_s)
-    cooled_before = now - timedelta(seconds=policy.breaker_cooldown_s)
-    return [
-        or_(SessionRow.last_appended_at.is_(None), SessionRow.last_appended_at <= quiet_before),
-        or_(SessionRow.lease_expires_at.is_(None), SessionRow.lease_expires_at <= now),
-        # Mirrors the worker's admission: an open or half-open breaker (a trial is out)
-        # admits a job only once its cooldown has passed.
-        or_(
-            SessionRow.breaker_state == "closed",
-            SessionRow.breaker_opened_at.is_(None),
-            SessionRow.breaker_opened_at <= cooled_before,
-        ),
-        is_marker_free(now, policy.marker_ttl_s),
-    ]
-
-
-def due_page_query(
-    why: DueWhy, policy: ScanPolicy, now: datetime, after: tuple[int, int] | None = None
-) -> Select[Any]:
-    """The SQL of one page of a tier, after the keyset cursor ``(order key, id)``."""
-    key = _ORDER_KEYS[why]
-    if why is DueWhy.OVER_TRIGGER:
-        size = [SessionRow.projection_tokens > policy.trigger_tokens]
-    else:
-        size = [
-            SessionRow.tokens_since_compaction > policy.dirty_tokens,
-            SessionRow.projection_tokens <= policy.trigger_tokens,
-        ]
-    statement = (
-        select(
-            SessionRow.id,
-            SessionRow.session_id,
-            SessionRow.projection_tokens,
-            SessionRow.tokens_since_compaction,
-            key.label("order_key"),
-        )
-        .where(*size, *is_eligible(policy, now))
-        .order_by(key.desc(), SessionRow.id.desc())
-        .limit(policy.batch_size)
-    )
-    if after is not None:
-        # A row-value comparison is one index range condition on (key, id).
-        statement = statement.where(tuple_(key, SessionRow.id) < tuple_(*after))
-    return statement
-
-
-def _read_page(bind: Engine | Connection, statement: Select[Any]) -> list[Any]:
-    if isinstance(bind, Engine):
-        # The read view: on SQLite a plain connection would take the write lock.
-        with derive_read_engine(bind).connect() as conn:
-            return list(conn.execute(statement))
-    return list(bind.execute(statement))
-
-
-def _due_session(row: Any, why: DueWhy, policy: ScanPolicy) -> DueSession:
+def _due_session(row: DueRow, policy: ScanPolicy) -> DueSession:
     return DueSession(
         session_id=row.session_id,
         projection_tokens=row.projection_tokens,
         tokens_since_compaction=row.tokens_since_compaction,
-        why=why,
+        why=row.why,
         estimated_tokens=estimate_summarizer_tokens(row.projection_tokens,
                                                     policy.tail_budget_tokens),
     )

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from db.migrate import upgrade_database
-from db.store import Store
+from db import Store, upgrade_database
 from tests.support.corpus import count_corpus_skips, describe_corpus_skips, skip_without_corpus
 from tests.support.databases import (
     create_postgres_database,

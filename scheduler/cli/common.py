@@ -26,8 +26,6 @@ from db import (
     Store,
     StoreError,
     StoreUnavailable,
-    check_schema,
-    create_db_engine,
     upgrade_database,
 )
 from worker.compaction.tokens import TokenCounter, load_encoding
@@ -154,12 +152,12 @@ def open_store(settings: Settings) -> Iterator[Store]:
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade_database(url)
-    engine = create_db_engine(url, sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    store = Store.from_url(url, sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     try:
-        check_schema(engine)
-        yield Store(engine)
+        store.check_schema()
+        yield store
     finally:
-        engine.dispose()
+        store.close()
 
 
 def load_counter(settings: Settings) -> TokenCounter:

@@ -12,9 +12,7 @@ from datetime import datetime
 import redis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from db import RunRecord, Store, check_schema, create_db_engine
-from db.errors import translate_errors
-from db.queue import clear_queue_marker
+from db import RunRecord, Store
 from scheduler.beat import ScanLock, run_locked_scan, scan_policy
 from scheduler.cli.common import stdout_console
 from scheduler.cli.demo_services import DemoServiceError, WorkerProcess
@@ -45,20 +43,19 @@ def session_of(job: QueuedJob) -> str:
 
 def scan_and_enqueue(settings: Settings, now: datetime) -> list[QueuedJob] | None:
     """Run one scan under the scan lock, as beat does; None when the lock is held."""
-    engine = create_db_engine(settings.effective_database_url,
-                              sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    store = Store.from_url(settings.effective_database_url,
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     client = redis.Redis.from_url(settings.redis_url)
     app = create_app(settings)
     publisher = RecordingPublisher(CeleryPublisher(app, settings.queue_name))
     try:
-        check_schema(engine)
+        store.check_schema()
         lock = ScanLock.create(client, RedisKeys(settings.redis_key_prefix))
-        with translate_errors():
-            report = run_locked_scan(engine, publisher, scan_policy(settings), now, lock)
+        report = run_locked_scan(store, publisher, scan_policy(settings), now, lock)
     finally:
         app.close()
         client.close()
-        engine.dispose()
+        store.close()
     return None if report is None else publisher.sent
 
 
@@ -123,10 +120,11 @@ def _progress(total: int) -> Iterator[Callable[[], None]]:
 
 def release_unfinished(settings: Settings, jobs: list[QueuedJob], finished: set[str]) -> int:
     """Clear the queue markers of jobs that did not end, so the next scan takes them."""
-    engine = create_db_engine(settings.effective_database_url,
-                              sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    store = Store.from_url(settings.effective_database_url,
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     try:
-        return sum(clear_queue_marker(engine, session_of(job), job.job_id)
-                   for job in jobs if job.job_id not in finished)
+        with store.queue_markers() as markers:
+            return sum(markers.clear(session_of(job), job.job_id)
+                       for job in jobs if job.job_id not in finished)
     finally:
-        engine.dispose()
+        store.close()

@@ -15,25 +15,18 @@ import typer
 from kombu.exceptions import OperationalError as BrokerUnavailable
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine
 
-from db import check_schema, create_db_engine, upgrade_database
-from db.errors import translate_errors
+from db import MarkResult, MarkStatus, upgrade_database
 from scheduler.beat import run_scheduled_scan, scan_policy, start_beat
 from scheduler.cli.common import (
     expected_errors,
     fail,
     is_embedded,
+    open_store,
     print_json,
     stdout_console,
 )
-from scheduler.enqueue import (
-    CeleryPublisher,
-    EnqueueResult,
-    EnqueueStatus,
-    ScanReport,
-    trigger_sessions,
-)
+from scheduler.enqueue import CeleryPublisher, ScanReport, trigger_sessions
 from scheduler.selection import DueSession, StopReason, select_due_sessions
 from worker.celery_app import create_app
 from worker.contract import MAX_REASON_CHARS
@@ -69,15 +62,15 @@ def trigger(
         fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
     settings = _settings()
     publisher = CeleryPublisher(create_app(settings), settings.queue_name)
-    with _open_engine(settings) as engine, _broker_errors():
-        results = trigger_sessions(engine, publisher, session_ids, reason=reason, force=force,
+    with open_store(settings) as store, _broker_errors():
+        results = trigger_sessions(store, publisher, session_ids, reason=reason, force=force,
                                    now=datetime.now(UTC),
                                    marker_ttl_s=settings.enqueue_marker_ttl_s)
     if as_json:
         print_json(results)
     else:
         _print_trigger_table(results)
-    if any(r.status is EnqueueStatus.UNKNOWN_SESSION for r in results):
+    if any(r.status is MarkStatus.UNKNOWN_SESSION for r in results):
         raise typer.Exit(EXIT_PARTIAL)
 
 
@@ -96,8 +89,8 @@ def scan(
     settings = _settings()
     now = datetime.now(UTC)
     if dry_run:
-        with _open_engine(settings) as engine, translate_errors():
-            due, stopped = select_due_sessions(engine, scan_policy(settings), now, limit=limit)
+        with open_store(settings) as store:
+            due, stopped = select_due_sessions(store, scan_policy(settings), now, limit=limit)
         _print_dry_run(due, stopped, as_json)
         return
     _create_embedded_schema(settings)
@@ -126,20 +119,6 @@ def _settings() -> Settings:
     return settings
 
 
-@contextmanager
-def _open_engine(settings: Settings) -> Iterator[Engine]:
-    """The configured database's engine, its schema checked (the embedded default is
-    created on first use, as `compactor import` does)."""
-    _create_embedded_schema(settings)
-    engine = create_db_engine(settings.effective_database_url,
-                              sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
-    try:
-        check_schema(engine)
-        yield engine
-    finally:
-        engine.dispose()
-
-
 def _create_embedded_schema(settings: Settings) -> None:
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -149,8 +128,7 @@ def _create_embedded_schema(settings: Settings) -> None:
 @contextmanager
 def _broker_errors() -> Iterator[None]:
     try:
-        with translate_errors():
-            yield
+        yield
     except BrokerUnavailable as exc:
         fail(f"broker unreachable: {exc}")
 
@@ -171,10 +149,10 @@ def _progress(*, enabled: bool) -> Iterator[Callable[[ScanReport], None] | None]
         yield show
 
 
-def _print_trigger_table(results: list[EnqueueResult]) -> None:
+def _print_trigger_table(results: list[MarkResult]) -> None:
     table = Table("session", "status", "job id")
-    styles = {EnqueueStatus.ENQUEUED: "green", EnqueueStatus.ALREADY_QUEUED: "yellow",
-              EnqueueStatus.UNKNOWN_SESSION: "red"}
+    styles = {MarkStatus.ENQUEUED: "green", MarkStatus.ALREADY_QUEUED: "yellow",
+              MarkStatus.UNKNOWN_SESSION: "red"}
     for result in results:
         table.add_row(result.session_id, f"[{styles[result.status]}]{result.status.value}[/]",
                       result.job_id or "-")

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from db.store import RunRecord, SessionState, Store
+from db import RunRecord, SessionState, Store
 from tests.chaos.traffic import Ledger
 from tests.support.chaos import check_stored_session
 

@@ -17,9 +17,8 @@ from typing import Any
 import redis
 from sqlalchemy import func, select
 
-from db.engine import create_db_engine
+from db import Store, create_db_engine
 from db.models import RevisionRow, RunRow, SessionRow
-from db.store import Store
 from scheduler.enqueue import CeleryPublisher
 from scheduler.selection import ScanPolicy
 from tests.chaos.config import ChaosConfig
@@ -139,7 +138,7 @@ class ChaosRun:
         stop = threading.Event()
         ids = self.ledger.session_ids()
         slots = self.config.workers * self.config.concurrency
-        scanner = Scanner(self.engine, self.publisher, scan_policy(self.env, marker_ttl_s=30),
+        scanner = Scanner(self.store, self.publisher, scan_policy(self.env, marker_ttl_s=30),
                           stop, interval_s=1.0, queue_length=self.queue_length,
                           max_queued=2 * slots)
         appenders = [Appender(f"appender{n}", self.store, counter, self.ledger,
@@ -170,7 +169,7 @@ class ChaosRun:
         progress = self.progress()
         while idle < 2 and time.monotonic() < deadline:
             rounds += 1
-            enqueued = scan_once(self.engine, self.publisher, policy)
+            enqueued = scan_once(self.store, self.publisher, policy)
             time.sleep(QUIET_MARKER_TTL_S + 0.5)
             while (self.queue_length() or self.leased_sessions()) and \
                     time.monotonic() < deadline:

@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from db.migrate import upgrade_database
+from db import upgrade_database
 from tests.support.chaos import PrivateRedis, free_port
 from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 from tests.chaos.config import ChaosConfig
 from tests.chaos.run import run_chaos
 from tests.support.chaos import PrivateRedis

@@ -12,10 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine
-
-from db.errors import StoreError
-from db.store import Store
+from db import Store, StoreError
 from scheduler.enqueue import Publisher, run_scan
 from scheduler.selection import ScanPolicy
 from tests.chaos.config import ChaosConfig
@@ -156,11 +153,11 @@ class Appender(threading.Thread):
 class Scanner(threading.Thread):
     """Runs the scheduler's scan every ``interval_s`` while the queue is short."""
 
-    def __init__(self, engine: Engine, publisher: Publisher, policy: ScanPolicy,
+    def __init__(self, store: Store, publisher: Publisher, policy: ScanPolicy,
                  stop: threading.Event, *, interval_s: float,
                  queue_length: Callable[[], int], max_queued: int) -> None:
         super().__init__(name="scanner", daemon=True)
-        self._engine, self._publisher, self._policy = engine, publisher, policy
+        self._store, self._publisher, self._policy = store, publisher, policy
         self._stop_event, self._interval_s = stop, interval_s
         self._queue_length, self._max_queued = queue_length, max_queued
         self.enqueued = 0
@@ -170,11 +167,11 @@ class Scanner(threading.Thread):
         while not self._stop_event.wait(self._interval_s):
             try:
                 if self._queue_length() < self._max_queued:
-                    self.enqueued += scan_once(self._engine, self._publisher, self._policy)
+                    self.enqueued += scan_once(self._store, self._publisher, self._policy)
             except Exception:  # Redis or PostgreSQL is down right now: the next scan retries
                 self.errors += 1
 
 
-def scan_once(engine: Engine, publisher: Publisher, policy: ScanPolicy) -> int:
+def scan_once(store: Store, publisher: Publisher, policy: ScanPolicy) -> int:
     """One scheduler scan; returns how many jobs it enqueued."""
-    return run_scan(engine, publisher, policy, datetime.now(UTC)).enqueued
+    return run_scan(store, publisher, policy, datetime.now(UTC)).enqueued

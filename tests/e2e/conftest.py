@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from db.store import Store
+from db import Store
 from tests.support.databases import open_store, truncate_store_tables
 from tests.support.e2e import JobEnv, JobPublisher, build_job_env, redis_under_prefix
 from tests.support.openai_server import OpenAIServer

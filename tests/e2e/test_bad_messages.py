@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from db.store import Store
+from db import Store
 from tests.e2e.conftest import StartWorker
 from tests.support.e2e import JobEnv, generated_session, import_records, projection_violations
 from tests.support.raw_producer import EMBED, build_raw_message, push_raw_message

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from db.store import Store
+from db import Store
 from tests.e2e.conftest import StartWorker
 from tests.support.e2e import (
     LONG_SESSION_ID,

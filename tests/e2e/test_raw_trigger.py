@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from db.migrate import upgrade_database
-from db.store import Store
+from db import Store, upgrade_database
 from scheduler.enqueue import CeleryPublisher, QueuedJob
 from tests.support.databases import create_postgres_database, drop_postgres_database, open_store
 from tests.support.raw_producer import (

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from db.engine import create_db_engine
+from db import Store, create_db_engine
 from db.models import MessageRow, SessionRow
-from db.store import Store
 from tests.support.chaos import (
     UNUSED_LLM_URL,
     build_base_runtime,

@@ -17,8 +17,7 @@ import pytest
 from celery.schedules import crontab
 from sqlalchemy import Engine
 
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 from scheduler.beat import (
     BEAT_SCHEDULE_FILENAME,
     SCAN_ENTRY_NAME,

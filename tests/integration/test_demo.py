@@ -19,9 +19,8 @@ import pytest
 import redis
 from sqlalchemy import Engine, select
 
-from db.engine import create_db_engine
+from db import Store, create_db_engine
 from db.models import SessionRow
-from db.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from db.migrate import upgrade_database
-from db.store import NewRevision, NewRun, Store
+from db import NewRevision, NewRun, Store, upgrade_database
 from tests.support.chaos import (
     CaseRuntime,
     build_base_runtime,

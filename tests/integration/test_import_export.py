@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from db.migrate import upgrade_database
+from db import upgrade_database
 from tests.support.cli import Compactor, compactor_for, read_jsonl, write_jsonl
 from tests.support.corpus import corpus_path, load_corpus
 from tests.support.databases import sqlite_url

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from db.store import Store
+from db import Store
 from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding

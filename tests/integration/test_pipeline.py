@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from db.engine import create_db_engine
-from db.store import BreakerUpdate, NewRevision, NewRun, Store
+from db import BreakerUpdate, NewRevision, NewRun, Store, create_db_engine
 from tests.support.e2e import (
     LONG_SESSION_ID,
     SHORT_SESSION_ID,

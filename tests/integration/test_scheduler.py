@@ -17,24 +17,15 @@ import typer
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner, Result
 
-from db.engine import create_db_engine
-from db.queue import clear_queue_marker
-from db.store import Store
+from db import DueCursor, DueWhy, MarkStatus, Store, create_db_engine
+from db.scan import due_page_query
 from scheduler import enqueue
 from scheduler.cli.schedule import register
-from scheduler.enqueue import (
-    CeleryPublisher,
-    EnqueueStatus,
-    QueuedJob,
-    run_scan,
-    trigger_sessions,
-)
+from scheduler.enqueue import CeleryPublisher, QueuedJob, run_scan, trigger_sessions
 from scheduler.selection import (
     DueSession,
-    DueWhy,
     ScanPolicy,
     StopReason,
-    due_page_query,
     iter_due_sessions,
     select_due_sessions,
 )
@@ -105,7 +96,7 @@ def test_selection_picks_exactly_the_due_sessions_most_to_gain_first(
 ) -> None:
     expected = put_mixed_fleet(store, engine)
 
-    due, stopped = select_due_sessions(engine, POLICY, NOW)
+    due, stopped = select_due_sessions(store, POLICY, NOW)
 
     assert [(d.session_id, d.why) for d in due] == expected
     assert stopped is StopReason.EXHAUSTED
@@ -113,7 +104,7 @@ def test_selection_picks_exactly_the_due_sessions_most_to_gain_first(
     assert due[-1] == DueSession("dirty-600", 800, 600, DueWhy.DIRTY, 700)
     # A dirty session's job is forced, so it must hold more than the verbatim tail.
     long_tail = replace(POLICY, tail_budget_tokens=850)
-    assert [d.session_id for d in iter_due_sessions(engine, long_tail, NOW)
+    assert [d.session_id for d in iter_due_sessions(store, long_tail, NOW)
             if d.why is DueWhy.DIRTY] == ["dirty-700"]
 
 
@@ -129,8 +120,8 @@ def test_keyset_pages_of_two_return_each_due_session_once(store: Store, engine: 
     put_session(session_id="not-due", projection_tokens=100, **put)
     small_pages = replace(POLICY, batch_size=2)
 
-    paged = [d.session_id for d in iter_due_sessions(engine, small_pages, NOW)]
-    whole = [d.session_id for d in iter_due_sessions(engine, POLICY, NOW)]
+    paged = [d.session_id for d in iter_due_sessions(store, small_pages, NOW)]
+    whole = [d.session_id for d in iter_due_sessions(store, POLICY, NOW)]
 
     assert paged == whole
     assert sorted(paged) == sorted({*(f"over-{i}" for i in range(7)),
@@ -143,9 +134,9 @@ def test_scan_stops_at_the_job_cap_and_at_the_token_budget(store: Store, engine:
     # over-5000 (4900) + breaker-cooled (4100) fit; quiet-again (3800) would pass 10000.
     budgeted = replace(POLICY, token_budget=10_000)
 
-    by_cap, cap_stop = select_due_sessions(engine, capped, NOW)
-    by_limit, limit_stop = select_due_sessions(engine, POLICY, NOW, limit=2)
-    by_budget, budget_stop = select_due_sessions(engine, budgeted, NOW)
+    by_cap, cap_stop = select_due_sessions(store, capped, NOW)
+    by_limit, limit_stop = select_due_sessions(store, POLICY, NOW, limit=2)
+    by_budget, budget_stop = select_due_sessions(store, budgeted, NOW)
 
     assert [d.session_id for d in by_cap] == ["over-5000", "breaker-cooled", "quiet-again"]
     assert cap_stop is StopReason.MAX_JOBS
@@ -162,7 +153,7 @@ def test_scan_marks_then_publishes_one_job_per_due_session(
     expected = put_mixed_fleet(store, engine)
     publisher = CeleryPublisher(broker.app, broker.queue)
 
-    report = run_scan(engine, publisher, POLICY, NOW)
+    report = run_scan(store, publisher, POLICY, NOW)
 
     messages = read_queue(broker.client, broker.prefix, broker.queue)
     assert report.enqueued == len(expected) == len(messages)
@@ -189,11 +180,11 @@ def test_two_scans_and_triggers_at_once_queue_exactly_one_job_per_session(
 
     def scan(name: str) -> None:
         start.wait()
-        results[name] = run_scan(engine, publisher, one_per_page, NOW)
+        results[name] = run_scan(store, publisher, one_per_page, NOW)
 
     def trigger() -> None:
         start.wait()
-        results["trigger"] = trigger_sessions(engine, publisher, due_ids, reason="ops",
+        results["trigger"] = trigger_sessions(store, publisher, due_ids, reason="ops",
                                               force=True, now=NOW, marker_ttl_s=7_200)
 
     threads = [threading.Thread(target=scan, args=(n,)) for n in ("a", "b")]
@@ -205,11 +196,11 @@ def test_two_scans_and_triggers_at_once_queue_exactly_one_job_per_session(
 
     messages = read_queue(broker.client, broker.prefix, broker.queue)
     assert Counter(m.kwargs["session_id"] for m in messages) == Counter(due_ids)
-    triggered = sum(r.status is EnqueueStatus.ENQUEUED for r in results["trigger"])
+    triggered = sum(r.status is MarkStatus.ENQUEUED for r in results["trigger"])
     assert results["a"].enqueued + results["b"].enqueued + triggered == len(due_ids)
     for message in messages:
         assert session_row(engine, message.kwargs["session_id"]).queued_job_id == message.task_id
-    rescan = run_scan(engine, publisher, POLICY, NOW)
+    rescan = run_scan(store, publisher, POLICY, NOW)
     assert rescan.enqueued == 0
     assert len(read_queue(broker.client, broker.prefix, broker.queue)) == len(due_ids)
 
@@ -225,12 +216,12 @@ def test_a_session_marked_by_another_enqueuer_meanwhile_frees_its_share_of_the_c
     def racing_reads(*args: Any) -> Iterator[DueSession]:
         for due in read_due(*args):
             if due.session_id == "c":  # the page is read, not yet marked: a trigger wins "a"
-                trigger_sessions(engine, publisher, ["a"], reason="ops", force=False,
+                trigger_sessions(store, publisher, ["a"], reason="ops", force=False,
                                  now=NOW, marker_ttl_s=7_200)
             yield due
 
     monkeypatch.setattr(enqueue, "iter_due_sessions", racing_reads)
-    report = run_scan(engine, publisher, replace(POLICY, batch_size=3, max_jobs=2), NOW)
+    report = run_scan(store, publisher, replace(POLICY, batch_size=3, max_jobs=2), NOW)
 
     assert (report.enqueued, report.lost_race, report.stopped) == (2, 1, StopReason.MAX_JOBS)
     queued = [m.kwargs["session_id"] for m in read_queue(broker.client, broker.prefix,
@@ -246,16 +237,34 @@ def test_trigger_reports_enqueued_already_queued_and_unknown_sessions(
                 queued_job_id="job-fresh")
     publisher = CeleryPublisher(broker.app, broker.queue)
 
-    results = trigger_sessions(engine, publisher, ["small", "queued", "nobody"],
+    results = trigger_sessions(store, publisher, ["small", "queued", "nobody"],
                                reason="ops", force=True, now=NOW, marker_ttl_s=7_200)
 
     assert [(r.session_id, r.status) for r in results] == [
-        ("small", EnqueueStatus.ENQUEUED), ("queued", EnqueueStatus.ALREADY_QUEUED),
-        ("nobody", EnqueueStatus.UNKNOWN_SESSION)]
+        ("small", MarkStatus.ENQUEUED), ("queued", MarkStatus.ALREADY_QUEUED),
+        ("nobody", MarkStatus.UNKNOWN_SESSION)]
     assert results[1].job_id == "job-fresh" and results[2].job_id is None
     [message] = read_queue(broker.client, broker.prefix, broker.queue)
     assert message.task_id == results[0].job_id
     assert message.kwargs == {"session_id": "small", "reason": "ops", "force": True}
+
+
+def test_markers_set_in_one_transaction_are_kept_together_or_not_at_all(
+    store: Store, engine: Engine
+) -> None:
+    for session_id in ("a", "b", "c"):
+        put_session(store, engine, session_id, 5_000, now=NOW)
+
+    with pytest.raises(RuntimeError), store.queue_markers() as markers:
+        assert markers.mark_many(["a", "b"], "page-", now=NOW, marker_ttl_s=7_200)
+        raise RuntimeError("the scan died before its page committed")
+    with store.queue_markers() as markers:
+        marked = markers.mark("c", "job-c", now=NOW, marker_ttl_s=7_200)
+        again = markers.mark("c", "job-other", now=NOW, marker_ttl_s=7_200)
+
+    assert [session_row(engine, sid).queued_job_id for sid in ("a", "b")] == [None, None]
+    assert (marked.status, again.status, again.job_id) == (
+        MarkStatus.ENQUEUED, MarkStatus.ALREADY_QUEUED, "job-c")
 
 
 def test_a_stale_marker_counts_as_a_lost_message_and_is_sent_again(
@@ -265,14 +274,14 @@ def test_a_stale_marker_counts_as_a_lost_message_and_is_sent_again(
                 queued_job_id="job-lost")
     publisher = CeleryPublisher(broker.app, broker.queue)
 
-    report = run_scan(engine, publisher, POLICY, NOW)
+    report = run_scan(store, publisher, POLICY, NOW)
 
     [message] = read_queue(broker.client, broker.prefix, broker.queue)
     assert report.enqueued == 1 and message.task_id != "job-lost"
     assert session_row(engine, "lost").queued_job_id == message.task_id
     # The late original ending clears nothing: the marker is the new job's.
-    assert not clear_queue_marker(engine, "lost", "job-lost")
-    assert clear_queue_marker(engine, "lost", message.task_id)
+    assert not store.clear_queue_marker("lost", "job-lost")
+    assert store.clear_queue_marker("lost", message.task_id)
     row = session_row(engine, "lost")
     assert (row.queued_at, row.queued_job_id) == (None, None)
 
@@ -294,13 +303,13 @@ def test_a_message_the_broker_refuses_releases_its_marker(
 
     publisher = RefusingPublisher()
     with pytest.raises(ConnectionError):
-        run_scan(engine, publisher, POLICY, NOW)
+        run_scan(store, publisher, POLICY, NOW)
 
     [sent] = publisher.sent
     assert sent.kwargs["session_id"] == "bigger"
     assert session_row(engine, "bigger").queued_job_id == sent.job_id
     assert session_row(engine, "big").queued_job_id is None
-    [retry] = select_due_sessions(engine, POLICY, NOW + MINUTE)[0]
+    [retry] = select_due_sessions(store, POLICY, NOW + MINUTE)[0]
     assert retry.session_id == "big"
 
 
@@ -312,7 +321,9 @@ def test_postgres_can_read_each_scan_page_by_an_index_range_without_sorting(
                DueWhy.DIRTY: "ix_sessions_tokens_since_compaction_id"}
     try:
         for why, index in indexes.items():
-            compiled = due_page_query(why, POLICY, NOW, after=(5_000, 42)).compile(engine)
+            query = due_page_query(why, POLICY.criteria, NOW, limit=POLICY.batch_size,
+                                   after=DueCursor(5_000, 42))
+            compiled = query.compile(engine)
             with engine.begin() as conn:
                 # A near-empty table is cheapest read whole (bench/scan_bench.py shows the
                 # plan PostgreSQL picks at a million rows): here, ask whether the index fits.

@@ -9,14 +9,18 @@ from typing import Any
 
 import pytest
 
-from db.errors import (
+from db import (
+    NewMessage,
+    NewRevision,
+    NewRun,
     RevisionConflict,
     RevisionNotFound,
     SessionExists,
     SessionNotFound,
+    SessionState,
+    Store,
     StoreError,
 )
-from db.store import NewMessage, NewRevision, NewRun, SessionState, Store
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from db.errors import RevisionConflict
-from db.store import MessageRecord, NewMessage, Snapshot, Store
+from db import MessageRecord, NewMessage, RevisionConflict, Snapshot, Store
 from tests.integration.test_store import T0, conversation, job_run, message, summary_revision
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from db.errors import LeaseLost, RevisionConflict, SessionNotFound
-from db.store import BreakerUpdate, Store
+from db import BreakerUpdate, LeaseLost, RevisionConflict, SessionNotFound, Store
 from tests.integration.test_store import T0, conversation, job_run, summary_revision, swap
 
 pytestmark = pytest.mark.integration

@@ -11,17 +11,19 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from db.engine import create_db_engine, derive_read_engine
-from db.errors import SchemaMissing, StoreUnavailable
-from db.migrate import (
+from db import (
+    NewMessage,
+    SchemaMissing,
+    Store,
+    StoreUnavailable,
     check_schema,
     current_revision,
     downgrade_database,
     head_revision,
     upgrade_database,
 )
+from db.engine import create_db_engine, derive_read_engine
 from db.models import INSTRUCTION_ROLES, Base
-from db.store import NewMessage, Store
 from tests.integration.test_store import T0
 from tests.support.corpus import load_corpus
 from worker.compaction.messages import INSTRUCTION_ROLES as MODEL_INSTRUCTION_ROLES

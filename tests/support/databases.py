@@ -17,8 +17,7 @@ import pytest
 from sqlalchemy import create_engine, exc, text
 from sqlalchemy.engine import URL, make_url
 
-from db.engine import create_db_engine
-from db.store import Store
+from db import Store, create_db_engine
 
 POSTGRES_URL_ENV = "COMPACTOR_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

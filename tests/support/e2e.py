@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from db.store import RevisionRecord, Store
+from db import RevisionRecord, Store
 from tests.support.corpus import load_corpus
 from worker.celery_app import create_app
 from worker.compaction.grouping import find_chat_violations

@@ -14,9 +14,8 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, update
 
+from db import NewMessage, Store
 from db.models import SessionRow
-from db.records import NewMessage
-from db.store import Store
 from worker.celery_app import create_app
 from worker.settings import Settings
 
