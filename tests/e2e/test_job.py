@@ -20,25 +20,21 @@ from tests.support.e2e import (
     JobEnv,
     JobPublisher,
     append_turns,
-    generated_turns,
     import_corpus_sessions,
     projection_violations,
     snapshot_keys,
     wait_until,
 )
+from tests.support.generated import generated_turns
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
+from worker.outcome import event_field_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.corpus]
 
 # The documented fields of the ``compaction.job`` event (README, "Outcome events").
-EVENT_FIELDS = frozenset({
-    "session_id", "task_id", "attempt", "outcome", "reason", "tokens_before", "tokens_after",
-    "span_tokens", "summary_tokens", "llm_calls", "prompt_tokens", "completion_tokens",
-    "chunks", "merge_rounds", "durations_ms", "revision_id", "parent_revision_id",
-    "breaker_state", "failure_class", "failure_message",
-})
-JOB_STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "validate", "swap")
+EVENT_FIELDS = frozenset(event_field_docs())
+JOB_STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
 
 
 def events_by_task(worker: WorkerProcess, count: int) -> dict[str, dict[str, Any]]:

@@ -34,7 +34,7 @@ from worker.compaction.validation import parse_summary
 from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
 from worker.fleet import FleetRateLimiter
 from worker.llm import LLMClient, LLMUsage
-from worker.summarizers.base import SummaryDraft, SummaryWork
+from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
 
 T = TypeVar("T")
 
@@ -72,14 +72,14 @@ class LLMSummarizer:
             summary, plan = self._run(work, usage, int(self._window_tokens * REPLAN_RATIO))
         totals = usage.as_dict()
         return SummaryDraft(summary=summary, kind=self.kind, model=self._client.model,
-                            prompt_version=PROMPT_VERSION, figures={
-                                "llm_calls": totals["calls"],
-                                "prompt_tokens": totals["prompt_tokens"],
-                                "completion_tokens": totals["completion_tokens"],
-                                "llm_retries": totals["retries"],
-                                "llm_latency_s": round(totals["latency_s"], 3),
-                                "chunks": len(plan.chunks),
-                                "merge_rounds": len(plan.merge_rounds)})
+                            prompt_version=PROMPT_VERSION, usage=SummaryUsage(
+                                llm_calls=int(totals["calls"]),
+                                prompt_tokens=int(totals["prompt_tokens"]),
+                                completion_tokens=int(totals["completion_tokens"]),
+                                llm_retries=int(totals["retries"]),
+                                llm_latency_s=round(totals["latency_s"], 3),
+                                chunks=len(plan.chunks),
+                                merge_rounds=len(plan.merge_rounds)))
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
