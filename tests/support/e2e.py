@@ -17,9 +17,9 @@ import redis
 from celery import Celery
 
 from db.store import RevisionRecord, Store
+from tests.support.chat_rules import find_chat_violations
 from tests.support.corpus import load_corpus
 from worker.celery_app import create_app
-from worker.compaction.grouping import find_chat_violations
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
