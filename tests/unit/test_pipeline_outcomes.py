@@ -16,11 +16,13 @@ from db import NewRevision, NewRun, StoreError, StoreUnavailable
 from tests.support.generated import generated_turns
 from tests.support.job_harness import LEASE_TTL_S, JobHarness
 from tests.unit.session_strategies import shared_counter
+from worker import pipeline
 from worker.compaction.errors import SummaryInvalid
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.schema import Summary, empty_summary
-from worker.errors import Outcome
+from worker.errors import DeliveryCapExceeded, Outcome
 from worker.ingest import append_messages
+from worker.job import JobRequest
 from worker.logging import get_logger
 from worker.outcome import emit_job_event, event_field_docs
 
@@ -223,6 +225,35 @@ def test_an_invalid_summary_fails_the_job_and_counts_on_the_session_breaker(
         ("closed", 1, None)
     [run] = harness.store.runs(session_id=SESSION)
     assert (run.outcome, run.failure_class, run.revision_id) == ("failed", "SummaryInvalid", None)
+
+
+def test_a_summary_no_smaller_than_what_it_replaces_fails_as_not_smaller(
+    harness: JobHarness,
+) -> None:
+    harness.with_policy(summary_budget_tokens=8_000).add_session(SESSION, LONG_TURNS)
+    harness.summarizer.summary = empty_summary().model_copy(update={
+        "goal": "g", "completed_actions": [f"step {i} of a long list" for i in range(400)]})
+
+    result = harness.run(SESSION)
+
+    assert (result.outcome, result.reason) == (Outcome.FAILED, "not_smaller")
+    assert harness.store.revisions(SESSION) == []
+
+
+def test_a_job_that_must_not_run_records_its_failure_and_counts_it_on_the_session(
+    harness: JobHarness,
+) -> None:
+    harness.add_session(SESSION, LONG_TURNS)
+    cap = DeliveryCapExceeded("delivered 4 times", reason="delivery_cap")
+
+    result = pipeline.record_failure(JobRequest(SESSION, "test", task_id="t-cap"),
+                                     harness.deps, harness.policy, cap)
+
+    assert (result.outcome, result.reason, result.failure_class) == \
+        (Outcome.FAILED, "delivery_cap", "DeliveryCapExceeded")
+    assert harness.store.get_session(SESSION).breaker_failures == 1
+    assert harness.store.runs(session_id=SESSION)[0].task_id == "t-cap"
+    assert harness.summarizer.seen == []
 
 
 def test_a_summarizer_error_is_failed_with_its_typed_reason(harness: JobHarness) -> None:
