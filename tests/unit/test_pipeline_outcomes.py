@@ -1,28 +1,24 @@
-"""Every outcome of one job (``worker.pipeline.run``) on the in-memory store: what each
-writes (a revision and its run, or only the run and the breaker), the conflicts of a
-compare-and-swap lost mid-job, the store's failures, and the merge of the prior summary.
-Sessions are generated; the store's contract is held to the real one in
-``tests/integration/test_store_contract.py``."""
+"""The outcomes of one job (``worker.pipeline.run``) on the in-memory store besides its
+failures (``test_pipeline_failures.py``) and breakers (``test_pipeline_breakers.py``):
+compacted, every skip, rejected, the conflicts of a compare-and-swap lost mid-job, the
+merge of the prior summary, and the event of each. Sessions are generated; the store's
+contract is held to the real one in ``tests/integration/test_store_contract.py``."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import pytest
 from structlog.testing import capture_logs
 
-from db import NewRevision, NewRun, StoreError, StoreUnavailable
+from db import NewRevision, NewRun
 from tests.support.generated import generated_turns
 from tests.support.job_harness import LEASE_TTL_S, JobHarness
 from tests.unit.session_strategies import shared_counter
-from worker import pipeline
-from worker.compaction.errors import SummaryInvalid
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.schema import Summary, empty_summary
-from worker.errors import DeliveryCapExceeded, Outcome
+from worker.errors import Outcome
 from worker.ingest import append_messages
-from worker.job import JobRequest
 from worker.logging import get_logger
 from worker.outcome import emit_job_event, event_field_docs
 
@@ -193,117 +189,6 @@ def test_a_lease_lost_mid_job_ends_in_conflict_and_leaves_the_new_holder_alone(
     assert (result.outcome, result.reason) == (Outcome.CONFLICT, "lease_lost")
     assert harness.store.revisions(SESSION) == []
     assert harness.store.get_session(SESSION).lease_owner == "other:1:t"
-
-
-def long_empty_summary() -> Summary:
-    return empty_summary()
-
-
-def over_budget_summary() -> Summary:
-    return empty_summary().model_copy(update={
-        "goal": "g", "completed_actions": [f"step {i} of a long list" for i in range(400)]})
-
-
-@pytest.mark.parametrize(("draft", "reason"), [
-    (long_empty_summary, "empty_sections"),
-    (over_budget_summary, "over_budget"),
-])
-def test_an_invalid_summary_fails_the_job_and_counts_on_the_session_breaker(
-    harness: JobHarness, draft: Callable[[], Summary], reason: str,
-) -> None:
-    harness.add_session(SESSION, LONG_TURNS)
-    before = harness.state(SESSION)
-    harness.summarizer.summary = draft()
-
-    result = harness.run(SESSION)
-
-    assert (result.outcome, result.reason, result.failure_class) == \
-        (Outcome.FAILED, reason, "SummaryInvalid")
-    assert not result.retryable and harness.state(SESSION) == before
-    session = harness.store.get_session(SESSION)
-    assert (session.breaker_state, session.breaker_failures, session.lease_owner) == \
-        ("closed", 1, None)
-    [run] = harness.store.runs(session_id=SESSION)
-    assert (run.outcome, run.failure_class, run.revision_id) == ("failed", "SummaryInvalid", None)
-
-
-def test_a_summary_no_smaller_than_what_it_replaces_fails_as_not_smaller(
-    harness: JobHarness,
-) -> None:
-    harness.with_policy(summary_budget_tokens=8_000).add_session(SESSION, LONG_TURNS)
-    harness.summarizer.summary = empty_summary().model_copy(update={
-        "goal": "g", "completed_actions": [f"step {i} of a long list" for i in range(400)]})
-
-    result = harness.run(SESSION)
-
-    assert (result.outcome, result.reason) == (Outcome.FAILED, "not_smaller")
-    assert harness.store.revisions(SESSION) == []
-
-
-def test_a_job_that_must_not_run_records_its_failure_and_counts_it_on_the_session(
-    harness: JobHarness,
-) -> None:
-    harness.add_session(SESSION, LONG_TURNS)
-    cap = DeliveryCapExceeded("delivered 4 times", reason="delivery_cap")
-
-    result = pipeline.record_failure(JobRequest(SESSION, "test", task_id="t-cap"),
-                                     harness.deps, harness.policy, cap)
-
-    assert (result.outcome, result.reason, result.failure_class) == \
-        (Outcome.FAILED, "delivery_cap", "DeliveryCapExceeded")
-    assert harness.store.get_session(SESSION).breaker_failures == 1
-    assert harness.store.runs(session_id=SESSION)[0].task_id == "t-cap"
-    assert harness.summarizer.seen == []
-
-
-def test_a_summarizer_error_is_failed_with_its_typed_reason(harness: JobHarness) -> None:
-    harness.add_session(SESSION, LONG_TURNS)
-    harness.summarizer.error = SummaryInvalid("no JSON object", reason="malformed_json")
-
-    result = harness.run(SESSION)
-
-    assert (result.outcome, result.reason, result.breaker_state) == \
-        (Outcome.FAILED, "malformed_json", "closed")
-    assert harness.store.get_session(SESSION).breaker_failures == 1
-
-
-def test_an_unexpected_error_is_an_internal_failure_counted_on_the_session(
-    harness: JobHarness,
-) -> None:
-    harness.add_session(SESSION, LONG_TURNS)
-    harness.summarizer.error = RuntimeError("a message body that must not be logged")
-
-    result = harness.run(SESSION)
-
-    assert (result.outcome, result.reason, result.failure_class) == \
-        (Outcome.FAILED, "internal_error", "InternalError")
-    assert result.failure_message == "unexpected RuntimeError"
-    assert harness.store.get_session(SESSION).breaker_failures == 1
-
-
-def test_an_unavailable_store_is_a_transient_failure_that_spares_the_breaker(
-    harness: JobHarness,
-) -> None:
-    harness.add_session(SESSION, LONG_TURNS)
-    harness.store.fail_with("snapshot", StoreUnavailable("OperationalError: gone"))
-
-    result = harness.run(SESSION)
-
-    assert (result.outcome, result.reason, result.retryable) == \
-        (Outcome.FAILED, "store_unavailable", True)
-    assert result.run_recorded and harness.store.get_session(SESSION).breaker_failures == 0
-
-
-def test_a_run_that_cannot_be_recorded_still_ends_in_one_result_naming_it(
-    harness: JobHarness,
-) -> None:
-    harness.add_session(SESSION, SHORT_TURNS)
-    harness.store.fail_with("record_run", StoreError("ProgrammingError: no table runs"))
-
-    result = harness.run(SESSION)
-
-    assert (result.outcome, result.run_recorded) == (Outcome.SKIPPED, False)
-    assert result.record_error == "ProgrammingError: no table runs"
 
 
 def test_the_prior_summary_is_context_to_the_summarizer_and_merged_once_after_it(
