@@ -55,7 +55,7 @@ def run_one(session: BenchSession, database_url: str, window_tokens: int,
 def print_runs(runs: list[Run]) -> None:
     rows = []
     for run in runs:
-        figures = run.result.figures
+        figures = run.result.figures.as_dict()
         span = int(figures.get("span_tokens") or 0)
         prompt = int(figures.get("prompt_tokens") or 0)
         rows.append((run.window_tokens, "audit (whole)" if run.audit_mode else "pruned",

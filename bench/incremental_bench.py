@@ -66,7 +66,7 @@ def compact_twice(session: BenchSession, growth: BenchSession, database_url: str
 def print_pairs(pairs: list[Pair]) -> None:
     rows = []
     for pair in pairs:
-        first, second = pair.first.figures, pair.second.figures
+        first, second = pair.first.figures.as_dict(), pair.second.figures.as_dict()
         span = int(second.get("span_tokens") or 0)
         prompt = int(second.get("prompt_tokens") or 0)
         read = span + pair.prior_summary_tokens

@@ -1,11 +1,13 @@
-"""Benchmark of the planning core: time per session to group, place the boundary, prune and
-render the span, and plan its chunks, on the corpus and on a generated tool-heavy session.
+"""Benchmark of the planning core: time per session to group, place the boundary, prune the
+span, and plan its calls (render and chunk), on the corpus and on a generated tool-heavy
+session.
 
     .venv/bin/python bench/plan_bench.py [--target-tokens 1000000] [--windows 128000 32000]
 
 Token counts of stored messages are cached at append, so counting them is setup here,
-not timed; counting the rendered span items is timed (the plan needs them). The span is
-rendered as plain ``role: text`` lines, a stand-in for the prompt module's rendering.
+not timed; counting the rendered span items is timed (the plan needs them). The call
+plan is the one the LLM summarizer builds (``plan_summary_calls``) for a first
+compaction: the prompt's rendering and overhead, no prior summary.
 """
 
 from __future__ import annotations
@@ -23,15 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.compaction.chunking import (
-    ChunkPlan,
-    SpanItem,
-    chunk_budget_tokens,
-    merge_fan_in,
-    output_budget_tokens,
-    plan_chunks,
-)
-from worker.compaction.grouping import Group, group_messages
+from worker.compaction.call_plan import plan_summary_calls
+from worker.compaction.chunking import ChunkPlan, output_budget_tokens
+from worker.compaction.grouping import group_messages
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.plan import TriggerPolicy, plan_boundary
 from worker.compaction.pruning import prune_groups
@@ -39,9 +35,8 @@ from worker.compaction.tokens import TokenCounter, load_encoding
 
 CORPUS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 SUMMARY_TOKENS = 4_096
-PROMPT_OVERHEAD_TOKENS = 1_500
 MARGIN_RATIO = 0.10
-STEPS = ("group", "boundary", "prune+render", "chunks")
+STEPS = ("group", "boundary", "prune", "render+chunks")
 REPEATS = 3
 
 
@@ -64,15 +59,6 @@ def policy_for(window_tokens: int) -> TriggerPolicy:
     trigger = int(window_tokens * 0.70)
     return TriggerPolicy(trigger_tokens=trigger, floor_tokens=trigger // 2,
                          tail_budget_tokens=8_000, min_tail_user_turns=1)
-
-
-def render(group: Group) -> str:
-    lines = []
-    for stored in group.messages:
-        calls = "".join(f" {c.function.name}({c.function.arguments})"
-                        for c in stored.message.tool_calls or ())
-        lines.append(f"{stored.message.role.value}:{calls} {stored.message.text}")
-    return "\n".join(lines) + "\n"
 
 
 def timed(seconds: dict[str, float], step: str, action: Callable[[], Any]) -> Any:
@@ -99,23 +85,14 @@ def plan_once(session_id: str, session: list[StoredMessage], window_tokens: int,
         policy=policy_for(window_tokens)))
     if boundary is None:
         return Timing(session_id, sum(m.tokens for m in session), seconds, 0, 0)
-    items = timed(seconds, "prune+render", lambda: [
-        SpanItem(text, counter.count_text(text), group.first_seq, group.last_seq)
-        for group in prune_groups(boundary.span, audit_mode=audit_mode, counter=counter)
-        for text in [render(group)]
-    ])
-    plan: ChunkPlan = timed(seconds, "chunks", lambda: chunk_plan(items, window_tokens, counter))
+    pruned = timed(seconds, "prune", lambda: prune_groups(boundary.span, audit_mode=audit_mode,
+                                                           counter=counter))
+    plan: ChunkPlan = timed(seconds, "render+chunks", lambda: plan_summary_calls(
+        pruned, prior=None, identifiers=(), window_tokens=window_tokens,
+        margin_ratio=MARGIN_RATIO, output_tokens=output_budget_tokens(boundary.span_tokens),
+        counter=counter))
     return Timing(session_id, sum(m.tokens for m in session), seconds, len(plan.chunks),
                   plan.calls)
-
-
-def chunk_plan(items: list[SpanItem], window_tokens: int, counter: TokenCounter) -> ChunkPlan:
-    output_tokens = output_budget_tokens(sum(item.tokens for item in items))
-    budget = chunk_budget_tokens(window_tokens, MARGIN_RATIO, output_tokens,
-                                 PROMPT_OVERHEAD_TOKENS, SUMMARY_TOKENS)
-    fan_in = merge_fan_in(chunk_budget_tokens(window_tokens, MARGIN_RATIO, output_tokens,
-                                              PROMPT_OVERHEAD_TOKENS, 0), output_tokens)
-    return plan_chunks(items, budget_tokens=budget, counter=counter, fan_in=fan_in)
 
 
 def stored_session(messages: list[dict[str, Any]], counter: TokenCounter) -> list[StoredMessage]:

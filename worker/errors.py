@@ -25,11 +25,12 @@ The base, the policy enums and the errors the pure core raises live in the core
 import the whole tree from. The task has one ``except CompactionError`` and reads
 ``outcome``, ``retryable`` and ``counts_on`` from the instance. Third-party errors are
 translated into these once, at the adapters (``worker/llm.py``); the store has its own
-small tree in ``db/errors.py`` that the pipeline maps here.
+small tree in ``db/errors.py``, mapped here once by :func:`to_job_error`.
 """
 
 from __future__ import annotations
 
+from db import LeaseLost, RevisionConflict, SessionNotFound, StoreUnavailable
 from worker.compaction.errors import (
     BreakerScope,
     CompactionError,
@@ -63,6 +64,7 @@ __all__ = [
     "SummaryInvalid",
     "TokenizerUnavailable",
     "TransientError",
+    "to_job_error",
 ]
 
 
@@ -126,3 +128,20 @@ class MessagesRejected(JobRejected):
         super().__init__(f"messages for session {session_id!r} rejected: {', '.join(kinds)}",
                          reason="messages_rejected")
         self.problems = problems
+
+
+def to_job_error(exc: Exception) -> CompactionError:
+    """Map what a job raised to the error its outcome reports: the one place where store
+    errors become outcomes (an unexpected error counts on the session's breaker)."""
+    if isinstance(exc, CompactionError):
+        return exc
+    if isinstance(exc, SessionNotFound):
+        return JobRejected(str(exc), reason="unknown_session")
+    if isinstance(exc, RevisionConflict):
+        return StaleSnapshot(str(exc), reason="active_revision_changed")
+    if isinstance(exc, LeaseLost):
+        return StaleSnapshot(str(exc), reason="lease_lost")
+    if isinstance(exc, StoreUnavailable):
+        return TransientError(f"database unavailable: {exc}", reason="store_unavailable")
+    # Only the class: an exception's text may quote message contents.
+    return InternalError(f"unexpected {type(exc).__name__}", reason="internal_error")

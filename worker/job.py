@@ -1,8 +1,9 @@
-"""The values a job carries: its request, policy, dependencies, running context and
-result. Kept apart from ``pipeline.py`` so the pipeline reads as the steps alone."""
+"""The values a job carries: its request, policy, dependencies, the trace of a running job
+and its result. Kept apart from ``pipeline.py`` so the pipeline reads as the steps alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -10,14 +11,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
-from db import NewRun, Store
+from db import NewRun
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.strategies import StrategyConfig
 from worker.compaction.tokens import TokenCounter
 from worker.errors import CompactionError, Outcome
-from worker.summarizers import Summarizer, SummaryDraft
+from worker.figures import JobFigures
+from worker.ports import JobStore, ProviderBreakerPort
+from worker.summarizers import Summarizer
 
 
 @dataclass(frozen=True)
@@ -48,25 +51,21 @@ class JobPolicy:
     fallback_when_open: bool
 
 
-class ProviderBreakerPort(Protocol):
-    """The provider-wide breaker as the pipeline sees it."""
-
-    def admit(self) -> bool: ...
-    def record_success(self) -> None: ...
-    def record_failure(self) -> None: ...
-
-
 @dataclass(frozen=True)
 class JobDeps:
     """What a job talks to; the real ones are built per worker process in runtime.py."""
 
-    store: Store
+    store: JobStore
     summarizer: Summarizer
     fallback: Summarizer
     counter: TokenCounter
     provider_breaker: ProviderBreakerPort
     clock: Callable[[], datetime]
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    def lease_owner(self, request: JobRequest) -> str:
+        """The lease owner: unique per worker process and task (the task id ends it)."""
+        return f"{self.worker_id}:{request.task_id}"
 
 
 class Skip(Exception):
@@ -95,7 +94,7 @@ class JobResult:
     revision_id: int | None
     parent_revision_id: int | None
     breaker_state: str | None
-    figures: dict[str, Any]
+    figures: JobFigures
     durations_ms: dict[str, float]
     duration_ms: float
     run_recorded: bool = True
@@ -103,33 +102,18 @@ class JobResult:
 
 
 @dataclass
-class JobContext:
-    """Mutable state of one running job: figures and step timings as they accrue."""
+class JobTrace:
+    """What a running job has learned so far; every outcome reports it, failures too."""
 
     request: JobRequest
-    deps: JobDeps
     started_at: datetime
-    started_monotonic: float
-    figures: dict[str, Any] = field(default_factory=dict)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    figures: JobFigures = field(default_factory=JobFigures)
     durations_ms: dict[str, float] = field(default_factory=dict)
-    summarizer_kind: str | None = None
-    model: str | None = None
-    prompt_version: str | None = None
-    fallback_reason: str | None = None
+    summarizer: str | None = None
+    breaker_state: str | None = None
     revision_id: int | None = None
     parent_revision_id: int | None = None
-    breaker_state: str | None = None
-    error: CompactionError | None = None
-
-    @classmethod
-    def start(cls, request: JobRequest, deps: JobDeps) -> JobContext:
-        return cls(request=request, deps=deps, started_at=deps.clock(),
-                   started_monotonic=time.monotonic())
-
-    @property
-    def owner(self) -> str:
-        """The lease owner: unique per worker process and task."""
-        return f"{self.deps.worker_id}:{self.request.task_id}"
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -139,45 +123,36 @@ class JobContext:
         finally:
             self.durations_ms[name] = round((time.monotonic() - began) * 1000, 3)
 
-    def record_draft(self, draft: SummaryDraft) -> None:
-        self.figures.update(draft.figures)
-        self.summarizer_kind, self.model = draft.kind, draft.model
-        self.prompt_version = draft.prompt_version
+    def note(self, **figures: Any) -> None:
+        """Record figures as a step measures them (names are ``JobFigures`` fields)."""
+        self.figures = dataclasses.replace(self.figures, **figures)
 
-    def new_run(self, outcome: Outcome, now: datetime, *, reason: str | None = None) -> NewRun:
+    def new_run(self, outcome: Outcome, reason: str, error: CompactionError | None,
+                now: datetime) -> NewRun:
+        """The runs row of this attempt."""
+        request = self.request
         return NewRun(
-            session_id=self.request.session_id,
-            task_id=self.request.task_id,
-            attempt=self.request.attempt,
-            reason=self.request.reason,
-            outcome=outcome.value,
-            failure_class=type(self.error).__name__ if self.error else None,
-            failure_message=self.error.message if self.error else None,
-            figures={**self.figures, "outcome_reason": reason or self.figures.get("decision"),
-                     "durations_ms": self.durations_ms},
-            revision_id=self.revision_id,
-            started_at=self.started_at,
-            finished_at=now,
+            session_id=request.session_id, task_id=request.task_id, attempt=request.attempt,
+            reason=request.reason, outcome=outcome.value,
+            failure_class=type(error).__name__ if error else None,
+            failure_message=error.message if error else None,
+            figures={**self.figures.as_dict(), "outcome_reason": reason,
+                     "durations_ms": dict(self.durations_ms)},
+            revision_id=self.revision_id, started_at=self.started_at, finished_at=now,
         )
 
-    def result(self, outcome: Outcome, *, reason: str) -> JobResult:
-        error = self.error
+    def result(self, outcome: Outcome, reason: str, error: CompactionError | None) -> JobResult:
+        """The result the ``compaction.job`` event reports."""
+        request = self.request
         return JobResult(
-            session_id=self.request.session_id,
-            task_id=self.request.task_id,
-            attempt=self.request.attempt,
-            trigger=self.request.reason,
-            outcome=outcome,
-            reason=reason,
-            summarizer=self.summarizer_kind,
+            session_id=request.session_id, task_id=request.task_id, attempt=request.attempt,
+            trigger=request.reason, outcome=outcome, reason=reason, summarizer=self.summarizer,
             failure_class=type(error).__name__ if error else None,
             failure_message=error.message if error else None,
             retryable=bool(error and error.retryable),
             retry_after_s=getattr(error, "retry_after_s", None),
-            revision_id=self.revision_id,
-            parent_revision_id=self.parent_revision_id,
-            breaker_state=self.breaker_state,
-            figures=dict(self.figures),
+            revision_id=self.revision_id, parent_revision_id=self.parent_revision_id,
+            breaker_state=self.breaker_state, figures=self.figures,
             durations_ms=dict(self.durations_ms),
             duration_ms=round((time.monotonic() - self.started_monotonic) * 1000, 3),
         )

@@ -1,7 +1,7 @@
 """The LLM adapter: one JSON completion through the OpenAI SDK, its output mode, its errors.
 
 Structured output is asked for as a strict ``json_schema``; an endpoint that rejects it
-gets ``json_object``, then plain text with the JSON cut out of the prose. The mode that
+gets ``json_object``, then plain text. The mode that
 worked is remembered per endpoint (base URL + model) for the life of the client.
 
 Retries have one owner, the SDK (``max_retries``): it already retries timeouts,
@@ -11,15 +11,13 @@ module only counts them (``retries_taken`` on a success, the ``x-stainless-retry
 header the SDK stamps on each attempt on a failure). SDK errors are translated once, by
 ``worker.llm_errors``, into ``worker.errors``; nothing above this module sees ``openai.*``.
 
-JSON is not parsed here: ``LLMReply.content`` is the model's JSON text, verbatim (in
-plain-text mode, the JSON object cut out of the prose), and the summary validator
-parses it and names what is wrong (``malformed_json``, schema, empty sections).
+JSON is not parsed here: ``LLMReply.content`` is the model's reply verbatim, and
+``worker.compaction.validation.parse_summary`` reads it (a JSON object in prose
+included) and names what is wrong (``malformed_json``, schema).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -69,7 +67,7 @@ class LLMConfig:
 
 @dataclass(frozen=True)
 class LLMReply:
-    """One completed call: the JSON text and what it cost."""
+    """One completed call: the reply text and what it cost."""
 
     content: str
     finish_reason: str | None
@@ -160,11 +158,6 @@ class LLMClient:
     @property
     def endpoint_key(self) -> tuple[str, str]:
         return (str(self._sdk.base_url), self._config.model)
-
-    @property
-    def output_mode(self) -> OutputMode:
-        """The mode the next call starts with (remembered from the last success)."""
-        return self._modes.get(self.endpoint_key)
 
     def close(self) -> None:
         self._sdk.close()
@@ -261,8 +254,7 @@ class LLMClient:
             counter = self._local_counter()
             prompt_tokens = counter.count_messages(parse_message(m) for m in messages)
             completion_tokens = counter.count_text(text)
-        content = extract_json_text(text) if mode is OutputMode.PLAIN_TEXT else text
-        return LLMReply(content, choice.finish_reason, prompt_tokens, completion_tokens,
+        return LLMReply(text, choice.finish_reason, prompt_tokens, completion_tokens,
                         latency_s, retries, mode)
 
 
@@ -274,24 +266,3 @@ def build_response_format(mode: OutputMode, schema: dict[str, Any]) -> ResponseF
     if mode is OutputMode.JSON_OBJECT:
         return {"type": "json_object"}
     return openai.omit
-
-
-_FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)```", re.DOTALL)
-
-
-def extract_json_text(text: str) -> str:
-    """Cut the JSON object out of a prose reply (fenced or not); else return it as is.
-
-    Only a complete object is cut out: a broken one is returned whole, so that its
-    parse fails later instead of a fragment passing for the answer.
-    """
-    fence = _FENCE.search(text)
-    candidate = fence.group(1) if fence else text
-    start = candidate.find("{")
-    if start == -1:
-        return text.strip()
-    try:
-        _, end = json.JSONDecoder().raw_decode(candidate, start)
-    except json.JSONDecodeError:
-        return text.strip()
-    return candidate[start:end]

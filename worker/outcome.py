@@ -1,19 +1,53 @@
 """The ``compaction.job`` event: one per job attempt, the field set operators monitor.
 
-Field names are a contract (documented in the README, "Outcome events"); message
-contents and secrets never appear, only ids, counts and reasons.
+Field names are a contract: the README's "Outcome events" table is generated from
+``RESULT_FIELDS`` and ``JobFigures`` (``python -m scheduler.cli.config_table write``).
+Message contents and secrets never appear, only ids, counts and reasons.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from worker.figures import JobFigures, figure_docs
 from worker.job import JobResult
 from worker.logging import JOB_EVENT
 
-_FIGURES = ("tokens_before", "tokens_after", "span_tokens", "summary_tokens", "llm_calls",
-            "prompt_tokens", "completion_tokens", "llm_retries", "chunks", "merge_rounds",
-            "identifiers_reattached")
+EVENT_TABLE_START = "<!-- event-table:start -->"
+EVENT_TABLE_END = "<!-- event-table:end -->"
+
+# The event's fields besides the figures, with what the README says of each.
+RESULT_FIELDS: dict[str, str] = {
+    "session_id": "the session's external id",
+    "task_id": "the job's message id (the scan's or trigger's job id; `inline` for "
+               "`compactor compact --inline`)",
+    "attempt": "1 for the first delivery, +1 per retry",
+    "trigger": "why the job was sent: `over_trigger` or `dirty` (scan), `trigger` or a "
+               "caller's reason, `operator` (inline)",
+    "outcome": "`compacted`, `fallback` (the deterministic summary was committed because "
+               "the provider breaker is open), `skipped` (nothing to do, e.g. `under_trigger`, "
+               "`anti_thrash`, `lease_held`), `breaker_open` (the session's breaker is open), "
+               "`conflict` (the active revision changed under the job; nothing written), "
+               "`rejected` (malformed message, unknown session), `failed`",
+    "reason": "the outcome's reason: the plan's decision (`over_trigger`, `forced`, "
+              "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`) or "
+              "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "
+              "`schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
+              "`store_unavailable`, `internal_error`, ...)",
+    "summarizer": "`llm`, `extractive` or `fallback`; null when no summary was made",
+    "failure_class": "the error class (`ProviderError`, `SummaryInvalid`, `StaleSnapshot`, "
+                     "...), null on success",
+    "failure_message": "a short description of the failure (never message contents)",
+    "will_retry": "true when the job is retried with backoff (transient failures only)",
+    "revision_id": "the new active revision when compacted",
+    "parent_revision_id": "the revision it replaced (null: the full history)",
+    "breaker_state": "the session's breaker after the job: `closed`, `open`, `half_open`",
+    "duration_ms": "the job's wall time (ms)",
+    "durations_ms": "wall time per step: `lease`, `breaker`, `snapshot`, `plan`, "
+                    "`summarize`, `merge`, `validate`, `swap` (ms)",
+    "run_recorded": "false when even the run record could not be written (the database "
+                    "was down)",
+}
 
 
 def job_event_fields(result: JobResult, *, will_retry: bool = False) -> dict[str, Any]:
@@ -36,9 +70,7 @@ def job_event_fields(result: JobResult, *, will_retry: bool = False) -> dict[str
         "durations_ms": result.durations_ms,
         "run_recorded": result.run_recorded,
     }
-    for name in _FIGURES:
-        fields[name] = result.figures.get(name)
-    return fields
+    return {**fields, **result.figures.as_dict()}
 
 
 def rejected_message_fields(task_id: str | None, reason: str, failure_class: str,
@@ -52,7 +84,18 @@ def rejected_message_fields(task_id: str | None, reason: str, failure_class: str
         "breaker_state": None, "duration_ms": None, "durations_ms": {},
         "run_recorded": False,
     }
-    return {**fields, **dict.fromkeys(_FIGURES)}
+    return {**fields, **JobFigures().as_dict()}
+
+
+def event_field_docs() -> dict[str, str]:
+    """Every field of the event with its meaning, in the order the README lists them."""
+    return {**RESULT_FIELDS, **figure_docs()}
+
+
+def render_event_table() -> str:
+    """The README's table of event fields (without its markers)."""
+    rows = [f"| `{name}` | {doc} |" for name, doc in event_field_docs().items()]
+    return "\n".join(["| field | meaning |", "|---|---|", *rows]) + "\n"
 
 
 def emit_job_event(logger: Any, result: JobResult, *, will_retry: bool = False) -> None:

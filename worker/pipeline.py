@@ -1,20 +1,21 @@
 """One compaction job, step by step: lease → breaker → snapshot → plan → summarize →
-validate → swap. Every path ends in one :class:`JobResult`; on any failure nothing is
-written but the run record and the breaker update. Correctness rests on the store's
-compare-and-swap of the active revision; the lease only saves wasted work.
+merge → validate → swap. Every path ends in one :class:`JobResult`; on any failure
+nothing is written but the run record and the breaker update. Correctness rests on the
+store's compare-and-swap of the active revision; the lease only saves wasted work.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
-from db import BreakerUpdate, NewRevision, Snapshot
-from db import errors as store_errors
+from db import BreakerUpdate, NewRevision, SessionState, Snapshot, StoreError
 from worker.compaction.breaker import Breaker, BreakerState, admit, breaker_after_failure
 from worker.compaction.grouping import group_messages
-from worker.compaction.identifiers import extract_identifiers
+from worker.compaction.identifiers import Artifact, extract_identifiers
+from worker.compaction.merge import merge_summaries
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.plan import Boundary, decide_compaction, plan_boundary
 from worker.compaction.pruning import prune_groups
@@ -25,272 +26,234 @@ from worker.errors import (
     BreakerOpen,
     BreakerScope,
     CompactionError,
-    InternalError,
-    JobRejected,
     LeaseHeld,
     Outcome,
     ProviderBreakerOpen,
-    StaleSnapshot,
-    TransientError,
+    to_job_error,
 )
-from worker.job import JobContext, JobDeps, JobPolicy, JobRequest, JobResult, Skip
+from worker.job import JobDeps, JobPolicy, JobRequest, JobResult, JobTrace, Skip
 from worker.summarizers import Summarizer, SummaryDraft, SummaryWork
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """What the breakers let this job do: the summarizer, and the outcome of a commit."""
+
+    summarizer: Summarizer
+    outcome: Outcome  # compacted; fallback (provider breaker open); breaker_open
+    open_breaker: Breaker | None  # the session's, when a fallback commit must keep it open
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The snapshot and where its span ends: what the rest of the job works on."""
+
+    snapshot: Snapshot
+    boundary: Boundary
+    decision: str
+
+    @property
+    def prior_summary_tokens(self) -> int:
+        revision = self.snapshot.revision
+        return revision.summary_tokens if revision else 0
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A validated summary, rendered and measured, ready to swap in."""
+
+    summary: Summary
+    block: dict[str, Any]
+    summary_tokens: int
+
+
 def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
-    """Run one job to its outcome; never raises a :class:`CompactionError`."""
-    ctx = JobContext.start(request, deps)
+    """Run one job to its outcome; never raises."""
+    trace = JobTrace(request, started_at=deps.clock())
     try:
-        with ctx.step("lease"):
-            _take_lease(ctx, policy)
+        with trace.step("lease"):
+            _take_lease(request, deps, policy)
         try:
-            return _compact(ctx, policy)
+            return _compact(trace, deps, policy)
         finally:
             # A release that fails must not turn a committed swap into a failure: the
             # lease then expires after lease_ttl_s (a redelivery takes it over at once).
-            with contextlib.suppress(store_errors.StoreError):
-                deps.store.release_lease(request.session_id, ctx.owner)
+            with contextlib.suppress(StoreError):
+                deps.store.release_lease(request.session_id, deps.lease_owner(request))
     except Skip as skip:
-        return _finish(ctx, Outcome.SKIPPED, skip.reason)
-    except CompactionError as exc:
-        return _fail(ctx, policy, exc)
-    except store_errors.SessionNotFound as exc:
-        return _fail(ctx, policy, JobRejected(str(exc), reason="unknown_session"))
-    except store_errors.StoreUnavailable as exc:
-        return _fail(ctx, policy, _transient_store_error(exc))
+        return _finish(trace, deps, Outcome.SKIPPED, skip.reason)
     except Exception as exc:
-        # Only the class: an exception's text may quote message contents.
-        return _fail(ctx, policy, InternalError(f"unexpected {type(exc).__name__}",
-                                               reason="internal_error"))
+        return _fail(trace, deps, policy, to_job_error(exc))
 
 
 def record_failure(request: JobRequest, deps: JobDeps, policy: JobPolicy,
                    exc: CompactionError) -> JobResult:
     """End a job that must not run (rejected message, delivery cap) with its outcome."""
-    return _fail(JobContext.start(request, deps), policy, exc)
+    return _fail(JobTrace(request, started_at=deps.clock()), deps, policy, exc)
 
 
-def _take_lease(ctx: JobContext, policy: JobPolicy) -> None:
+def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> None:
     """Take the session's lease; a redelivery takes over the one its lost delivery left."""
-    store, session_id, now = ctx.deps.store, ctx.request.session_id, ctx.deps.clock()
-    if store.acquire_lease(session_id, ctx.owner, policy.lease_ttl_s, now):
+    store, session_id, now = deps.store, request.session_id, deps.clock()
+    owner = deps.lease_owner(request)
+    if store.acquire_lease(session_id, owner, policy.lease_ttl_s, now):
         return
     holder = store.get_session(session_id).lease_owner
     # Owners end in the task id, so this holder is an earlier delivery of this message. Were
     # it still alive, it would find its lease gone at the swap and write nothing.
-    if (ctx.request.redelivered and holder and holder.endswith(f":{ctx.request.task_id}")
+    if (request.redelivered and holder and holder.endswith(f":{request.task_id}")
             and store.release_lease(session_id, holder)
-            and store.acquire_lease(session_id, ctx.owner, policy.lease_ttl_s, now)):
+            and store.acquire_lease(session_id, owner, policy.lease_ttl_s, now)):
         return
     raise LeaseHeld("another job holds this session's lease", reason="lease_held")
 
 
-def _compact(ctx: JobContext, policy: JobPolicy) -> JobResult:
-    summarizer, open_breaker = _check_breakers(ctx, policy)
-    with ctx.step("snapshot"):
-        snapshot = ctx.deps.store.snapshot(ctx.request.session_id)
-    with ctx.step("plan"):
-        boundary = _plan(ctx, policy, snapshot)
-    with ctx.step("summarize"):
-        work = _summary_work(ctx, policy, snapshot, boundary)
-        draft = summarizer.summarize(work)
-        ctx.record_draft(draft)
-    with ctx.step("validate"):
-        revision = _validated_revision(ctx, policy, snapshot, boundary, work, draft)
-    if summarizer.uses_provider:
-        ctx.deps.provider_breaker.record_success()
-    outcome = _success_outcome(ctx, draft, open_breaker is not None)
-    with ctx.step("swap"):
-        revision_id = _swap(ctx, snapshot, revision, outcome, draft, open_breaker)
-    ctx.revision_id, ctx.parent_revision_id = revision_id, snapshot.session.active_revision_id
-    ctx.breaker_state = (open_breaker.state if open_breaker else BreakerState.CLOSED).value
-    return ctx.result(outcome, reason=str(ctx.figures["decision"]))
+def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
+    admitted = _admit(trace, deps, policy)
+    with trace.step("snapshot"):
+        snapshot = deps.store.snapshot(trace.request.session_id)
+    with trace.step("plan"):
+        plan = _plan(trace, deps, policy, snapshot)
+    with trace.step("summarize"):
+        work = _summary_work(trace, deps, policy, plan)
+        draft = admitted.summarizer.summarize(work)
+        trace.summarizer = draft.kind
+        trace.note(**dataclasses.asdict(draft.usage))
+    with trace.step("merge"):
+        merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
+                                 budget_tokens=policy.summary_budget_tokens)
+    with trace.step("validate"):
+        revision = _validate(trace, deps, plan, work, draft, merged)
+    if admitted.summarizer.uses_provider:
+        deps.provider_breaker.record_success()
+    with trace.step("swap"):
+        trace.revision_id = _swap(trace, deps, plan, work, draft, revision, admitted)
+    trace.parent_revision_id = snapshot.session.active_revision_id
+    if admitted.open_breaker is None:  # the swap closed it
+        trace.breaker_state = BreakerState.CLOSED.value
+    return trace.result(admitted.outcome, plan.decision, None)
 
 
-def _check_breakers(ctx: JobContext, policy: JobPolicy) -> tuple[Summarizer, Breaker | None]:
-    """Pick the summarizer the breakers allow; raise when the job must not run.
-
-    Returns the session's breaker too when it is open (a fallback commit keeps it so).
-    """
-    with ctx.step("breaker"):
-        session = ctx.deps.store.get_session(ctx.request.session_id)
-        ctx.breaker_state = session.breaker_state
+def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> Admitted:
+    """Pick the summarizer the session's breaker allows; raise when the job must not run."""
+    with trace.step("breaker"):
+        session = deps.store.get_session(trace.request.session_id)
+        trace.breaker_state = session.breaker_state
         breaker = _session_breaker(session)
-        admission = admit(breaker, ctx.deps.clock(), policy.breaker_cooldown_s)
+        admission = admit(breaker, deps.clock(), policy.breaker_cooldown_s)
         if not admission.allowed:
             if not policy.fallback_when_open:
                 raise BreakerOpen("the session's breaker is open", reason="breaker_open")
-            return ctx.deps.fallback, breaker
+            return Admitted(deps.fallback, Outcome.BREAKER_OPEN, breaker)
         if admission.breaker != breaker:  # the trial after the cooldown: record half-open
-            ctx.deps.store.set_breaker(ctx.request.session_id, _breaker_update(admission.breaker))
-            ctx.breaker_state = admission.breaker.state.value
-        summarizer = ctx.deps.summarizer
-        if summarizer.uses_provider and not ctx.deps.provider_breaker.admit():
-            if not policy.fallback_when_open:
-                raise ProviderBreakerOpen("the provider breaker is open",
-                                          reason="provider_breaker_open")
-            ctx.fallback_reason = "provider_breaker_open"
-            return ctx.deps.fallback, None
-        return summarizer, None
+            deps.store.set_breaker(session.session_id, _breaker_update(admission.breaker))
+            trace.breaker_state = admission.breaker.state.value
+        return _admit_provider(deps, policy)
 
 
-def _plan(ctx: JobContext, policy: JobPolicy, snapshot: Snapshot) -> Boundary:
+def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:
+    """Fall back from a provider whose breaker is open (it is not the session's fault)."""
+    summarizer = deps.summarizer
+    if summarizer.uses_provider and not deps.provider_breaker.admit():
+        if not policy.fallback_when_open:
+            raise ProviderBreakerOpen("the provider breaker is open",
+                                      reason="provider_breaker_open")
+        return Admitted(deps.fallback, Outcome.FALLBACK, None)
+    return Admitted(summarizer, Outcome.COMPACTED, None)
+
+
+def _plan(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapshot) -> JobPlan:
     revision = snapshot.revision
     stored = [StoredMessage(m.seq, parse_message(m.body), m.tokens) for m in snapshot.messages]
-    block_tokens = revision.summary_tokens if revision else 0
-    tokens_before = sum(m.tokens for m in stored) + block_tokens
-    ctx.figures["tokens_before"] = tokens_before
-    decision = decide_compaction(tokens_before, _recent_savings(ctx), policy.trigger,
-                                 ctx.request.force)
-    ctx.figures["decision"] = decision.reason
+    prior_tokens = revision.summary_tokens if revision else 0
+    tokens_before = sum(m.tokens for m in stored) + prior_tokens
+    request = trace.request
+    decision = decide_compaction(tokens_before, _recent_savings(deps, request.session_id),
+                                 policy.trigger, request.force)
+    trace.note(tokens_before=tokens_before, decision=decision.reason.value)
     if not decision.compact:
-        raise Skip(decision.reason)
-    boundary = plan_boundary(
-        group_messages(stored),
-        prior_through_seq=revision.through_seq if revision else 0,
-        summary_tokens=block_tokens,
-        policy=policy.trigger,
-    )
+        raise Skip(decision.reason.value)
+    boundary = plan_boundary(group_messages(stored),
+                             prior_through_seq=revision.through_seq if revision else 0,
+                             summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    return boundary
+    return JobPlan(snapshot, boundary, decision.reason.value)
 
 
-def _summary_work(
-    ctx: JobContext, policy: JobPolicy, snapshot: Snapshot, boundary: Boundary
-) -> SummaryWork:
-    span_messages = [m for group in boundary.span for m in group.messages]
-    span_tokens = sum(m.tokens for m in span_messages)
-    ctx.figures["span_tokens"] = span_tokens
-    ctx.figures["span_messages"] = len(span_messages)
-    prior = Summary.model_validate(snapshot.revision.summary) if snapshot.revision else None
-    span = prune_groups(boundary.span, audit_mode=policy.audit_mode, counter=ctx.deps.counter)
-    if policy.span_strategy is not None:
-        span = apply_strategy(span, policy.span_strategy, ctx.deps.counter)
-    return SummaryWork(
-        span=tuple(span),
-        prior=prior,
-        artifacts=tuple(extract_identifiers(span_messages)),
-        span_tokens=span_tokens,
-        budget_tokens=policy.summary_budget_tokens,
-    )
-
-
-def _recent_savings(ctx: JobContext) -> list[float]:
+def _recent_savings(deps: JobDeps, session_id: str) -> list[float]:
     """Share of the projection each of the last compactions saved, newest first."""
-    revisions = ctx.deps.store.revisions(ctx.request.session_id)[:2]
+    revisions = deps.store.revisions(session_id)[:2]
     return [1 - r.projection_tokens_after / r.projection_tokens_before
             for r in revisions if r.projection_tokens_before > 0]
 
 
-@dataclass(frozen=True)
-class _Revision:
-    summary: Summary
-    block: dict[str, Any]
-    block_tokens: int
-    artifacts: list[dict[str, Any]]
-    through_seq: int
-
-
-def _validated_revision(
-    ctx: JobContext, policy: JobPolicy, snapshot: Snapshot, boundary: Boundary,
-    work: SummaryWork, draft: SummaryDraft,
-) -> _Revision:
-    counter = ctx.deps.counter
-    artifacts = work.artifacts
-    prior_tokens = snapshot.revision.summary_tokens if snapshot.revision else 0
-    validated = validate_summary(
-        draft.summary.model_dump(mode="json"),
-        finish_reason=None,
-        span_tokens=int(ctx.figures["span_tokens"]),
-        identifiers=[a.value for a in artifacts],
+def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan
+                  ) -> SummaryWork:
+    span_messages = [m for group in plan.boundary.span for m in group.messages]
+    prior = plan.snapshot.revision
+    span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
+    if policy.span_strategy is not None:
+        span = apply_strategy(span, policy.span_strategy, deps.counter)
+    work = SummaryWork(
+        span=tuple(span),
+        prior=Summary.model_validate(prior.summary) if prior else None,
+        artifacts=tuple(extract_identifiers(span_messages)),
+        span_tokens=sum(m.tokens for m in span_messages),
         budget_tokens=policy.summary_budget_tokens,
-        replaced_tokens=int(ctx.figures["span_tokens"]) + prior_tokens,
-        counter=counter,
-        prior=work.prior,
+    )
+    trace.note(span_tokens=work.span_tokens, span_messages=len(span_messages),
+               artifacts=len(work.artifacts))
+    return work
+
+
+def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
+              draft: SummaryDraft, merged: Summary) -> Revision:
+    validated = validate_summary(
+        draft.summary, merged,
+        span_tokens=work.span_tokens,
+        identifiers=[a.value for a in work.artifacts],
+        budget_tokens=work.budget_tokens,
+        replaced_tokens=work.span_tokens + plan.prior_summary_tokens,
+        counter=deps.counter,
     )
     block = summary_block_message(render_summary_block(validated.summary))
-    block_tokens = counter.count_message(parse_message(block))
-    ctx.figures["summary_tokens"] = block_tokens
-    ctx.figures["identifiers_reattached"] = len(validated.reattached)
-    ctx.figures["artifacts"] = len(artifacts)
-    ctx.figures["tokens_after"] = boundary.projected_tokens(block_tokens)
-    return _Revision(validated.summary, block, block_tokens,
-                     [_artifact_dict(a) for a in artifacts], boundary.through_seq)
+    summary_tokens = deps.counter.count_message(parse_message(block))
+    trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
+               tokens_after=plan.boundary.projected_tokens(summary_tokens))
+    return Revision(validated.summary, block, summary_tokens)
 
 
-def _artifact_dict(artifact: Any) -> dict[str, Any]:
+def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
+          draft: SummaryDraft, revision: Revision, admitted: Admitted) -> int:
+    """Compare-and-swap the revision in, with the run row, in one store transaction."""
+    now, session = deps.clock(), plan.snapshot.session
+    new_revision = NewRevision(
+        through_seq=plan.boundary.through_seq, snapshot_head_seq=session.head_seq,
+        summary=revision.summary.model_dump(mode="json"), block=revision.block,
+        # The store keeps the block's tokens under both names; they are one figure.
+        block_tokens=revision.summary_tokens, summary_tokens=revision.summary_tokens,
+        artifacts=[_artifact_dict(a) for a in work.artifacts], span_tokens=work.span_tokens,
+        projection_tokens_before=trace.figures.tokens_before or 0,
+        model=draft.model, prompt_version=draft.prompt_version, summarizer=draft.kind,
+    )
+    open_breaker = admitted.open_breaker
+    return deps.store.swap_revision(
+        session.session_id, expected_revision_id=session.active_revision_id,
+        lease_owner=deps.lease_owner(trace.request), revision=new_revision,
+        run=trace.new_run(admitted.outcome, plan.decision, None, now), now=now,
+        breaker=_breaker_update(open_breaker) if open_breaker else None,
+    )
+
+
+def _artifact_dict(artifact: Artifact) -> dict[str, Any]:
     return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
             "first_seq": artifact.first_seq}
 
 
-def _success_outcome(ctx: JobContext, draft: SummaryDraft, open_breaker: bool) -> Outcome:
-    if open_breaker:
-        return Outcome.BREAKER_OPEN
-    if ctx.fallback_reason:
-        return Outcome.FALLBACK
-    return Outcome.COMPACTED
-
-
-def _swap(ctx: JobContext, snapshot: Snapshot, revision: _Revision, outcome: Outcome,
-          draft: SummaryDraft, open_breaker: Breaker | None) -> int:
-    now = ctx.deps.clock()
-    new_revision = NewRevision(
-        through_seq=revision.through_seq,
-        snapshot_head_seq=snapshot.session.head_seq,
-        summary=revision.summary.model_dump(mode="json"),
-        block=revision.block,
-        block_tokens=revision.block_tokens,
-        artifacts=revision.artifacts,
-        summary_tokens=revision.block_tokens,
-        span_tokens=int(ctx.figures["span_tokens"]),
-        projection_tokens_before=int(ctx.figures["tokens_before"]),
-        model=draft.model,
-        prompt_version=draft.prompt_version,
-        summarizer=draft.kind,
-    )
-    try:
-        return ctx.deps.store.swap_revision(
-            ctx.request.session_id,
-            expected_revision_id=snapshot.session.active_revision_id,
-            lease_owner=ctx.owner,
-            revision=new_revision,
-            run=ctx.new_run(outcome, now),
-            now=now,
-            breaker=_breaker_update(open_breaker) if open_breaker else None,
-        )
-    except store_errors.RevisionConflict as exc:
-        raise StaleSnapshot(str(exc), reason="active_revision_changed") from exc
-    except store_errors.LeaseLost as exc:
-        raise StaleSnapshot(str(exc), reason="lease_lost") from exc
-
-
-def _session_breaker(session: Any) -> Breaker:
+def _session_breaker(session: SessionState) -> Breaker:
     return Breaker(state=BreakerState(session.breaker_state), failures=session.breaker_failures,
                    opened_at=session.breaker_opened_at)
-
-
-def _fail(ctx: JobContext, policy: JobPolicy, exc: CompactionError) -> JobResult:
-    """Record the run and the breaker update; nothing else is written."""
-    breaker_update = None
-    if exc.counts_on is BreakerScope.SESSION:
-        breaker_update = _failed_breaker(ctx, policy)
-    elif exc.counts_on is BreakerScope.PROVIDER:
-        ctx.deps.provider_breaker.record_failure()
-    ctx.error = exc
-    return _finish(ctx, exc.outcome, exc.reason, breaker=breaker_update)
-
-
-def _failed_breaker(ctx: JobContext, policy: JobPolicy) -> BreakerUpdate | None:
-    try:
-        session = ctx.deps.store.get_session(ctx.request.session_id)
-    except store_errors.StoreError:
-        # Unknown session, or a store that fails: the outcome event must still go out.
-        return None
-    breaker = breaker_after_failure(_session_breaker(session), ctx.deps.clock(),
-                                    policy.breaker_threshold)
-    ctx.breaker_state = breaker.state.value
-    return _breaker_update(breaker)
 
 
 def _breaker_update(breaker: Breaker) -> BreakerUpdate:
@@ -298,19 +261,36 @@ def _breaker_update(breaker: Breaker) -> BreakerUpdate:
                          opened_at=breaker.opened_at)
 
 
-def _finish(ctx: JobContext, outcome: Outcome, reason: str,
-            breaker: BreakerUpdate | None = None) -> JobResult:
-    now = ctx.deps.clock()
-    result = ctx.result(outcome, reason=reason)
+def _fail(trace: JobTrace, deps: JobDeps, policy: JobPolicy, exc: CompactionError) -> JobResult:
+    """Record the run and the breaker update; nothing else is written."""
+    breaker_update = None
+    if exc.counts_on is BreakerScope.SESSION:
+        breaker_update = _failed_breaker(trace, deps, policy)
+    elif exc.counts_on is BreakerScope.PROVIDER:
+        deps.provider_breaker.record_failure()
+    return _finish(trace, deps, exc.outcome, exc.reason, exc, breaker_update)
+
+
+def _failed_breaker(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> BreakerUpdate | None:
     try:
-        ctx.deps.store.record_run(ctx.new_run(outcome, now, reason=reason), breaker=breaker)
-    except store_errors.StoreError as exc:
+        session = deps.store.get_session(trace.request.session_id)
+    except StoreError:
+        # Unknown session, or a store that fails: the outcome event must still go out.
+        return None
+    breaker = breaker_after_failure(_session_breaker(session), deps.clock(),
+                                    policy.breaker_threshold)
+    trace.breaker_state = breaker.state.value
+    return _breaker_update(breaker)
+
+
+def _finish(trace: JobTrace, deps: JobDeps, outcome: Outcome, reason: str,
+            error: CompactionError | None = None, breaker: BreakerUpdate | None = None
+            ) -> JobResult:
+    result = trace.result(outcome, reason, error)
+    try:
+        deps.store.record_run(trace.new_run(outcome, reason, error, deps.clock()),
+                              breaker=breaker)
+    except StoreError as exc:
         # The outcome event still goes out; the missing run row is named in it.
-        result = replace(result, run_recorded=False, record_error=str(exc))
+        result = dataclasses.replace(result, run_recorded=False, record_error=str(exc))
     return result
-
-
-def _transient_store_error(exc: Exception) -> CompactionError:
-    return TransientError(f"database unavailable: {exc}", reason="store_unavailable")
-
-

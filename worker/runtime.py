@@ -23,6 +23,7 @@ from worker.fleet import (
 )
 from worker.job import JobDeps, JobPolicy
 from worker.keys import RedisKeys
+from worker.ports import JobStore
 from worker.settings import BreakerOpenPolicy, Settings, SummarizerKind
 from worker.summarizers import ExtractiveSummarizer, Summarizer
 
@@ -82,8 +83,9 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
     provider_breaker = ProviderBreaker(state, threshold=settings.provider_breaker_threshold,
                                        cooldown_s=settings.provider_breaker_cooldown_s,
                                        clock=utc_now)
+    job_store: JobStore = store  # mypy proves the store implements the job's port
     deps = JobDeps(
-        store=store,
+        store=job_store,
         summarizer=build_summarizer(settings, counter, client, keys),
         fallback=ExtractiveSummarizer(counter, kind="fallback"),
         counter=counter,

@@ -1,11 +1,13 @@
-"""The configuration reference, generated from ``Settings.model_fields``: the README's
-table (between its config-table markers) and ``deploy/env.example``.
+"""The generated reference docs: the README's configuration table and
+``deploy/env.example`` from ``Settings.model_fields``, and the README's outcome-event
+table from ``worker.outcome`` (``JobFigures`` included), each between its markers.
 
-    python -m scheduler.cli.config_table markdown        # print the table
+    python -m scheduler.cli.config_table markdown        # print the configuration table
     python -m scheduler.cli.config_table env             # print env.example
-    python -m scheduler.cli.config_table write           # rewrite both files in place
+    python -m scheduler.cli.config_table events          # print the event table
+    python -m scheduler.cli.config_table write           # rewrite the files in place
 
-Tests regenerate both and fail when the files drift from the settings.
+Tests regenerate them and fail when the files drift from the code.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 
+from worker.outcome import EVENT_TABLE_END, EVENT_TABLE_START, render_event_table
 from worker.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -97,25 +100,29 @@ class MarkersMissing(ValueError):
     """Raised when a document lacks the config-table markers."""
 
 
-def replace_table(document: str, table: str) -> str:
-    """Put ``table`` between the document's config-table markers."""
-    start, end = document.find(TABLE_START), document.find(TABLE_END)
+def replace_table(document: str, table: str, markers: tuple[str, str] = (TABLE_START, TABLE_END)
+                  ) -> str:
+    """Put ``table`` between the document's ``markers`` (the config table's by default)."""
+    start_marker, end_marker = markers
+    start, end = document.find(start_marker), document.find(end_marker)
     if start < 0 or end < start:
-        raise MarkersMissing(f"expected {TABLE_START} ... {TABLE_END} in the document")
-    head = document[: start + len(TABLE_START)]
+        raise MarkersMissing(f"expected {start_marker} ... {end_marker} in the document")
+    head = document[: start + len(start_marker)]
     return f"{head}\n{table}{document[end:]}"
 
 
 def write_all() -> None:
-    """Rewrite the README's table and env.example from the settings."""
-    readme = README_PATH.read_text(encoding="utf-8")
-    README_PATH.write_text(replace_table(readme, render_markdown_table()), encoding="utf-8")
+    """Rewrite the README's tables and env.example from the code."""
+    readme = replace_table(README_PATH.read_text(encoding="utf-8"), render_markdown_table())
+    readme = replace_table(readme, render_event_table(), (EVENT_TABLE_START, EVENT_TABLE_END))
+    README_PATH.write_text(readme, encoding="utf-8")
     ENV_EXAMPLE_PATH.write_text(render_env_example(), encoding="utf-8")
 
 
 def main(argv: list[str]) -> int:
     commands = {"markdown": lambda: sys.stdout.write(render_markdown_table()),
                 "env": lambda: sys.stdout.write(render_env_example()),
+                "events": lambda: sys.stdout.write(render_event_table()),
                 "write": write_all}
     if len(argv) != 1 or argv[0] not in commands:
         sys.stderr.write(f"usage: python -m scheduler.cli.config_table {{{'|'.join(commands)}}}\n")

@@ -102,7 +102,7 @@ def _print_results(results: list[JobResult], as_json: bool) -> None:
     table = Table("session", "outcome", "reason", "tokens before", "tokens after", "revision")
     for r in results:
         table.add_row(r.session_id, r.outcome.value, r.reason,
-                      _num(r.figures.get("tokens_before")), _num(r.figures.get("tokens_after")),
+                      _num(r.figures.tokens_before), _num(r.figures.tokens_after),
                       str(r.revision_id or ""))
     stdout_console().print(table)
 

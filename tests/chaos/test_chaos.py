@@ -16,7 +16,8 @@ from tests.chaos.config import ChaosConfig
 from tests.chaos.run import run_chaos
 from tests.support.chaos import PrivateRedis
 from tests.support.databases import truncate_store_tables
-from tests.support.e2e import JobPublisher, build_job_env, generated_session, import_records
+from tests.support.e2e import JobPublisher, build_job_env, import_records
+from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
 

@@ -20,7 +20,8 @@ import redis
 
 from db import Store
 from tests.e2e.conftest import StartWorker
-from tests.support.e2e import JobEnv, generated_session, import_records, projection_violations
+from tests.support.e2e import JobEnv, import_records, projection_violations
+from tests.support.generated import generated_session
 from tests.support.raw_producer import EMBED, build_raw_message, push_raw_message
 from tests.support.worker_process import WorkerProcess
 

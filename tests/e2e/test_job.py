@@ -15,30 +15,29 @@ from db import Store
 from tests.e2e.conftest import StartWorker
 from tests.support.e2e import (
     EVENT_TIMEOUT_S,
-    LONG_SESSION_ID,
-    MEDIUM_SESSION_ID,
     JobEnv,
     JobPublisher,
     append_turns,
-    generated_turns,
-    import_corpus_sessions,
+    import_records,
     projection_violations,
     snapshot_keys,
     wait_until,
 )
+from tests.support.generated import generated_session, generated_turns
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
+from worker.outcome import event_field_docs
 
-pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.corpus]
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+# Generated sessions over the job env's 4,200-token trigger (about 4,800 tokens each).
+LONG_SESSION_ID = "gen-long"
+MEDIUM_SESSION_ID = "gen-medium"
+TURNS = 40
 
 # The documented fields of the ``compaction.job`` event (README, "Outcome events").
-EVENT_FIELDS = frozenset({
-    "session_id", "task_id", "attempt", "outcome", "reason", "tokens_before", "tokens_after",
-    "span_tokens", "summary_tokens", "llm_calls", "prompt_tokens", "completion_tokens",
-    "chunks", "merge_rounds", "durations_ms", "revision_id", "parent_revision_id",
-    "breaker_state", "failure_class", "failure_message",
-})
-JOB_STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "validate", "swap")
+EVENT_FIELDS = frozenset(event_field_docs())
+JOB_STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
 
 
 def events_by_task(worker: WorkerProcess, count: int) -> dict[str, dict[str, Any]]:
@@ -51,7 +50,7 @@ def test_a_session_over_the_trigger_gets_a_valid_smaller_revision_and_one_event(
     pg_store: Store, job_env: JobEnv, publisher: JobPublisher, start_worker: StartWorker,
     server: OpenAIServer,
 ) -> None:
-    import_corpus_sessions(pg_store, LONG_SESSION_ID)
+    import_records(pg_store, [generated_session(LONG_SESSION_ID, TURNS)])
     before = pg_store.get_session(LONG_SESSION_ID)
     history = pg_store.messages(LONG_SESSION_ID)
     assert before.projection_tokens > job_env.settings.trigger_tokens
@@ -89,7 +88,7 @@ def test_the_same_job_delivered_twice_at_once_makes_one_revision(
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker, server: OpenAIServer,
     same_task_id: bool,
 ) -> None:
-    import_corpus_sessions(pg_store, LONG_SESSION_ID)
+    import_records(pg_store, [generated_session(LONG_SESSION_ID, TURNS)])
     server.set_behaviour("latency")  # a 3 s summarize: the two jobs overlap
     worker = start_worker(concurrency=2)
     task_id = str(uuid.uuid4())
@@ -112,7 +111,7 @@ def test_fifty_deliveries_in_a_loop_make_one_revision_per_snapshot(
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker,
     server: OpenAIServer,
 ) -> None:
-    import_corpus_sessions(pg_store, MEDIUM_SESSION_ID)
+    import_records(pg_store, [generated_session(MEDIUM_SESSION_ID, TURNS)])
     head_seq = pg_store.get_session(MEDIUM_SESSION_ID).head_seq
     worker = start_worker(concurrency=2)
 
@@ -137,7 +136,7 @@ def test_messages_appended_while_the_job_summarizes_are_all_kept(
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker,
     server: OpenAIServer,
 ) -> None:
-    import_corpus_sessions(pg_store, LONG_SESSION_ID)
+    import_records(pg_store, [generated_session(LONG_SESSION_ID, TURNS)])
     snapshot_head = pg_store.get_session(LONG_SESSION_ID).head_seq
     server.set_behaviour("latency")  # each summarize call takes 3 s
     worker = start_worker()

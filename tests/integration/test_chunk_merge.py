@@ -136,12 +136,12 @@ def test_a_million_token_span_is_summarized_through_a_32k_window(
         )
         requests = list(server.requests)
 
-    figures = draft.figures
-    assert figures["chunks"] >= EXCHANGES and figures["merge_rounds"] >= 2
-    assert figures["llm_calls"] == len(requests)
+    usage = draft.usage
+    assert usage.chunks >= EXCHANGES and usage.merge_rounds >= 2
+    assert usage.llm_calls == len(requests)
     assert max(r.prompt_tokens for r in requests) <= WINDOW_TOKENS
     merges = [r for r in requests if "PART 1 OF" in str(r.body["messages"][-1]["content"])]
-    assert len(requests) - len(merges) == figures["chunks"]
+    assert len(requests) - len(merges) == usage.chunks
     overhead_tokens = 1_000 * len(requests)  # template, framing and merged partials per call
     assert sum(r.prompt_tokens for r in requests) <= 1.15 * span_tokens + overhead_tokens
     text = summary_text(draft.summary)

@@ -259,7 +259,7 @@ def test_each_fault_at_each_call_ends_in_its_outcome_and_breaker_effect(
 
     assert_fault_hit_its_point(server.requests, behaviour, point)
     if point is not Point.SINGLE_MAP and expected_for(behaviour, point) == COMPACTED:
-        assert result.figures["chunks"] == 2
+        assert result.figures.chunks == 2
     assert_job_ended_as_expected(job, session_id, result, expected_for(behaviour, point),
                                  revisions_before)
 
@@ -287,7 +287,7 @@ def test_a_provider_fault_that_clears_within_the_sdk_retries_still_compacts(
 
     result = run_job(job, session_id)
 
-    assert (result.outcome, result.figures["llm_retries"]) == (Outcome.COMPACTED, 1)
+    assert (result.outcome, result.figures.llm_retries) == (Outcome.COMPACTED, 1)
     assert [r.behaviour for r in server.requests] == [Behaviour(fault.split(":")[0]),
                                                       Behaviour.OK]
     assert job.provider_state.load().failures == 0

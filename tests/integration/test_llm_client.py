@@ -268,12 +268,11 @@ def test_a_json_mode_only_endpoint_costs_one_extra_request_once_then_is_remember
     assert server.request_count == 3
     assert (first.mode, first.retries) == (OutputMode.JSON_OBJECT, 1)
     assert (second.mode, second.retries) == (OutputMode.JSON_OBJECT, 0)
-    assert client.output_mode is OutputMode.JSON_OBJECT
     assert server.requests[-1].body["response_format"] == {"type": "json_object"}
     parse_summary(second.content)
 
 
-def test_a_plain_text_endpoint_gets_no_response_format_and_its_json_is_cut_out(
+def test_a_plain_text_endpoint_gets_no_response_format_and_its_prose_reply_is_parsed(
     server: OpenAIServer, make_client: MakeClient
 ) -> None:
     server.set_behaviour("plain_text_fenced")
@@ -286,7 +285,7 @@ def test_a_plain_text_endpoint_gets_no_response_format_and_its_json_is_cut_out(
     assert server.request_count == 4
     assert (first.mode, first.retries, second.retries) == (OutputMode.PLAIN_TEXT, 2, 0)
     assert "response_format" not in server.requests[-1].body
-    assert set(IDENTIFIERS) <= set(json.loads(second.content)["relevant_artifacts"])
+    assert set(IDENTIFIERS) <= set(parse_summary(second.content).relevant_artifacts)
 
 
 def test_a_wrong_api_key_is_a_provider_configuration_error_that_does_not_echo_the_key(

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from db import Store
-from worker.compaction.grouping import find_chat_violations
+from tests.support.chat_rules import find_chat_violations
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import BLOCK_HEADER
 from worker.fleet import InMemoryBreakerState, ProviderBreaker

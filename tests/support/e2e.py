@@ -17,9 +17,9 @@ import redis
 from celery import Celery
 
 from db import RevisionRecord, Store
+from tests.support.chat_rules import find_chat_violations
 from tests.support.corpus import load_corpus
 from worker.celery_app import create_app
-from worker.compaction.grouping import find_chat_violations
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
@@ -158,34 +158,6 @@ def import_corpus_sessions(store: Store, *session_ids: str) -> list[dict[str, An
     assert {r["session_id"] for r in records} == wanted, "corpus sessions missing"
     import_records(store, records)
     return records
-
-
-def generated_turns(tag: str, count: int) -> list[dict[str, Any]]:
-    """``count`` exchanges of user ask, tool call with its result, and answer, each
-    carrying identifiers unique to ``tag`` (reservation ``{tag}R{i}``)."""
-    messages: list[dict[str, Any]] = []
-    for i in range(count):
-        reservation, call_id = f"{tag}R{i}", f"call_{tag}_{i}"
-        arguments = f'{{"reservation_id": "{reservation}"}}'
-        messages += [
-            {"role": "user", "content": f"Please check reservation {reservation} and tell me "
-             f"whether flight HAT{100 + i} on 2024-05-{10 + i % 20} still has seats."},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": call_id, "type": "function", "function": {
-                    "name": "get_reservation_details", "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": (
-                f'{{"reservation_id": "{reservation}", "flight": "HAT{100 + i}", '
-                f'"seats_left": {i % 7}, "cabin": "economy", "status": "confirmed"}}')},
-            {"role": "assistant", "content": f"Reservation {reservation} is confirmed on "
-             f"HAT{100 + i}; {i % 7} economy seats are left. I have noted your request."},
-        ]
-    return messages
-
-
-def generated_session(session_id: str, turns: int) -> dict[str, Any]:
-    """A session record: a system prompt and ``turns`` generated exchanges."""
-    system = {"role": "system", "content": "You are an airline agent. Follow the policy."}
-    return {"session_id": session_id, "messages": [system, *generated_turns(session_id, turns)]}
 
 
 def append_turns(store: Store, session_id: str, messages: Sequence[dict[str, Any]]) -> list[int]:

@@ -2,7 +2,8 @@
 
 The ``ok`` summary carries every identifier-like token it sees (an over-approximation of
 what the validator extracts) and fills each section with a short line of the input; a
-merge request (partial summaries embedded as JSON) gets their sections unioned.
+merge request (partial summaries embedded as JSON) gets their sections unioned. The prior
+summary is read-only context, as the prompt says: nothing of it is repeated.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9_./~@#:+-]+")
 _IDENTIFIER_MARK = re.compile(r"[0-9_/.]|^[A-Z][A-Z0-9]{4,}$")
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _PLAIN_NUMBER = re.compile(r"[\d,]+(?:\.\d+)?")
+_PRIOR_FENCE = re.compile(r"<<<PRIOR SUMMARY (\d+) BEGIN>>>.*?<<<PRIOR SUMMARY \1 END>>>",
+                          re.DOTALL)
 
 
 def extract_identifiers(text: str) -> list[str]:
@@ -58,6 +61,7 @@ def extract_summaries(text: str) -> list[dict[str, Any]]:
 
 def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) -> dict[str, Any]:
     """Build the deterministic summary of ``prompt_text`` with the given section keys."""
+    prompt_text = _PRIOR_FENCE.sub("", prompt_text)
     partials = extract_summaries(prompt_text)
     lines = _snippets(prompt_text) or ["(no content)"]
     summary: dict[str, Any] = {}

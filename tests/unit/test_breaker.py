@@ -15,7 +15,6 @@ from worker.compaction.breaker import (
     admit,
     breaker_after_failure,
     breaker_after_success,
-    reopens_at,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -72,16 +71,6 @@ def test_admission_lets_one_trial_through_after_the_cooldown(
 
 def test_a_zero_cooldown_half_opens_at_once() -> None:
     assert admit(Breaker(OPEN, 3, at(0)), at(0), 0).allowed
-
-
-@pytest.mark.parametrize(
-    ("breaker", "expected"),
-    [(Breaker(), None), (Breaker(OPEN, 3, at(5)), at(65)), (Breaker(HALF_OPEN, 3, at(5)), at(65))],
-)
-def test_reopening_time_is_the_stamp_plus_the_cooldown(
-    breaker: Breaker, expected: datetime | None
-) -> None:
-    assert reopens_at(breaker, COOLDOWN_S) == expected
 
 
 def test_a_threshold_below_one_is_refused() -> None:

@@ -172,12 +172,12 @@ def test_the_output_budget_is_a_clamped_share_of_the_span(
 
 
 def test_the_chunk_budget_is_the_window_less_margin_and_fixed_parts() -> None:
-    assert chunk_budget_tokens(128_000, 0.10, 4_096, 1_500, 2_000) == 115_200 - 7_596
+    assert chunk_budget_tokens(128_000, 0.10, 4_096, 3_500) == 115_200 - 7_596
 
 
 def test_a_window_too_small_for_the_fixed_parts_is_a_context_overflow() -> None:
     with pytest.raises(ContextOverflow) as raised:
-        chunk_budget_tokens(8_000, 0.10, 4_096, 1_500, 2_000)
+        chunk_budget_tokens(8_000, 0.10, 4_096, 3_500)
     assert raised.value.reason == "window_too_small"
 
 

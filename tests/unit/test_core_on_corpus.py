@@ -6,26 +6,21 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support.chat_rules import find_chat_violations
 from tests.support.corpus import load_corpus
-from tests.unit.session_strategies import render_plain, shared_counter, to_stored
-from worker.compaction.chunking import (
-    ChunkPlan,
-    SpanItem,
-    chunk_budget_tokens,
-    merge_fan_in,
-    output_budget_tokens,
-    plan_chunks,
-)
-from worker.compaction.grouping import Group, GroupKind, find_chat_violations, group_messages
+from tests.unit.session_strategies import shared_counter, to_stored
+from tests.unit.test_strategies import default_steps
+from worker.compaction.call_plan import plan_summary_calls, render_span_items
+from worker.compaction.chunking import ChunkPlan, SpanItem, output_budget_tokens
+from worker.compaction.grouping import GroupKind, group_messages
 from worker.compaction.messages import ChatMessage, Role, StoredMessage
 from worker.compaction.plan import Boundary, TriggerPolicy, plan_boundary
 from worker.compaction.pruning import prune_groups
-from worker.compaction.strategies import compose_to_budget, default_steps
+from worker.compaction.strategies import compose_to_budget
 
 pytestmark = pytest.mark.corpus
 
 SUMMARY_TOKENS = 4_096
-PROMPT_OVERHEAD_TOKENS = 1_500
 MARGIN_RATIO = 0.10
 PLACEHOLDER = ChatMessage(role=Role.USER, content="[summary]")
 
@@ -56,23 +51,16 @@ def corpus(request: pytest.FixtureRequest) -> list[tuple[str, list[StoredMessage
     ]
 
 
-def span_items(groups: tuple[Group, ...]) -> list[SpanItem]:
+def plan_span(boundary: Boundary, window: Window) -> tuple[list[SpanItem], ChunkPlan]:
+    """The span's items and its call plan, as the LLM summarizer plans a first compaction."""
     counter = shared_counter()
-    return [SpanItem(text, counter.count_text(text), g.first_seq, g.last_seq)
-            for g in groups for text in [render_plain(g)]]
-
-
-def plan_span(boundary: Boundary, window: Window) -> tuple[list[SpanItem], int, ChunkPlan]:
-    pruned = prune_groups(boundary.span, audit_mode=False, counter=shared_counter())
-    items = span_items(tuple(pruned))
-    output_tokens = output_budget_tokens(sum(item.tokens for item in items))
-    budget = chunk_budget_tokens(window.window_tokens, MARGIN_RATIO, output_tokens,
-                                 PROMPT_OVERHEAD_TOKENS, SUMMARY_TOKENS)
-    merge_budget = chunk_budget_tokens(window.window_tokens, MARGIN_RATIO, output_tokens,
-                                       PROMPT_OVERHEAD_TOKENS, 0)
-    fan_in = merge_fan_in(merge_budget, output_tokens)
-    plan = plan_chunks(items, budget_tokens=budget, counter=shared_counter(), fan_in=fan_in)
-    return items, budget, plan
+    pruned = prune_groups(boundary.span, audit_mode=False, counter=counter)
+    items = render_span_items(pruned, counter)
+    plan = plan_summary_calls(pruned, prior=None, identifiers=(),
+                              window_tokens=window.window_tokens, margin_ratio=MARGIN_RATIO,
+                              output_tokens=output_budget_tokens(boundary.span_tokens),
+                              counter=counter)
+    return items, plan
 
 
 def test_grouping_re_concatenates_every_session_and_never_splits_an_exchange(
@@ -123,11 +111,11 @@ def test_chunk_plans_cover_each_span_and_fit_the_window(
                                  summary_tokens=SUMMARY_TOKENS, policy=window.policy)
         if boundary is None:
             continue
-        items, budget, plan = plan_span(boundary, window)
+        items, plan = plan_span(boundary, window)
         planned = [item for chunk in plan.chunks for item in chunk.items]
         assert planned == items, session_id  # corpus messages never need cutting
-        assert all(chunk.tokens <= budget for chunk in plan.chunks), session_id
-        if sum(item.tokens for item in items) <= budget:
+        assert all(chunk.tokens <= plan.budget_tokens for chunk in plan.chunks), session_id
+        if sum(item.tokens for item in items) <= plan.budget_tokens:
             assert (len(plan.chunks), plan.calls) == (1, 1), session_id
         else:
             assert len(plan.chunks) >= 2 and plan.merge_calls >= 1, session_id

@@ -1,16 +1,14 @@
-"""The README and the runbook stay true to the code: the configuration table is the one
-generated from the settings, every outcome-event field is documented, every `compactor`
-command they show exists, every command is documented, and the raw trigger example is a
-message the worker accepts."""
+"""The README and the runbook stay true to the code: the configuration and outcome-event
+tables are the ones generated from the settings and the event (figures included), every
+`compactor` command they show exists, every command is documented, and the raw trigger
+example is a message the worker accepts."""
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,8 +24,14 @@ from tests.support.databases import POSTGRES_URL_ENV
 from tests.unit.cli_tree import command_paths, resolve_command, subcommands
 from worker.contract import TASK_NAME, JobMessage, queue_list_key
 from worker.errors import Outcome
+from worker.figures import JobFigures
 from worker.job import JobResult
-from worker.outcome import job_event_fields
+from worker.outcome import (
+    EVENT_TABLE_END,
+    EVENT_TABLE_START,
+    job_event_fields,
+    render_event_table,
+)
 from worker.settings import Settings
 
 DOCS = [README_PATH, README_PATH.parent / "docs" / "RUNBOOK.md"]
@@ -68,25 +72,23 @@ def test_readme_config_table_is_the_one_generated_from_the_settings() -> None:
     assert len(setting_rows()) == len(Settings.model_fields)
 
 
-def event_field_names() -> set[str]:
-    """The keys job_event_fields emits, from a result with every field empty."""
-    values: dict[str, Any] = {}
-    for field in dataclasses.fields(JobResult):
-        if field.default is not dataclasses.MISSING:
-            continue
-        type_text = str(field.type)
-        values[field.name] = (Outcome.COMPACTED if field.name == "outcome"
-                              else {} if type_text.startswith("dict") else None)
-    return set(job_event_fields(JobResult(**values)))
+def test_readme_event_table_is_the_one_generated_from_the_event_and_its_figures() -> None:
+    readme = read(README_PATH)
+    table = readme[readme.index(EVENT_TABLE_START) + len(EVENT_TABLE_START):
+                   readme.index(EVENT_TABLE_END)]
+    assert table.strip() == render_event_table().strip(), \
+        "README event table drifted: run `python -m scheduler.cli.config_table write`"
 
 
-def test_readme_documents_every_outcome_event_field() -> None:
-    documented = set(re.findall(r"^\| `(\w+)` \|", section(read(README_PATH), "Outcome events"),
-                                flags=re.M))
-    fields = event_field_names()
-    assert {"session_id", "outcome", "tokens_before", "tokens_after"} <= fields
-    assert sorted(fields - documented) == []
-    assert sorted(documented - fields) == [], "README documents fields the event lacks"
+def test_the_event_table_names_exactly_the_fields_a_job_event_carries() -> None:
+    documented = set(re.findall(r"^\| `(\w+)` \|", render_event_table(), flags=re.M))
+    result = JobResult(
+        session_id="s", task_id="t", attempt=1, trigger="x", outcome=Outcome.COMPACTED,
+        reason="r", summarizer=None, failure_class=None, failure_message=None,
+        retryable=False, retry_after_s=None, revision_id=None, parent_revision_id=None,
+        breaker_state=None, figures=JobFigures(), durations_ms={}, duration_ms=0.0)
+    assert {"session_id", "outcome", "tokens_before", "tokens_after"} <= documented
+    assert set(job_event_fields(result)) == documented
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)

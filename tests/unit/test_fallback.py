@@ -1,5 +1,6 @@
 """The extractive summary: rules on a known span, always within budget, deterministic,
-merged with the prior, and carrying the corpus's ids in its artifacts."""
+of the span alone (the pipeline merges the prior), and carrying the corpus's ids in its
+artifacts."""
 
 from __future__ import annotations
 
@@ -47,12 +48,10 @@ SPAN = [
 ]
 
 
-def summarize(
-    messages: list[dict[str, Any]], prior: Summary | None = None, budget_tokens: int = 2_000
-) -> Summary:
+def summarize(messages: list[dict[str, Any]], budget_tokens: int = 2_000) -> Summary:
     stored = to_stored(messages, shared_counter(), first_seq=5)
     return fallback_summary(
-        group_messages(stored), prior=prior, artifacts=extract_identifiers(stored),
+        group_messages(stored), artifacts=extract_identifiers(stored),
         budget_tokens=budget_tokens, counter=shared_counter(),
     )
 
@@ -103,16 +102,11 @@ def test_a_tool_call_without_its_result_is_pending() -> None:
     )
 
 
-def test_the_prior_summary_is_merged_first_and_keeps_its_goal_without_a_new_request() -> None:
-    prior = Summary.model_validate({
-        **empty_summary().model_dump(), "goal": "Rebook mia_li_3668",
-        "completed_actions": ["Looked up HAT170"], "relevant_artifacts": ["HAT170"],
-    })
+def test_a_span_without_a_user_request_has_no_goal_to_invent() -> None:
     span = exchange("c1", "get_flight_status", {"flight_number": "HAT170"}, "on time")
-    summary = summarize(span, prior=prior)
-    assert summary.goal == "Rebook mia_li_3668"
+    summary = summarize(span)
+    assert summary.goal == ""
     assert summary.completed_actions == [
-        "Looked up HAT170",
         "Compacted seq 5 to 6: 1 assistant, 1 tool messages",
         "called get_flight_status \u00d71 (HAT170)",
     ]
@@ -120,16 +114,15 @@ def test_the_prior_summary_is_merged_first_and_keeps_its_goal_without_a_new_requ
 
 
 @settings(max_examples=40, deadline=None)
-@given(sessions(max_turns=6), st.integers(0, 3_000), st.booleans())
+@given(sessions(max_turns=6), st.integers(0, 3_000))
 def test_the_fallback_always_fits_its_budget_and_is_deterministic(
-    stored: list[StoredMessage], extra_tokens: int, with_prior: bool
+    stored: list[StoredMessage], extra_tokens: int
 ) -> None:
     counter = shared_counter()
     budget_tokens = count_summary_tokens(empty_summary(), counter) + extra_tokens
-    prior = summarize(SPAN) if with_prior else None
     groups, artifacts = group_messages(stored), extract_identifiers(stored)
     options: dict[str, Any] = {
-        "prior": prior, "artifacts": artifacts, "budget_tokens": budget_tokens, "counter": counter,
+        "artifacts": artifacts, "budget_tokens": budget_tokens, "counter": counter,
     }
     summary = fallback_summary(groups, **options)
     assert count_summary_tokens(summary, counter) <= budget_tokens
@@ -137,7 +130,7 @@ def test_the_fallback_always_fits_its_budget_and_is_deterministic(
     if extra_tokens >= 200 and any(m.message.role not in INSTRUCTION_ROLES for m in stored):
         # Room for a goal and one action: the summary passes validation of a long span.
         validate_summary(
-            summary.model_dump(), finish_reason=None, span_tokens=10_000, identifiers=[],
+            summary, summary, span_tokens=10_000, identifiers=[],
             budget_tokens=budget_tokens, replaced_tokens=10**9, counter=counter,
         )
 
@@ -166,7 +159,7 @@ def test_corpus_fallbacks_fit_their_budget(name: str) -> None:
     for session, groups, artifacts in corpus_spans(name):
         for budget_tokens in (256, 1_024):
             summary = fallback_summary(
-                groups, prior=None, artifacts=artifacts, budget_tokens=budget_tokens,
+                groups, artifacts=artifacts, budget_tokens=budget_tokens,
                 counter=counter,
             )
             tokens = count_summary_tokens(summary, counter)
@@ -180,7 +173,7 @@ def test_corpus_ids_survive_into_the_fallback_artifacts(name: str) -> None:
     counter = shared_counter()
     for session, groups, artifacts in corpus_spans(name):
         summary = fallback_summary(
-            groups, prior=None, artifacts=artifacts, budget_tokens=4_096, counter=counter
+            groups, artifacts=artifacts, budget_tokens=4_096, counter=counter
         )
         listed = summary.relevant_artifacts
         ranked = [a.value for a in artifacts if a.kind != "tool"]

@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from worker.errors import ContextOverflow, ProviderError, ProviderRateLimited, SessionFailure
-from worker.llm import extract_json_text
 from worker.llm_errors import (
     is_context_overflow,
     is_format_rejection,
@@ -92,17 +91,3 @@ def test_retry_after_is_read_in_milliseconds_seconds_or_as_an_http_date() -> Non
     assert 8.0 <= (parse_retry_after_s({"retry-after": in_ten_s}) or 0) <= 10.0
     assert parse_retry_after_s({"retry-after": "soon"}) is None
     assert parse_retry_after_s({}) is None
-
-
-@pytest.mark.parametrize("reply, expected", [
-    ('Sure.\n```json\n{"goal": "a"}\n```\nDone.', '{"goal": "a"}'),
-    ('Here it is: {"goal": "a", "pending": ["b"]} hope that helps',
-     '{"goal": "a", "pending": ["b"]}'),
-    ('{"goal": "a"}', '{"goal": "a"}'),
-    ('Here: {"goal": "a", "pending": [', 'Here: {"goal": "a", "pending": ['),
-    ("no json at all", "no json at all"),
-])
-def test_json_is_cut_out_of_prose_only_when_the_object_is_complete(
-    reply: str, expected: str
-) -> None:
-    assert extract_json_text(reply) == expected

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from structlog.testing import capture_logs
+
 from worker.errors import Outcome
+from worker.figures import JobFigures
 from worker.job import JobResult
-from worker.outcome import job_event_fields, rejected_message_fields
+from worker.logging import get_logger
+from worker.outcome import emit_job_event, job_event_fields, rejected_message_fields
 
 
 def a_result() -> JobResult:
@@ -13,7 +19,7 @@ def a_result() -> JobResult:
         reason="over_trigger", summarizer="extractive", failure_class=None,
         failure_message=None, retryable=False, retry_after_s=None, revision_id=7,
         parent_revision_id=None, breaker_state="closed",
-        figures={"tokens_before": 9_000, "tokens_after": 3_000}, durations_ms={"swap": 1.0},
+        figures=JobFigures(tokens_before=9_000, tokens_after=3_000), durations_ms={"swap": 1.0},
         duration_ms=12.5,
     )
 
@@ -29,3 +35,13 @@ def test_a_job_event_reports_figures_and_leaves_missing_ones_null() -> None:
     fields = job_event_fields(a_result(), will_retry=False)
     assert (fields["tokens_before"], fields["tokens_after"]) == (9_000, 3_000)
     assert fields["llm_calls"] is None and fields["revision_id"] == 7
+
+
+def test_a_final_failure_is_logged_at_error_level_and_a_retried_one_at_info() -> None:
+    failed = dataclasses.replace(a_result(), outcome=Outcome.FAILED, reason="malformed_json",
+                                 failure_class="SummaryInvalid", failure_message="no JSON")
+    with capture_logs() as logs:
+        emit_job_event(get_logger(), failed)
+        emit_job_event(get_logger(), failed, will_retry=True)
+    assert [(e["log_level"], e["will_retry"]) for e in logs] == [("error", False), ("info", True)]
+    assert logs[0]["failure_class"] == "SummaryInvalid"

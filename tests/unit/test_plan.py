@@ -8,8 +8,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from tests.support.chat_rules import find_chat_violations
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
-from worker.compaction.grouping import Group, GroupKind, find_chat_violations, group_messages
+from worker.compaction.grouping import Group, GroupKind, group_messages
 from worker.compaction.messages import ChatMessage, Role
 from worker.compaction.plan import (
     Boundary,

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
+from tests.support.chat_rules import find_chat_violations
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
-from worker.compaction.grouping import Group, GroupKind, find_chat_violations, group_messages
+from worker.compaction.grouping import Group, GroupKind, group_messages
 from worker.compaction.messages import Role, StoredMessage, dump_message
 from worker.compaction.pruning import (
     DIGEST_LINE_CHARS,

@@ -1,4 +1,4 @@
-"""The summary schema: strictness, stable rendering, merge rules and the size budget."""
+"""The summary schema: strictness, stable rendering and the size budget."""
 
 from __future__ import annotations
 
@@ -23,11 +23,9 @@ from worker.compaction.schema import (
     count_summary_tokens,
     empty_summary,
     enforce_summary_budget,
-    merge_summaries,
     render_summary_block,
     summary_block_message,
     summary_json_schema,
-    summary_response_format,
     truncate_text,
 )
 
@@ -71,9 +69,6 @@ def test_json_schema_is_openai_strict_with_every_section_required() -> None:
         assert schema["properties"][name]["type"] == "array"
         assert schema["properties"][name]["items"] == {"type": "string"}
     assert "default" not in json.dumps(schema)
-    response_format = summary_response_format()
-    assert response_format["json_schema"]["strict"] is True
-    assert response_format["json_schema"]["schema"] == schema
 
 
 def test_load_bearing_sections_are_sections() -> None:
@@ -140,50 +135,6 @@ def test_render_lists_extra_artifacts_the_summary_lacks_once() -> None:
 
 def test_summary_block_message_is_a_user_message_with_the_text() -> None:
     assert summary_block_message("block") == {"role": "user", "content": "block"}
-
-
-@pytest.mark.parametrize(
-    ("prior", "new", "expected"),
-    [
-        (
-            filled(completed_actions=["Booked HAT170", "Called think"]),
-            filled(completed_actions=["booked hat170.", "Cancelled ZFA04Y"]),
-            filled(completed_actions=["Booked HAT170", "Called think", "Cancelled ZFA04Y"]),
-        ),
-        (
-            filled(goal="Book a flight", pending=["Refund for ZFA04Y", "Seat for HAT170"]),
-            filled(goal="", resolved=["Refund for ZFA04Y issued to the gift card"]),
-            filled(goal="Book a flight", pending=["Seat for HAT170"],
-                   resolved=["Refund for ZFA04Y issued to the gift card"]),
-        ),
-        (
-            filled(goal="Book a flight", remaining_work=["Send the receipt"]),
-            filled(goal="Cancel ZFA04Y", resolved=["send the receipt"]),
-            filled(goal="Cancel ZFA04Y", resolved=["send the receipt"]),
-        ),
-        (   # a short pending item is not settled by merely appearing inside a longer one
-            filled(pending=["refund"]),
-            filled(resolved=["refund for another booking"]),
-            filled(pending=["refund"], resolved=["refund for another booking"]),
-        ),
-    ],
-    ids=["dedupe-prior-first", "pending-moves-to-resolved", "newer-goal", "short-item"],
-)
-def test_merge_rules(prior: Summary, new: Summary, expected: Summary) -> None:
-    assert merge_summaries(prior, new) == expected
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(SUMMARIES, min_size=11, max_size=11), st.integers(85, 1_500))
-def test_ten_successive_merges_never_exceed_the_budget(
-    summaries_: list[Summary], budget_tokens: int
-) -> None:
-    counter = shared_counter()
-    budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
-    current = enforce_summary_budget(summaries_[0], budget_tokens, counter)
-    for new in summaries_[1:]:
-        current = enforce_summary_budget(merge_summaries(current, new), budget_tokens, counter)
-        assert count_summary_tokens(current, counter) <= budget_tokens
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,5 +1,7 @@
-"""Validation: one case per failure reason, JSON recovery from prose, and identifiers
-re-attached rather than failed on."""
+"""Parsing and validation: one case per failure reason (``truncated`` is the LLM
+summarizer's, after its retry), the one JSON recovery from prose, and identifiers
+re-attached rather than failed on. Replies are parsed, merged into the prior as the
+pipeline's merge step does, then validated."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.unit.session_strategies import shared_counter
+from worker.compaction.merge import merge_summaries
 from worker.compaction.schema import (
     Summary,
     count_summary_tokens,
@@ -19,6 +22,7 @@ from worker.compaction.validation import (
     REASONS,
     Validated,
     extract_json_object,
+    parse_summary,
     reattach_identifiers,
     validate_summary,
 )
@@ -31,7 +35,6 @@ GOOD: dict[str, Any] = {
     "pending": ["Confirm the refund to credit_card_4421486"],
 }
 DEFAULTS: dict[str, Any] = {
-    "finish_reason": "stop",
     "span_tokens": 2_000,
     "identifiers": ["ZFA04Y", "mia_li_3668"],
     "budget_tokens": 1_024,
@@ -39,15 +42,18 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def run(raw: str | dict[str, Any] | None, **overrides: Any) -> Validated:
-    options = {**DEFAULTS, **overrides}
-    return validate_summary(raw, counter=shared_counter(), **options)
+def run(raw: str | dict[str, Any] | None, prior: Summary | None = None, **overrides: Any
+        ) -> Validated:
+    options, counter = {**DEFAULTS, **overrides}, shared_counter()
+    summary = parse_summary(raw)
+    merged = merge_summaries(prior, summary, budget_tokens=options["budget_tokens"],
+                             counter=counter)
+    return validate_summary(summary, merged, counter=counter, **options)
 
 
 @pytest.mark.parametrize(
     ("raw", "overrides", "reason", "message_part"),
     [
-        (json.dumps(GOOD), {"finish_reason": "length"}, "truncated", "output limit"),
         (None, {}, "empty_output", "nothing"),
         ("   \n", {}, "empty_output", "nothing"),
         ({}, {}, "empty_output", "nothing"),
@@ -64,7 +70,7 @@ def run(raw: str | dict[str, Any] | None, **overrides: Any) -> Validated:
         (GOOD, {"replaced_tokens": 100}, "not_smaller", "100 tokens"),
     ],
     ids=[
-        "truncated", "empty-none", "empty-blank", "empty-dict", "malformed-cut",
+        "empty-none", "empty-blank", "empty-dict", "malformed-cut",
         "malformed-prose", "schema-extra-key", "schema-missing-section", "schema-wrong-type",
         "schema-array", "empty-goal", "empty-progress", "over-budget", "not-smaller",
     ],
@@ -132,6 +138,14 @@ def test_a_prior_summary_is_merged_and_its_identifiers_count_as_present() -> Non
     assert result.reattached == ()
 
 
+def test_the_goal_may_stand_from_the_prior_but_progress_must_be_the_spans_own() -> None:
+    prior = Summary.model_validate({**GOOD, "goal": "Book a flight"})
+    assert run({**GOOD, "goal": ""}, prior=prior).summary.goal == "Book a flight"
+    with pytest.raises(SummaryInvalid) as caught:
+        run({**GOOD, "completed_actions": [], "pending": []}, prior=prior)
+    assert caught.value.reason == "empty_sections"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -140,14 +154,19 @@ def test_a_prior_summary_is_merged_and_its_identifiers_count_as_present() -> Non
         ('The summary is {"a": "brace } in a string", "b": "quote \\" too"} ok',
          {"a": "brace } in a string", "b": 'quote " too'}),
         ('Set {x} aside; the answer: {"a": 2} and {"a": 3}', {"a": 2}),
+        ('Sure.\n```python\n{"goal": "a"}\n```\nDone.', {"goal": "a"}),
+        ('Here it is: {"goal": "a", "pending": ["b"]} hope that helps',
+         {"goal": "a", "pending": ["b"]}),
     ],
-    ids=["fenced", "fenced-untagged", "braces-in-strings", "first-parseable-object"],
+    ids=["fenced", "fenced-untagged", "braces-in-strings", "first-parseable-object",
+         "fenced-other-tag", "inline-in-prose"],
 )
 def test_extract_json_object_reads_replies_in_prose(text: str, expected: dict[str, Any]) -> None:
     assert extract_json_object(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "no json here", "[1, 2]", '{"a": 1', "{oops}"])
+@pytest.mark.parametrize("text", ["", "no json here", "[1, 2]", '{"a": 1', "{oops}",
+                                  'Here: {"goal": "a", "pending": ['])
 def test_extract_json_object_fails_as_malformed_json(text: str) -> None:
     with pytest.raises(SummaryInvalid) as caught:
         extract_json_object(text)

@@ -66,10 +66,3 @@ def admit(breaker: Breaker, now: datetime, cooldown_s: float) -> Admission:
         # No stamp means no known opening time: take the trial rather than wedge.
         return Admission(True, Breaker(BreakerState.HALF_OPEN, breaker.failures, now))
     return Admission(False, breaker)
-
-
-def reopens_at(breaker: Breaker, cooldown_s: float) -> datetime | None:
-    """Return when an open or half-open breaker admits its next trial (None if closed)."""
-    if breaker.state is BreakerState.CLOSED or breaker.opened_at is None:
-        return None
-    return breaker.opened_at + timedelta(seconds=cooldown_s)

@@ -63,10 +63,12 @@ class ChunkPlan:
 
     Each round lists batches of indices into the previous round's outputs (round 0 reads
     the chunk outputs). A batch of one index is carried to the next round without a call.
+    Every chunk's tokens are at most ``budget_tokens``.
     """
 
     chunks: tuple[Chunk, ...]
     merge_rounds: MergeRounds
+    budget_tokens: int
 
     @property
     def merge_calls(self) -> int:
@@ -90,21 +92,20 @@ def chunk_budget_tokens(
     margin_ratio: float,
     output_tokens: int,
     prompt_overhead_tokens: int,
-    prior_summary_tokens: int,
 ) -> int:
-    """Return the span tokens one call can read: the window less margin and fixed parts.
+    """Return the span tokens one call can read: the window less margin, output and the
+    prompt's overhead (which includes any prior summary it embeds).
 
     Raises:
         ContextOverflow: when less than ``MIN_CHUNK_TOKENS`` would be left for the span.
     """
     usable_tokens = int(window_tokens * (1 - margin_ratio))
-    budget = usable_tokens - output_tokens - prompt_overhead_tokens - prior_summary_tokens
+    budget = usable_tokens - output_tokens - prompt_overhead_tokens
     if budget < MIN_CHUNK_TOKENS:
         raise ContextOverflow(
             f"summarizer window of {window_tokens} tokens (margin {margin_ratio:.0%}) leaves "
-            f"{budget} tokens for the span after output {output_tokens}, prompt "
-            f"{prompt_overhead_tokens} and prior summary {prior_summary_tokens}; "
-            f"at least {MIN_CHUNK_TOKENS} are needed",
+            f"{budget} tokens for the span after output {output_tokens} and prompt "
+            f"{prompt_overhead_tokens}; at least {MIN_CHUNK_TOKENS} are needed",
             reason="window_too_small",
         )
     return budget
@@ -173,7 +174,7 @@ def plan_chunks(
     else:
         pieces = [p for item in items for p in split_item(item, budget_tokens, counter)]
         chunks = _pack(pieces, budget_tokens)
-    return ChunkPlan(chunks, plan_merge_tree(len(chunks), fan_in))
+    return ChunkPlan(chunks, plan_merge_tree(len(chunks), fan_in), budget_tokens)
 
 
 def _pack(items: Sequence[SpanItem], budget_tokens: int) -> tuple[Chunk, ...]:

@@ -14,7 +14,6 @@ from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.schema import (
     Summary,
     enforce_summary_budget,
-    merge_summaries,
     truncate_text,
 )
 from worker.compaction.tokens import TokenCounter
@@ -53,12 +52,11 @@ _ARGUMENT_KINDS = frozenset({"id", "path", "url", "uuid", "hash", "ticket", "ema
 def fallback_summary(
     span: Sequence[Group],
     *,
-    prior: Summary | None,
     artifacts: Sequence[Artifact],
     budget_tokens: int,
     counter: TokenCounter,
 ) -> Summary:
-    """Summarize ``span`` without an LLM, merged into ``prior``, within ``budget_tokens``.
+    """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
     Goal: the first user request; constraints: user sentences stating preferences;
     completed actions: the span's seq range and message counts, tool names with call
@@ -83,8 +81,7 @@ def fallback_summary(
         relevant_artifacts=[],
         remaining_work=[],
     )
-    merged = drafted if prior is None else merge_summaries(prior, drafted)
-    fitted = enforce_summary_budget(merged, budget_tokens, counter)
+    fitted = enforce_summary_budget(drafted, budget_tokens, counter)
     values = [a.value for a in artifacts if a.kind != "tool"][:MAX_ARTIFACTS]
     listed = "\n".join(fitted.relevant_artifacts)
     return reattach_identifiers(fitted, values, budget_tokens, counter, known_text=listed)[0]

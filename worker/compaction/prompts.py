@@ -17,7 +17,7 @@ from worker.compaction.messages import ChatMessage, Role, StoredMessage, parse_m
 from worker.compaction.schema import SECTION_GUIDE, Summary, empty_summary, summary_json_schema
 from worker.compaction.tokens import TokenCounter
 
-PROMPT_VERSION = "summarize-v1"
+PROMPT_VERSION = "summarize-v2"
 QUOTE_PREFIX = "    | "
 # Upper bound of what one partial summary adds to a merge prompt besides its JSON.
 PART_FRAMING_TOKENS = 32
@@ -36,9 +36,11 @@ or reformat them. Put the ones still needed in relevant_artifacts.
 3. State only what the input supports; do not invent facts.
 4. Every section is required: use [] (or "" for goal) when nothing applies.
 5. One fact per item, short and specific; completed actions in past tense, oldest first.
-6. A prior summary, when given, is already stored: do not repeat its items. Restate the \
-goal as it stands now. When the input settles an item of its pending or remaining_work, \
-copy that item verbatim into resolved.
+6. Summarize the transcript (or the partial summaries) alone. A prior summary, when \
+given, is read-only context: it is already stored, and your summary is merged into it \
+afterwards, section by section. Do not repeat its items. Restate the goal as it stands \
+now. When the input settles an item of its pending or remaining_work, copy that item \
+verbatim into resolved.
 7. Reply with the JSON object only: no prose, no code fence."""
 
 _SUMMARIZE_TASK = (
@@ -132,7 +134,7 @@ def _context_lines(prior: Summary | None, identifiers: Sequence[str]) -> list[st
         lines = ["Prior summary: none (this is the start of the conversation)."]
     else:
         lines = [
-            "Prior summary (already stored; context only):",
+            "Prior summary (read-only context: already stored; yours is merged into it):",
             fence("PRIOR SUMMARY", render_prior_json(prior)),
         ]
     listed = ", ".join(_one_line(value) for value in identifiers) or "(none)"

@@ -1,5 +1,5 @@
-"""The summary schema: the model, its strict JSON schema, section-by-section merge, the
-size budget, and the stable rendering of the block a model reads as background.
+"""The summary schema: the model, its strict JSON schema, the size budget, and the stable
+rendering of the block a model reads as background (merging lives in ``merge.py``).
 """
 
 from __future__ import annotations
@@ -117,53 +117,6 @@ def summary_json_schema() -> dict[str, Any]:
         "required": list(SUMMARY_SECTIONS),
         "additionalProperties": False,
     }
-
-
-def summary_response_format() -> dict[str, Any]:
-    """Return the chat API ``response_format`` that asks for the summary in strict mode."""
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": "session_summary", "strict": True, "schema": summary_json_schema()},
-    }
-
-
-def normalize_item(text: str) -> str:
-    """Return the comparison key of an item: case-folded, spaces collapsed, no end dots."""
-    return " ".join(text.split()).rstrip(".;:!").casefold()
-
-
-def _dedupe(items: Sequence[str]) -> list[str]:
-    seen: set[str] = set()
-    kept: list[str] = []
-    for item in items:
-        key = normalize_item(item)
-        if key not in seen:
-            seen.add(key)
-            kept.append(item)
-    return kept
-
-
-def _is_settled_by(item: str, resolved_keys: Sequence[str]) -> bool:
-    """Tell whether a pending item is named by a resolved one (same text, or contained)."""
-    key = normalize_item(item)
-    # Containment needs some length: a short item like "refund" is inside too much.
-    return any(key == done or (len(key) >= 12 and key in done) for done in resolved_keys)
-
-
-def merge_summaries(prior: Summary, new: Summary) -> Summary:
-    """Merge ``new`` into ``prior`` section by section (prior items first, de-duplicated).
-
-    Pending items and remaining work that ``new`` lists as resolved leave those sections
-    (the resolved entry already records them); the goal is the newer non-empty one.
-    """
-    merged: dict[str, Any] = {"goal": new.goal or prior.goal}
-    resolved_keys = [normalize_item(done) for done in new.resolved]
-    for name in LIST_SECTIONS:
-        items = _dedupe([*prior.items_of(name), *new.items_of(name)])
-        if name in ("pending", "remaining_work"):
-            items = [item for item in items if not _is_settled_by(item, resolved_keys)]
-        merged[name] = items
-    return Summary.model_validate(merged)
 
 
 def render_summary_block(summary: Summary, *, artifacts: Sequence[str] = ()) -> str:

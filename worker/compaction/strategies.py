@@ -157,19 +157,6 @@ def apply_strategy(
     )
 
 
-def default_steps(
-    counter: TokenCounter, *, keep_last_tool_groups: int = 2, summarize: Step | None = None
-) -> list[Step]:
-    """Return collapse, then drop, then ``summarize`` if given: cheapest first."""
-    steps = [
-        build_step(StrategyConfig(StrategyName.TOOL_RESULT_COLLAPSE,
-                                  keep_last_tool_groups=keep_last_tool_groups), counter),
-        build_step(StrategyConfig(StrategyName.TOOL_CALL_DROP,
-                                  keep_last_tool_groups=keep_last_tool_groups), counter),
-    ]
-    return [*steps, summarize] if summarize is not None else steps
-
-
 def _size(group: Group, unit: SizeUnit) -> int:
     return group.tokens if unit is SizeUnit.TOKENS else len(group.messages)
 

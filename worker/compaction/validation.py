@@ -19,8 +19,6 @@ from worker.compaction.schema import (
     LOAD_BEARING_SECTIONS,
     Summary,
     count_summary_tokens,
-    enforce_summary_budget,
-    merge_summaries,
     summary_text,
 )
 from worker.compaction.tokens import TokenCounter
@@ -34,7 +32,7 @@ REASONS = (
     "over_budget",
     "not_smaller",
 )
-_FENCED = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
+_FENCED = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
 _MAX_ERRORS_SHOWN = 5
 
 
@@ -47,42 +45,37 @@ class Validated:
 
 
 def validate_summary(
-    raw: str | dict[str, Any] | None,
+    span_summary: Summary,
+    merged: Summary,
     *,
-    finish_reason: str | None,
     span_tokens: int,
     identifiers: Sequence[str],
     budget_tokens: int,
     replaced_tokens: int,
     counter: TokenCounter,
     min_span_tokens_for_content: int = 500,
-    prior: Summary | None = None,
 ) -> Validated:
-    """Check a summarizer reply and return the summary to store.
+    """Check the span's summary and the merged one, and return the summary to store.
 
-    The reply alone must parse, match the schema, fill the load-bearing sections (for a
-    span of ``min_span_tokens_for_content`` tokens or more) and fit ``budget_tokens``.
-    It is then merged into ``prior`` (when given) and held to the budget; identifiers
-    (most important first) absent from its text are re-attached while they fit; the
-    result's block must be smaller than ``replaced_tokens`` (prior block plus span).
+    For a span of ``min_span_tokens_for_content`` tokens or more, the merged summary needs
+    a goal and the span's own summary some progress (the other load-bearing sections);
+    the span's summary must fit ``budget_tokens``. The
+    merged summary gets the identifiers (most important first) absent from its text
+    re-attached while they fit; its block must then be smaller than ``replaced_tokens``
+    (prior block plus span).
 
     Raises:
         SummaryInvalid: with ``reason`` one of ``REASONS``.
     """
-    if finish_reason == "length":
-        raise SummaryInvalid("the summarizer stopped at its output limit", reason="truncated")
-    summary = parse_summary(raw)
     if span_tokens >= min_span_tokens_for_content:
-        _check_load_bearing(summary)
-    reply_tokens = count_summary_tokens(summary, counter)
+        _check_load_bearing(span_summary, merged)
+    reply_tokens = count_summary_tokens(span_summary, counter)
     if reply_tokens > budget_tokens:
         raise SummaryInvalid(
             f"summary renders to {reply_tokens} tokens, over the {budget_tokens}-token budget",
             reason="over_budget",
         )
-    merged = summary if prior is None else merge_summaries(prior, summary)
-    fitted = enforce_summary_budget(merged, budget_tokens, counter)
-    final, reattached = reattach_identifiers(fitted, identifiers, budget_tokens, counter)
+    final, reattached = reattach_identifiers(merged, identifiers, budget_tokens, counter)
     final_tokens = count_summary_tokens(final, counter)
     if final_tokens >= replaced_tokens:
         raise SummaryInvalid(
@@ -124,9 +117,10 @@ def _describe_errors(exc: ValidationError) -> str:
     return f"{text}; and {more} more" if more > 0 else text
 
 
-def _check_load_bearing(summary: Summary) -> None:
+def _check_load_bearing(span_summary: Summary, merged: Summary) -> None:
+    # The goal may stand from the prior summary; the progress must be the span's own.
     goal, *progress = LOAD_BEARING_SECTIONS
-    if not getattr(summary, goal) or not any(getattr(summary, name) for name in progress):
+    if not getattr(merged, goal) or not any(getattr(span_summary, name) for name in progress):
         raise SummaryInvalid(
             f"a long span needs a goal and at least one of {', '.join(progress)}",
             reason="empty_sections",

@@ -2,7 +2,7 @@
 ``extractive.py`` (offline, deterministic) and ``llm.py`` (OpenAI-compatible endpoint,
 imported only where configured: it loads the SDK)."""
 
-from worker.summarizers.base import Summarizer, SummaryDraft, SummaryWork
+from worker.summarizers.base import Summarizer, SummaryDraft, SummaryUsage, SummaryWork
 from worker.summarizers.extractive import ExtractiveSummarizer
 
-__all__ = ["ExtractiveSummarizer", "Summarizer", "SummaryDraft", "SummaryWork"]
+__all__ = ["ExtractiveSummarizer", "Summarizer", "SummaryDraft", "SummaryUsage", "SummaryWork"]

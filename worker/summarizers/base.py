@@ -26,17 +26,33 @@ class SummaryWork:
 
 
 @dataclass(frozen=True)
+class SummaryUsage:
+    """What making a summary cost; the names are ``JobFigures`` fields."""
+
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_retries: int = 0
+    llm_latency_s: float = 0.0
+    chunks: int = 0
+    merge_rounds: int = 0
+
+
+@dataclass(frozen=True)
 class SummaryDraft:
-    """A summary before validation, with the figures of how it was made."""
+    """The summary of the span alone, before merge and validation."""
 
     summary: Summary
     kind: str
     model: str
     prompt_version: str
-    figures: dict[str, int | float] = field(default_factory=dict)
+    usage: SummaryUsage = field(default_factory=SummaryUsage)
 
 
 class Summarizer(Protocol):
+    """Summarizes ``work.span`` only. ``work.prior`` is read-only context (what is already
+    stored): the draft must not repeat it; the pipeline merges the two afterwards."""
+
     kind: str
     uses_provider: bool
 

@@ -1,4 +1,5 @@
-"""The embedded deterministic (extractive) summarizer: no network, always in budget."""
+"""The embedded deterministic (extractive) summarizer: no network, always in budget.
+It summarizes the span alone; the pipeline merges the prior summary in."""
 
 from __future__ import annotations
 
@@ -23,11 +24,9 @@ class ExtractiveSummarizer:
     def summarize(self, work: SummaryWork) -> SummaryDraft:
         summary = fallback_summary(
             work.span,
-            prior=work.prior,
             artifacts=work.artifacts,
             budget_tokens=work.budget_tokens,
             counter=self._counter,
         )
         return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
-                            prompt_version=EXTRACTIVE_VERSION,
-                            figures={"llm_calls": 0, "chunks": 0, "merge_rounds": 0})
+                            prompt_version=EXTRACTIVE_VERSION)

@@ -1,8 +1,10 @@
 """The LLM summarizer: executes the core's chunk-and-merge plan through the LLM adapter.
 
-Map calls of a round run concurrently (bounded); merge rounds follow until one summary
-remains. The first call that fails for good stops the job: a partial result is never
-returned. A context-length error re-plans once with smaller chunks.
+It summarizes the span alone; the prior summary goes to the model as read-only context
+(the pipeline merges afterwards). Map calls of a round run concurrently (bounded); merge
+rounds follow until one summary remains. The first call that fails for good stops the
+job: a partial result is never returned. A context-length error re-plans once with
+smaller chunks.
 """
 
 from __future__ import annotations
@@ -11,22 +13,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
-from worker.compaction.chunking import (
-    ChunkPlan,
-    SpanItem,
-    chunk_budget_tokens,
-    merge_fan_in,
-    output_budget_tokens,
-    plan_chunks,
-)
+from worker.compaction.call_plan import plan_summary_calls
+from worker.compaction.chunking import ChunkPlan, output_budget_tokens
 from worker.compaction.prompts import (
-    PART_FRAMING_TOKENS,
     PROMPT_VERSION,
     build_merge_messages,
     build_summarize_messages,
-    prompt_overhead_tokens,
-    render_group,
-    render_prior_json,
 )
 from worker.compaction.schema import Summary, summary_json_schema
 from worker.compaction.tokens import TokenCounter
@@ -34,7 +26,7 @@ from worker.compaction.validation import parse_summary
 from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
 from worker.fleet import FleetRateLimiter
 from worker.llm import LLMClient, LLMUsage
-from worker.summarizers.base import SummaryDraft, SummaryWork
+from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
 
 T = TypeVar("T")
 
@@ -72,14 +64,14 @@ class LLMSummarizer:
             summary, plan = self._run(work, usage, int(self._window_tokens * REPLAN_RATIO))
         totals = usage.as_dict()
         return SummaryDraft(summary=summary, kind=self.kind, model=self._client.model,
-                            prompt_version=PROMPT_VERSION, figures={
-                                "llm_calls": totals["calls"],
-                                "prompt_tokens": totals["prompt_tokens"],
-                                "completion_tokens": totals["completion_tokens"],
-                                "llm_retries": totals["retries"],
-                                "llm_latency_s": round(totals["latency_s"], 3),
-                                "chunks": len(plan.chunks),
-                                "merge_rounds": len(plan.merge_rounds)})
+                            prompt_version=PROMPT_VERSION, usage=SummaryUsage(
+                                llm_calls=int(totals["calls"]),
+                                prompt_tokens=int(totals["prompt_tokens"]),
+                                completion_tokens=int(totals["completion_tokens"]),
+                                llm_retries=int(totals["retries"]),
+                                llm_latency_s=round(totals["latency_s"], 3),
+                                chunks=len(plan.chunks),
+                                merge_rounds=len(plan.merge_rounds)))
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
@@ -97,16 +89,9 @@ class LLMSummarizer:
 
     def _plan(self, work: SummaryWork, identifiers: Sequence[str], output_tokens: int,
               window_tokens: int) -> ChunkPlan:
-        counter = self._counter
-        prior_tokens = counter.count_text(render_prior_json(work.prior)) if work.prior else 0
-        overhead = prompt_overhead_tokens(counter, prior_tokens, identifiers=identifiers,
-                                          budget_tokens=output_tokens)
-        budget = chunk_budget_tokens(window_tokens, self._margin_ratio, output_tokens,
-                                     overhead, 0)
-        items = [_span_item(render_group(g), g.first_seq, g.last_seq, counter)
-                 for g in work.span]
-        plan = plan_chunks(items, budget_tokens=budget, counter=counter,
-                           fan_in=merge_fan_in(budget, output_tokens + PART_FRAMING_TOKENS))
+        plan = plan_summary_calls(work.span, prior=work.prior, identifiers=identifiers,
+                                  window_tokens=window_tokens, margin_ratio=self._margin_ratio,
+                                  output_tokens=output_tokens, counter=self._counter)
         if plan.calls > self._max_calls:
             raise SessionFailure(
                 f"the span needs {plan.calls} LLM calls, over llm_max_calls_per_job="
@@ -166,8 +151,3 @@ class LLMSummarizer:
                 if future in done and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]  # checked not None
             return [future.result() for future in futures]
-
-
-def _span_item(text: str, first_seq: int, last_seq: int, counter: TokenCounter) -> SpanItem:
-    return SpanItem(text=text, tokens=counter.count_text(text), first_seq=first_seq,
-                    last_seq=last_seq)

@@ -1,0 +1,202 @@
+"""The job's store port (``worker.ports.JobStore``) holds the same contract on the
+in-memory fake the unit suite uses and on the real store, SQLite and PostgreSQL: leases
+with expiry and ownership, compare-and-swap of the active revision, breaker fields, runs
+and unknown sessions. A fake that drifted from ``db.Store`` fails here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from db import (
+    BreakerUpdate,
+    LeaseLost,
+    NewMessage,
+    NewRevision,
+    NewRun,
+    RevisionConflict,
+    RunRecord,
+    SessionNotFound,
+    upgrade_database,
+)
+from tests.support.databases import open_store, sqlite_url, truncate_store_tables
+from tests.support.fake_store import FakeStore
+from worker.ports import JobStore
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+TTL_S = 30
+SESSION = "s-contract"
+
+
+class ContractStore(JobStore, Protocol):
+    """What the checks need besides the port: setting a session up and reading runs."""
+
+    def import_session(self, session_id: str, metadata: dict[str, Any],
+                       messages: Sequence[NewMessage], now: datetime) -> object: ...
+
+    def runs(self, *, session_id: str | None = None, outcome: str | None = None,
+             limit: int = 100) -> Sequence[RunRecord]: ...
+
+
+@pytest.fixture(params=["fake", "sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ContractStore]:
+    """A store of each kind holding one session: a system prompt and six messages."""
+    if request.param == "fake":
+        fake = FakeStore()
+        _import(fake)
+        yield fake
+        return
+    if request.param == "sqlite":
+        url = sqlite_url(tmp_path / "store.db")
+        upgrade_database(url)
+    else:
+        url = str(request.getfixturevalue("migrated_postgres_url"))
+        truncate_store_tables(url)
+    with open_store(url) as real:
+        _import(real)
+        yield real
+
+
+def _import(store: ContractStore) -> None:
+    roles = ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    messages = [NewMessage({"role": role, "content": f"m{i}"}, role, None, 10 + i)
+                for i, role in enumerate(roles)]
+    store.import_session(SESSION, {}, messages, T0)
+
+
+def a_run(outcome: str = "compacted", session_id: str = SESSION) -> NewRun:
+    return NewRun(session_id, "task-1", 1, "test", outcome, None, None, {"k": 1}, None, T0, T0)
+
+
+def a_revision(through_seq: int, head_seq: int = 7) -> NewRevision:
+    return NewRevision(through_seq=through_seq, snapshot_head_seq=head_seq,
+                       summary={"goal": "g"}, block={"role": "user", "content": "summary"},
+                       block_tokens=5, artifacts=[], summary_tokens=5, span_tokens=40,
+                       projection_tokens_before=91, model="m", prompt_version="p",
+                       summarizer="extractive")
+
+
+def swap(store: JobStore, expected: int | None, through_seq: int, owner: str | None = "a",
+         now: datetime = T0, breaker: BreakerUpdate | None = None) -> int:
+    return store.swap_revision(SESSION, expected_revision_id=expected, lease_owner=owner,
+                               revision=a_revision(through_seq), run=a_run(), now=now,
+                               breaker=breaker)
+
+
+def test_every_session_method_raises_session_not_found_for_an_unknown_session(
+    store: ContractStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: store.acquire_lease("nope", "a", TTL_S, T0),
+        lambda: store.release_lease("nope", "a"),
+        lambda: store.get_session("nope"),
+        lambda: store.set_breaker("nope", BreakerUpdate("open", 3, T0)),
+        lambda: store.snapshot("nope"),
+        lambda: store.revisions("nope"),
+        lambda: store.swap_revision("nope", expected_revision_id=None, lease_owner=None,
+                                    revision=a_revision(2), run=a_run(session_id="nope"), now=T0),
+    ]
+    for call in calls:
+        with pytest.raises(SessionNotFound):
+            call()
+
+
+def test_a_run_of_an_unknown_session_is_recorded_and_its_breaker_ignored(
+    store: ContractStore,
+) -> None:
+    store.record_run(a_run("rejected", "nope"), breaker=BreakerUpdate("closed", 1, None))
+    [run] = store.runs(session_id="nope")
+    assert (run.outcome, run.figures, run.revision_id) == ("rejected", {"k": 1}, None)
+
+
+def test_a_lease_is_exclusive_until_it_expires_and_only_its_owner_releases_it(
+    store: ContractStore,
+) -> None:
+    assert store.acquire_lease(SESSION, "a", TTL_S, T0)
+    assert store.acquire_lease(SESSION, "a", TTL_S, T0 + timedelta(seconds=1))  # renewed
+    assert not store.acquire_lease(SESSION, "b", TTL_S, T0 + timedelta(seconds=TTL_S))
+    assert not store.release_lease(SESSION, "b")
+    assert store.acquire_lease(SESSION, "b", TTL_S, T0 + timedelta(seconds=TTL_S + 1))
+    assert store.get_session(SESSION).lease_owner == "b"
+    assert not store.release_lease(SESSION, "a")
+    assert store.release_lease(SESSION, "b")
+    state = store.get_session(SESSION)
+    assert (state.lease_owner, state.lease_expires_at) == (None, None)
+
+
+def test_a_swap_points_the_session_at_the_revision_closes_the_breaker_and_records_the_run(
+    store: ContractStore,
+) -> None:
+    store.set_breaker(SESSION, BreakerUpdate("half_open", 3, T0))
+    store.acquire_lease(SESSION, "a", TTL_S, T0)
+
+    revision_id = swap(store, None, 4)
+
+    state, [revision] = store.get_session(SESSION), store.revisions(SESSION)
+    assert state.active_revision_id == revision_id == revision.id
+    assert (state.breaker_state, state.breaker_failures, state.breaker_opened_at) == \
+        ("closed", 0, None)
+    # The system prompt (10) stays, the block (5) replaces seqs 2-4, seqs 5-7 follow.
+    assert state.projection_tokens == revision.projection_tokens_after == 10 + 5 + 14 + 15 + 16
+    assert (revision.parent_revision_id, revision.through_seq) == (None, 4)
+    [run] = store.runs(session_id=SESSION)
+    assert (run.outcome, run.revision_id) == ("compacted", revision_id)
+    snapshot = store.snapshot(SESSION)
+    assert snapshot.revision == revision
+    assert [m.seq for m in snapshot.messages] == [1, 5, 6, 7]
+
+
+def test_a_swap_from_a_stale_revision_raises_revision_conflict_and_writes_nothing(
+    store: ContractStore,
+) -> None:
+    store.acquire_lease(SESSION, "a", TTL_S, T0)
+    first = swap(store, None, 2)
+
+    with pytest.raises(RevisionConflict):
+        swap(store, None, 4)
+
+    assert [r.id for r in store.revisions(SESSION)] == [first]
+    assert store.get_session(SESSION).active_revision_id == first
+    assert len(store.runs(session_id=SESSION)) == 1
+
+
+def test_a_swap_without_the_lease_raises_lease_lost_and_writes_nothing(
+    store: ContractStore,
+) -> None:
+    store.acquire_lease(SESSION, "a", TTL_S, T0)
+    with pytest.raises(LeaseLost):
+        swap(store, None, 2, owner="b")
+    with pytest.raises(LeaseLost):
+        swap(store, None, 2, owner="a", now=T0 + timedelta(seconds=TTL_S))
+    assert store.revisions(SESSION) == [] and store.runs(session_id=SESSION) == []
+    assert store.get_session(SESSION).active_revision_id is None
+
+
+def test_a_swap_given_a_breaker_keeps_it_and_revisions_list_newest_first(
+    store: ContractStore,
+) -> None:
+    first = swap(store, None, 2, owner=None)
+    opened = BreakerUpdate("open", 3, T0)
+    second = swap(store, first, 4, owner=None, breaker=opened)
+
+    state = store.get_session(SESSION)
+    assert (state.breaker_state, state.breaker_failures) == ("open", 3)
+    assert [(r.id, r.parent_revision_id) for r in store.revisions(SESSION)] == \
+        [(second, first), (first, None)]
+
+
+def test_a_recorded_run_sets_the_breaker_and_invalid_breakers_are_refused(
+    store: ContractStore,
+) -> None:
+    store.record_run(a_run("failed"), breaker=BreakerUpdate("open", 3, T0))
+    state = store.get_session(SESSION)
+    assert (state.breaker_state, state.breaker_failures, state.active_revision_id) == \
+        ("open", 3, None)
+    with pytest.raises(ValueError):
+        store.set_breaker(SESSION, BreakerUpdate("ajar", 0, None))
