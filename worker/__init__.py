@@ -1,0 +1,22 @@
+"""The worker: the Celery app and its thin task, the job pipeline over a store port, the
+LLM adapter and summarizers, fleet state in Redis, and the pure core
+(``worker.compaction``).
+
+``__all__`` names the modules other packages (the scheduler, the command line) may
+import; the rest are the worker's own, and a test walks the imports. Importing this
+package loads none of them: the Celery app is built only by ``worker.celery_app``.
+"""
+
+__all__ = [
+    "celery_app",
+    "compaction",
+    "contract",
+    "errors",
+    "ingest",
+    "job",
+    "keys",
+    "logging",
+    "outcome",
+    "runtime",
+    "settings",
+]

@@ -31,18 +31,18 @@ small tree in ``db/errors.py``, mapped here once by :func:`to_job_error`.
 from __future__ import annotations
 
 from db import LeaseLost, RevisionConflict, SessionNotFound, StoreUnavailable
-from worker.compaction.errors import (
+from worker.compaction import (
     BreakerScope,
     CompactionError,
     ConfigurationError,
     ContextOverflow,
     Outcome,
+    Problem,
     SessionFailure,
     SummaryInvalid,
     TokenizerUnavailable,
     TransientError,
 )
-from worker.compaction.intake import Problem
 
 __all__ = [
     "BreakerOpen",

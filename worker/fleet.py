@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from worker.compaction.breaker import (
+from worker.compaction import (
     Breaker,
     BreakerState,
     admit,

@@ -12,18 +12,20 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from db import MessageRecord, NewMessage, SessionExists, SessionState
-from worker.compaction.intake import (
+from worker.compaction import (
     Action,
+    ChatMessage,
     IntakePolicy,
     IntakeResult,
     Problem,
     ProblemKind,
+    TokenCounter,
     check_session,
     clean_text,
+    dump_message,
     find_open_tool_calls,
+    parse_message,
 )
-from worker.compaction.messages import ChatMessage, dump_message, parse_message
-from worker.compaction.tokens import TokenCounter
 from worker.errors import MessagesRejected
 
 RECORD_KEYS = ("session_id", "messages")

@@ -14,9 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from db import NewRun
-from worker.compaction.plan import TriggerPolicy
-from worker.compaction.strategies import StrategyConfig
-from worker.compaction.tokens import TokenCounter
+from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy
 from worker.errors import CompactionError, Outcome
 from worker.figures import JobFigures
 from worker.ports import JobStore, ProviderBreakerPort

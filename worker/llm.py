@@ -29,8 +29,7 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 
-from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction import TokenCounter, load_encoding, parse_message
 from worker.errors import CompactionError, ProviderError, SummaryInvalid
 from worker.llm_errors import count_retries_taken, is_format_rejection, translate_error
 

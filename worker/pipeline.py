@@ -12,16 +12,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from db import BreakerUpdate, NewRevision, SessionState, Snapshot, StoreError
-from worker.compaction.breaker import Breaker, BreakerState, admit, breaker_after_failure
-from worker.compaction.grouping import group_messages
-from worker.compaction.identifiers import Artifact, extract_identifiers
-from worker.compaction.merge import merge_summaries
-from worker.compaction.messages import StoredMessage, parse_message
-from worker.compaction.plan import Boundary, decide_compaction, plan_boundary
-from worker.compaction.pruning import prune_groups
-from worker.compaction.schema import Summary, render_summary_block, summary_block_message
-from worker.compaction.strategies import apply_strategy
-from worker.compaction.validation import validate_summary
+from worker.compaction import (
+    Artifact,
+    Boundary,
+    Breaker,
+    BreakerState,
+    StoredMessage,
+    Summary,
+    admit,
+    apply_strategy,
+    breaker_after_failure,
+    decide_compaction,
+    extract_identifiers,
+    group_messages,
+    merge_summaries,
+    parse_message,
+    plan_boundary,
+    prune_groups,
+    render_summary_block,
+    summary_block_message,
+    validate_summary,
+)
 from worker.errors import (
     BreakerOpen,
     BreakerScope,

@@ -11,9 +11,7 @@ from datetime import UTC, datetime
 import redis
 
 from db import Store, create_db_engine
-from worker.compaction.plan import TriggerPolicy
-from worker.compaction.strategies import StrategyConfig
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy, load_encoding
 from worker.fleet import (
     DeliveryCounter,
     FleetRateLimiter,

@@ -15,7 +15,7 @@ from typing import Self
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.compaction.strategies import StrategyName
+from worker.compaction import StrategyName
 
 
 class SummarizerKind(StrEnum):

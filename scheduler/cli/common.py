@@ -28,7 +28,7 @@ from db import (
     StoreUnavailable,
     upgrade_database,
 )
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction import TokenCounter, load_encoding
 from worker.errors import TokenizerUnavailable
 from worker.settings import Settings
 

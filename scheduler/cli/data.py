@@ -28,7 +28,7 @@ from scheduler.cli.common import (
     stderr_console,
     stdout_console,
 )
-from worker.compaction.intake import Action, IntakePolicy, Problem, ProblemKind
+from worker.compaction import Action, IntakePolicy, Problem, ProblemKind
 from worker.ingest import (
     ExportView,
     ImportStatus,

@@ -1,30 +1,63 @@
-"""The scheduler and the worker reach the database through its public face only: they
-import the names ``db.__all__`` lists, never a module of ``db`` (models, engine, queue)."""
+"""Packages meet at their public faces: code outside a faced package imports the names its
+``__init__`` lists in ``__all__`` (or, for ``worker``, the modules it lists), never a
+module behind the face. The database is reached only through ``db``, the core only
+through ``worker.compaction``, the summarizers only through ``worker.summarizers``."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
-import db
+import pytest
+
+import worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTER_PACKAGES = ("scheduler", "worker")
 
 
-def imports_around_the_face(source: str, public: set[str]) -> list[str]:
-    """Every import in ``source`` that reaches into ``db`` past ``public``, by line."""
-    found = []
+@dataclass(frozen=True)
+class Face:
+    """A package, the names it exports, and the modules behind it that may still be named."""
+
+    package: str
+    allowed_modules: frozenset[str] = frozenset()
+
+    @property
+    def public(self) -> set[str]:
+        return set(importlib.import_module(self.package).__all__)
+
+    @property
+    def folder(self) -> Path:
+        return REPO_ROOT.joinpath(*self.package.split("."))
+
+
+FACES = (
+    Face("db"),
+    Face("worker.compaction"),
+    # The LLM summarizer loads the OpenAI SDK: it is imported by its module, and only
+    # where it is configured.
+    Face("worker.summarizers", frozenset({"worker.summarizers.llm"})),
+)
+
+
+def imports_around_the_face(source: str, face: Face, public: set[str]) -> list[str]:
+    """Every import in ``source`` that reaches into ``face.package`` past ``public``."""
+    package, found = face.package, []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             # Even a bare `import db` lets `db.models.SessionRow` through as an attribute.
             found += [f"{node.lineno}: import {alias.name}" for alias in node.names
-                      if alias.name == "db" or alias.name.startswith("db.")]
+                      if alias.name == package or alias.name.startswith(f"{package}.")]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module.startswith("db."):
+            if (node.module.startswith(f"{package}.")
+                    and node.module not in face.allowed_modules):
                 found.append(f"{node.lineno}: from {node.module} import ...")
-            elif node.module == "db":
-                found += [f"{node.lineno}: from db import {alias.name}"
+            elif node.module == package:
+                found += [f"{node.lineno}: from {package} import {alias.name}"
                           for alias in node.names if alias.name not in public]
     return found
 
@@ -34,21 +67,42 @@ def outer_modules() -> list[Path]:
                   for path in (REPO_ROOT / package).rglob("*.py"))
 
 
-def test_scheduler_and_worker_import_from_db_only_the_names_of_its_public_face() -> None:
-    modules = outer_modules()
-    public = set(db.__all__)
+@pytest.mark.parametrize("face", FACES, ids=lambda face: face.package)
+def test_code_outside_a_package_imports_only_the_names_of_its_public_face(face: Face) -> None:
+    modules = [path for path in outer_modules() if not path.is_relative_to(face.folder)]
+    public = face.public
 
     violations = [f"{path.relative_to(REPO_ROOT)}:{found}" for path in modules
-                  for found in imports_around_the_face(path.read_text(encoding="utf-8"), public)]
+                  for found in imports_around_the_face(path.read_text(encoding="utf-8"),
+                                                       face, public)]
 
     assert REPO_ROOT / "scheduler" / "cli" / "schedule.py" in modules
-    assert REPO_ROOT / "worker" / "compaction" / "breaker.py" in modules
     assert violations == []
 
 
-def test_every_name_of_the_public_face_resolves_once() -> None:
-    assert len(db.__all__) == len(set(db.__all__))
-    assert [name for name in db.__all__ if not hasattr(db, name)] == []
+def test_the_scheduler_imports_only_the_modules_the_worker_lists() -> None:
+    public = set(worker.__all__)
+    used = {(path.relative_to(REPO_ROOT), node.module)
+            for path in (REPO_ROOT / "scheduler").rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.startswith("worker.")}
+
+    assert used, "the walk found no import of the worker at all"
+    assert sorted((str(path), module) for path, module in used
+                  if module.split(".")[1] not in public) == []
+
+
+@pytest.mark.parametrize("package", [face.package for face in FACES] + ["worker"])
+def test_every_name_of_a_public_face_resolves_once(package: str) -> None:
+    module = importlib.import_module(package)
+    names = list(module.__all__)
+
+    assert len(names) == len(set(names))
+    unresolved = [name for name in names
+                  if not hasattr(module, name)
+                  and importlib.util.find_spec(f"{package}.{name}") is None]
+    assert unresolved == []
 
 
 def test_the_walk_finds_every_way_past_the_face_in_functions_too() -> None:
@@ -63,9 +117,18 @@ def test_the_walk_finds_every_way_past_the_face_in_functions_too() -> None:
         "from . import db",
     ])
 
-    found = imports_around_the_face(source, public={"Store"})
+    found = imports_around_the_face(source, Face("db"), public={"Store"})
 
     assert found == [
         "1: import db", "2: import db.models", "3: from db.engine import ...",
         "4: from db import translate_errors", "6: from db.queue import ...",
     ]
+
+
+def test_the_walk_lets_a_named_module_behind_the_face_through() -> None:
+    source = "\n".join(["from worker.summarizers.llm import LLMSummarizer",
+                        "from worker.summarizers.base import X"])
+    face = Face("worker.summarizers", frozenset({"worker.summarizers.llm"}))
+
+    assert imports_around_the_face(source, face, public=set()) == [
+        "2: from worker.summarizers.base import ..."]

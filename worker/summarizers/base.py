@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worker.compaction.grouping import Group
-from worker.compaction.identifiers import Artifact
-from worker.compaction.schema import Summary
+from worker.compaction import Artifact, Group, Summary
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,7 @@ It summarizes the span alone; the pipeline merges the prior summary in."""
 
 from __future__ import annotations
 
-from worker.compaction.fallback import fallback_summary
-from worker.compaction.tokens import TokenCounter
+from worker.compaction import TokenCounter, fallback_summary
 from worker.summarizers.base import SummaryDraft, SummaryWork
 
 # Stored as the revision's prompt_version, so a changed extraction is traceable too.

@@ -13,16 +13,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
-from worker.compaction.call_plan import plan_summary_calls
-from worker.compaction.chunking import ChunkPlan, output_budget_tokens
-from worker.compaction.prompts import (
+from worker.compaction import (
     PROMPT_VERSION,
+    ChunkPlan,
+    Summary,
+    TokenCounter,
     build_merge_messages,
     build_summarize_messages,
+    output_budget_tokens,
+    parse_summary,
+    plan_summary_calls,
+    summary_json_schema,
 )
-from worker.compaction.schema import Summary, summary_json_schema
-from worker.compaction.tokens import TokenCounter
-from worker.compaction.validation import parse_summary
 from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
 from worker.fleet import FleetRateLimiter
 from worker.llm import LLMClient, LLMUsage
