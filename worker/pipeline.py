@@ -259,7 +259,8 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
 
 def _artifact_dict(artifact: Artifact) -> dict[str, Any]:
     return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
-            "first_seq": artifact.first_seq}
+            "first_seq": artifact.first_seq, "last_seq": artifact.last_seq,
+            "sources": sorted(artifact.sources)}
 
 
 def _session_breaker(session: SessionState) -> Breaker:

@@ -101,8 +101,12 @@ def test_an_airline_span_yields_user_reservation_and_flight_ids_with_tools() -> 
     artifacts = {a.value: a for a in extract_identifiers(_stored(AIRLINE_SPAN))}
     assert {"mia_li_3668", "ZFA04Y", "4WQ150", "HATHAT", "HAT170"} <= set(artifacts)
     assert artifacts["get_user_details"].kind == "tool"
-    assert artifacts["ZFA04Y"] == Artifact("ZFA04Y", "id", count=5, first_seq=11)
+    assert artifacts["ZFA04Y"] == Artifact(
+        "ZFA04Y", "id", count=5, first_seq=11, last_seq=16,
+        sources=frozenset({"user", "tool_output", "tool_argument", "assistant"}))
     assert artifacts["HAT170"].first_seq == 15
+    assert artifacts["4WQ150"].sources == frozenset({"tool_output"})
+    assert artifacts["mia_li_3668"].is_said and not artifacts["4WQ150"].is_said
 
 
 def test_instruction_messages_are_not_indexed() -> None:

@@ -10,15 +10,28 @@ from dataclasses import dataclass
 
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 
+# Where an identifier occurred: what the user or the assistant said, what the assistant
+# passed to a tool, or only what a tool returned.
+SOURCES = ("user", "assistant", "tool_argument", "tool_output")
+SAID_SOURCES = frozenset({"user", "assistant", "tool_argument"})
+
 
 @dataclass(frozen=True, slots=True)
 class Artifact:
-    """One identifier of a span: its verbatim value, kind, occurrences and first position."""
+    """One identifier of a span: its verbatim value, kind, occurrences, first and last
+    position, and the ``SOURCES`` it occurred in."""
 
     value: str
     kind: str
     count: int
     first_seq: int
+    last_seq: int
+    sources: frozenset[str]
+
+    @property
+    def is_said(self) -> bool:
+        """Whether the user or the assistant said it (in text or a tool call's arguments)."""
+        return not self.sources.isdisjoint(SAID_SOURCES)
 
 
 # Ranking weight per kind: how much losing one would hurt the agent that continues.
@@ -146,7 +159,9 @@ class _Tally:
     count: int
     mentions: int
     first_seq: int
+    last_seq: int
     order: int
+    sources: set[str]
 
 
 def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
@@ -158,36 +173,41 @@ def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
     verbatim, so their identifiers are never lost.
     """
     tallies: dict[str, _Tally] = {}
-    for seq, is_result, value, kind in _occurrences(messages):
+    for seq, source, value, kind in _occurrences(messages):
+        is_result = source == "tool_output"
         tally = tallies.get(value)
         if tally is None:
-            tallies[value] = _Tally(kind, 1, int(not is_result), seq, len(tallies))
+            tallies[value] = _Tally(kind, 1, int(not is_result), seq, seq, len(tallies),
+                                    {source})
             continue
         tally.count += 1
         tally.mentions += int(not is_result)
+        tally.last_seq = seq
+        tally.sources.add(source)
         if KIND_WEIGHTS[kind] > KIND_WEIGHTS[tally.kind]:
             tally.kind = kind
     ranked = sorted(
         tallies.items(),
         key=lambda item: (-_score(item[1]), item[1].first_seq, item[1].order),
     )
-    return [Artifact(value, t.kind, t.count, t.first_seq) for value, t in ranked]
+    return [Artifact(value, t.kind, t.count, t.first_seq, t.last_seq, frozenset(t.sources))
+            for value, t in ranked]
 
 
 def _score(tally: _Tally) -> int:
     return KIND_WEIGHTS[tally.kind] * (tally.count + tally.mentions)
 
 
-def _occurrences(messages: Sequence[StoredMessage]) -> Iterator[tuple[int, bool, str, str]]:
-    """Yield ``(seq, is_tool_result, value, kind)`` for each identifier occurrence."""
+def _occurrences(messages: Sequence[StoredMessage]) -> Iterator[tuple[int, str, str, str]]:
+    """Yield ``(seq, source, value, kind)`` for each identifier occurrence (``SOURCES``)."""
     for stored in messages:
         message = stored.message
         if message.role in INSTRUCTION_ROLES:
             continue
-        is_result = message.role is Role.TOOL
+        source = "tool_output" if message.role is Role.TOOL else message.role.value
         for value, kind in find_identifiers(message.text):
-            yield stored.seq, is_result, value, kind
+            yield stored.seq, source, value, kind
         for call in message.tool_calls or ():
-            yield stored.seq, False, call.function.name, "tool"
+            yield stored.seq, "tool_argument", call.function.name, "tool"
             for value, kind in find_identifiers(call.function.arguments):
-                yield stored.seq, False, value, kind
+                yield stored.seq, "tool_argument", value, kind
