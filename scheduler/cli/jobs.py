@@ -18,7 +18,7 @@ from scheduler.cli.common import (
 )
 from worker import pipeline
 from worker.job import JobRequest, JobResult
-from worker.logging import configure_logging, get_logger
+from worker.logging import get_logger
 from worker.outcome import emit_job_event, job_event_fields
 from worker.runtime import build_runtime
 from worker.settings import get_settings
@@ -68,7 +68,6 @@ def compact_command(
     if not sessions and not all_sessions:
         fail("name at least one session, or pass --all", exit_code=2)
     settings = get_settings()
-    configure_logging(settings.log_format.value, settings.log_level)
     with open_store(settings):  # creates/upgrades the embedded database, checks the schema
         pass
     runtime = build_runtime(settings, use_redis=False)

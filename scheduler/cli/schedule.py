@@ -37,7 +37,6 @@ from scheduler.enqueue import (
 from scheduler.selection import DueSession, StopReason, select_due_sessions
 from worker.celery_app import create_app
 from worker.contract import MAX_REASON_CHARS
-from worker.logging import configure_logging
 from worker.settings import Settings, get_settings
 
 # Exit status of `trigger` when some id names no session, of `scan` when the lock is held.
@@ -67,7 +66,7 @@ def trigger(
     """
     if not 0 < len(reason) <= MAX_REASON_CHARS:
         fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
-    settings = _settings()
+    settings = get_settings()
     publisher = CeleryPublisher(create_app(settings), settings.queue_name)
     with _open_engine(settings) as engine, _broker_errors():
         results = trigger_sessions(engine, publisher, session_ids, reason=reason, force=force,
@@ -93,7 +92,7 @@ def scan(
 
     Exit status 3 when another scan holds the scan lock.
     """
-    settings = _settings()
+    settings = get_settings()
     now = datetime.now(UTC)
     if dry_run:
         with _open_engine(settings) as engine, translate_errors():
@@ -113,17 +112,11 @@ def scan(
 @expected_errors
 def beat() -> None:
     """Run the beat process: sends `compactor.scan` at scan_cron (UTC)."""
-    settings = _settings()
+    settings = get_settings()
     try:
         start_beat(create_app(settings), settings)
     except ValueError as exc:
         fail(str(exc))
-
-
-def _settings() -> Settings:
-    settings = get_settings()
-    configure_logging(settings.log_format.value, settings.log_level)
-    return settings
 
 
 @contextmanager
