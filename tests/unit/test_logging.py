@@ -10,27 +10,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
+from tests.support.logs import preserved_logging
 from worker.logging import JOB_EVENT, configure_logging, get_logger
 
 
 @pytest.fixture(autouse=True)
 def restored_logging() -> Iterator[None]:
-    loggers = [logging.getLogger(), logging.getLogger("multiprocessing")]
-    saved = [(list(logger.handlers), logger.level, logger.propagate) for logger in loggers]
-    config = structlog.get_config()
-    try:
+    with preserved_logging():
         yield
-    finally:
-        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-            logger.handlers[:] = handlers
-            logger.setLevel(level)
-            logger.propagate = propagate
-        structlog.configure(**config)
-        logging.captureWarnings(False)
-        clear_contextvars()
+    clear_contextvars()
 
 
 def stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
