@@ -62,7 +62,11 @@ class Recipe:
     jq_args: str
 
 
+INLINE_RECIPE = re.compile(r"`([^`]+ \| jq [^`]+)`")
+
+
 def documented_recipes() -> list[Recipe]:
+    """The recipes of console blocks (titled by their comment line) and of inline code."""
     recipes = []
     for doc in DOCS:
         in_console, title = False, ""
@@ -71,9 +75,11 @@ def documented_recipes() -> list[Recipe]:
                 in_console = not in_console and line.strip() == "```console"
             elif in_console and line.startswith("# "):
                 title = line[2:].strip()
-            elif in_console and " | jq " in line:
-                producer, _, jq_args = line.partition(" | jq ")
-                recipes.append(Recipe(doc.name, title, producer.strip(), jq_args))
+            commands = [line] if in_console else INLINE_RECIPE.findall(line)
+            for command in (c for c in commands if " | jq " in c):
+                producer, _, jq_args = command.partition(" | jq ")
+                recipes.append(Recipe(doc.name, title if in_console else "", producer.strip(),
+                                      jq_args))
     return recipes
 
 
@@ -207,6 +213,7 @@ def test_every_line_is_json_and_every_documented_jq_recipe_works_on_real_output(
     assert "beat: Starting..." in {e["event"] for e in parse_log_lines(beat_stderr)}
 
     recipes = documented_recipes()
+    assert len(recipes) >= 2 + len(RECIPE_CHECKS), recipes
     checked = set()
     for recipe in recipes:
         values = run_jq(recipe, producer_output(recipe, outputs, job_env))
