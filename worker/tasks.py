@@ -1,7 +1,8 @@
 """The task ``compactor.compact_session``: a thin view over ``pipeline.run``.
 
 It parses the message, counts the delivery, runs the pipeline, emits the one outcome
-event, and maps a transient failure to a Celery retry. Messages that cannot even be
+event, and maps a transient failure to a Celery retry (at most ``max_transient_retries``);
+whatever ends the job clears the session's queue marker. Messages that cannot even be
 decoded (pickle, garbage) never become a task: ``worker/consumer.py`` reports them as a
 ``rejected`` event.
 """
