@@ -110,10 +110,9 @@ class BenchWorker(WorkerProcess):
                 f"--concurrency={self.concurrency}", f"--queues={self.queue}", "--loglevel=INFO",
                 "-O", "fair", "--without-gossip", "--without-mingle",
                 "-n", f"bench-{uuid.uuid4().hex[:8]}@%h"]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(argv, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                            start_new_session=True)
+        with self.log_path.open("ab") as log, self.stdout_path.open("ab") as out:
+            self.process = subprocess.Popen(argv, env=self.env, stdout=out, stderr=log,
+                                            cwd=REPO_ROOT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.events("worker.ready"):

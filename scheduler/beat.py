@@ -85,7 +85,9 @@ def start_beat(celery_app: Celery, settings: Settings) -> None:
     celery_app.conf.beat_schedule = beat_schedule(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     schedule_path = settings.data_dir / BEAT_SCHEDULE_FILENAME
-    celery_app.Beat(schedule=str(schedule_path), loglevel=settings.log_level).run()
+    # quiet: Celery's banner is printed, not logged; logs are JSON lines only.
+    celery_app.Beat(schedule=str(schedule_path), loglevel=settings.log_level,
+                    quiet=True).run()
 
 
 @dataclass(frozen=True)

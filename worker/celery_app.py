@@ -10,15 +10,19 @@ the delivery counter.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
+from celery.apps.worker import install_worker_term_handler
 from celery.signals import (
+    celeryd_init,
+    setup_logging,
     task_postrun,
     task_prerun,
-    worker_init,
     worker_process_init,
     worker_ready,
+    worker_shutting_down,
 )
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
@@ -55,7 +59,10 @@ def create_app(settings: Settings) -> Celery:
             "global_keyprefix": settings.redis_key_prefix,
         },
         broker_connection_retry_on_startup=True,
+        # configure_process_logging owns logging; these two are moot while it is connected
+        # and stay off so that nothing rewires it should it ever not be.
         worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
         worker_send_task_events=False,
         timezone="UTC",
         enable_utc=True,
@@ -66,16 +73,29 @@ def create_app(settings: Settings) -> Celery:
 app = create_app(get_settings())
 
 
-@worker_init.connect
-def _configure_logging(**_: Any) -> None:
+@setup_logging.connect
+def configure_process_logging(loglevel: int | str | None = None, **_: Any) -> None:
+    """Own the logging of worker, pool children and beat (Celery then sets up none of
+    its own: no handler on the root logger, no redirected prints); Celery's loggers keep
+    the level of its ``--loglevel``."""
     settings = get_settings()
     configure_logging(settings.log_format.value, settings.log_level)
+    if loglevel:
+        logging.getLogger("celery").setLevel(loglevel)
+
+
+@celeryd_init.connect
+def _quiet_worker(instance: Any = None, **_: Any) -> None:
+    """Log before Celery's first warning, and print no banner: stdout and stderr carry
+    log lines only (``worker.ready`` names the queue instead)."""
+    configure_process_logging()
+    if instance is not None:
+        instance.quiet = True
 
 
 @worker_process_init.connect
 def _prepare_child(**_: Any) -> None:
-    """Configure logging and build the runtime before the first job, not during it."""
-    _configure_logging()
+    """Build the runtime before the first job, not during it."""
     from worker.runtime import get_runtime  # the runtime belongs to pool children only
 
     try:
@@ -85,10 +105,21 @@ def _prepare_child(**_: Any) -> None:
 
 
 @worker_ready.connect
-def _announce_ready(**_: Any) -> None:
+def _announce_ready(sender: Any = None, **_: Any) -> None:
     settings = get_settings()
+    controller = getattr(sender, "controller", None)
+    if controller is not None:
+        # Celery's SIGTERM handler writes "worker: Warm shutdown" straight to stdout's
+        # file descriptor; this one only logs worker.shutting_down (Ctrl+C, at a
+        # terminal, keeps Celery's messages).
+        install_worker_term_handler(controller, verbose=False)
     get_logger().info("worker.ready", queue=settings.queue_name,
                       summarizer=settings.effective_summarizer.value)
+
+
+@worker_shutting_down.connect
+def _announce_shutdown(sig: str | None = None, how: str | None = None, **_: Any) -> None:
+    get_logger().info("worker.shutting_down", signal=sig, how=how)
 
 
 @task_prerun.connect

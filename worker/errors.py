@@ -18,7 +18,8 @@
     ├── JobRejected                    rejected     no      -
     │   └── MessagesRejected           rejected     no      - (intake refused an append)
     └── ConfigurationError             failed       no      - (an operator must act)
-        └── TokenizerUnavailable       failed       no      -
+        ├── TokenizerUnavailable       failed       no      -
+        └── ProviderAuthFailed         failed       no      - (401/403: reason auth_failed)
 
 The base, the policy enums and the errors the pure core raises live in the core
 (``worker/compaction/errors.py``); this module extends them and is the one place to
@@ -56,6 +57,7 @@ __all__ = [
     "LeaseHeld",
     "MessagesRejected",
     "Outcome",
+    "ProviderAuthFailed",
     "ProviderBreakerOpen",
     "ProviderError",
     "ProviderRateLimited",
@@ -85,6 +87,17 @@ class ProviderRateLimited(ProviderError):
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message, reason="rate_limited")
         self.retry_after_s = retry_after_s
+
+
+class ProviderAuthFailed(ConfigurationError):
+    """Raised when the endpoint refuses the credentials (401) or the permission (403).
+
+    No retry can help and no session is at fault; nor is it an outage, so it counts on
+    neither breaker: every job fails at once with ``auth_failed`` until an operator
+    fixes the key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="auth_failed")
 
 
 class DeliveryCapExceeded(SessionFailure):

@@ -173,6 +173,7 @@ class LLMClient:
 
         Raises:
             ProviderError, ProviderRateLimited: the endpoint failed (after SDK retries).
+            ProviderAuthFailed: the endpoint refused the key or its permissions (401/403).
             ContextOverflow: the prompt does not fit the model's context window.
             SessionFailure: the endpoint refused this request (4xx not about the endpoint).
             SummaryInvalid: the model refused to answer (``reason="refused"``).

@@ -1,8 +1,9 @@
 """Translation of OpenAI SDK errors into the job error tree, once, for ``worker.llm``.
 
-Provider-wide trouble (timeouts, connection, 5xx, 429, credentials, a missing model)
-becomes ``ProviderError``; a prompt over the context window ``ContextOverflow``; any
-other refusal of the request counts on the session (``SessionFailure``).
+Provider-wide trouble (timeouts, connection, 5xx, 429, a missing model) becomes
+``ProviderError``; refused credentials or permissions ``ProviderAuthFailed``; a prompt
+over the context window ``ContextOverflow``; any other refusal of the request counts on
+the session (``SessionFailure``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import openai
 from worker.errors import (
     CompactionError,
     ContextOverflow,
+    ProviderAuthFailed,
     ProviderError,
     ProviderRateLimited,
     SessionFailure,
@@ -102,12 +104,14 @@ def _translate_status(exc: openai.APIStatusError) -> CompactionError:
     if status >= 500 or status in (408, 409):
         return ProviderError(f"the LLM endpoint failed ({status}): {detail}",
                              reason="server_error")
-    # Credentials, permissions and a missing model are the deployment's fault, not the
-    # session's: they count on the provider breaker and stop every session alike.
-    provider_reasons = {401: "auth", 403: "permission_denied", 404: "not_found"}
-    if status in provider_reasons:
-        return ProviderError(f"the LLM endpoint refused the configuration ({status}): "
-                             f"{detail}", reason=provider_reasons[status])
+    if status in (401, 403):
+        # A wrong key is no outage and no session's fault: retrying cannot fix it.
+        return ProviderAuthFailed(f"the LLM endpoint refused the credentials ({status}): "
+                                  f"{detail}")
+    if status == 404:
+        # A missing model is the deployment's fault, not the session's.
+        return ProviderError(f"the LLM endpoint has no such model or path (404): {detail}",
+                             reason="not_found")
     return SessionFailure(f"the LLM endpoint rejected the request ({status}): {detail}",
                           reason="bad_request")
 

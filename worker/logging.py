@@ -1,36 +1,81 @@
-"""structlog configured once per process: contextvars first, ISO UTC timestamps, JSON
-when stderr is not a TTY and a console renderer when it is. Every job ends in one
+"""Logging configured once per process: structlog rendered through the standard library,
+so our events and the records of Celery, alembic and the HTTP client leave as one JSON
+object per line on stderr (a console renderer on a terminal). Every job ends in one
 ``compaction.job`` event (see README, "Outcome events")."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, TextIO, cast
+from typing import Any
 
 import structlog
+from structlog.typing import Processor
 
 JOB_EVENT = "compaction.job"
+_HANDLER_NAME = "compactor"
+# billiard's pool logger (Celery's prefork pool) never propagates to the root logger; it
+# gets the handler itself, at Celery's own level for it (its notes below are chatter).
+_POOL_LOGGER, _POOL_LEVEL = "multiprocessing", logging.ERROR
+
+# Run on our events and on foreign records alike, before the renderer.
+_SHARED_PROCESSORS: tuple[Processor, ...] = (
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.add_logger_name,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+)
+
+
+def is_json_format(log_format: str) -> bool:
+    """True when ``log_format`` renders JSON here (``auto``: stderr is not a terminal)."""
+    return log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
 
 
 def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
-    """Configure structlog (and stdlib logging) for this process; idempotent."""
-    use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
-    )
+    """Route structlog through the root logger and give the root one stderr handler.
+
+    Idempotent: a second call replaces this module's handler, and leaves any other
+    handler (a test runner's capture) in place.
+    """
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.stdlib.filter_by_level,
+            *_SHARED_PROCESSORS,
             structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(_CurrentStderr())
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(_build_formatter(is_json_format(log_format)))
+    root, pool = logging.getLogger(), logging.getLogger(_POOL_LOGGER)
+    for logger in (root, pool):
+        for existing in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
+            logger.removeHandler(existing)
+        logger.addHandler(handler)
+    root.setLevel(level.upper())
+    pool.setLevel(_POOL_LEVEL)
+    # Python's warnings (Celery's root-user notice, deprecations) become log records too.
+    logging.captureWarnings(True)
+
+
+def _build_formatter(use_json: bool) -> structlog.stdlib.ProcessorFormatter:
+    renderer: Processor
+    if use_json:
+        renderer = structlog.processors.JSONRenderer()
+        # Tracebacks become one string field, so a record stays on one line.
+        finishing: list[Processor] = [structlog.processors.format_exc_info]
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        finishing = []
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=list(_SHARED_PROCESSORS),
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    *finishing, renderer],
     )
 
 

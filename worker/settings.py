@@ -209,8 +209,8 @@ class Settings(BaseSettings):
         600, gt=0, description="Longest backoff between retries of a transient failure (s)."
     )
     max_transient_retries: int = Field(
-        5, ge=0, description="Celery retries of a job after transient provider errors "
-        "(count)."
+        5, ge=0, description="Retries of a job after a transient failure; its last "
+        "attempt is this + 1 (count)."
     )
 
     # --- scheduler -----------------------------------------------------------------
@@ -239,7 +239,10 @@ class Settings(BaseSettings):
     )
 
     # --- logging -------------------------------------------------------------------
-    log_format: LogFormat = Field(LogFormat.AUTO, description="auto, json or console.")
+    log_format: LogFormat = Field(
+        LogFormat.AUTO, description="How every process logs on stderr: json (one object "
+        "per line), console (readable lines), or auto (console on a terminal, else json)."
+    )
     log_level: str = Field("INFO", description="Log level (name).")
 
     @model_validator(mode="after")

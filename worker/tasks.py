@@ -1,7 +1,8 @@
 """The task ``compactor.compact_session``: a thin view over ``pipeline.run``.
 
 It parses the message, counts the delivery, runs the pipeline, emits the one outcome
-event, and maps a transient failure to a Celery retry. Messages that cannot even be
+event, and maps a transient failure to a Celery retry (at most ``max_transient_retries``);
+whatever ends the job clears the session's queue marker. Messages that cannot even be
 decoded (pickle, garbage) never become a task: ``worker/consumer.py`` reports them as a
 ``rejected`` event.
 """
@@ -55,13 +56,20 @@ def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
     runtime = get_runtime(settings)
     task_id, retries = str(self.request.id), int(self.request.retries)
     result = _run_delivery(runtime, args, kwargs, task_id, retries)
-    will_retry = result.retryable and retries < settings.max_transient_retries
+    will_retry = should_retry(result, retries, settings.max_transient_retries)
     emit_job_event(get_logger(), result, will_retry=will_retry)
     if will_retry:  # the retry keeps this task id, so the session's queue marker stays
         countdown = retry_countdown_s(retries, result.retry_after_s, settings.retry_backoff_max_s)
-        raise self.retry(countdown=countdown, max_retries=None)
+        # Passed explicitly: Celery's max_retries=None means its default of 3, not unbounded.
+        raise self.retry(countdown=countdown, max_retries=settings.max_transient_retries)
+    # Every terminal outcome frees the session: the next scan or trigger may enqueue it.
     _clear_queue_marker(runtime, result.session_id, task_id)
     return result.outcome.value
+
+
+def should_retry(result: JobResult, retries: int, max_retries: int) -> bool:
+    """True when a transient failure has retries left (``retries`` already made)."""
+    return result.retryable and retries < max_retries
 
 
 def _clear_queue_marker(runtime: Runtime, session_id: str, task_id: str) -> None:

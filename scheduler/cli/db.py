@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import typer
@@ -36,6 +37,7 @@ def upgrade_command() -> None:
     url = database_url(settings)
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it runs
     upgrade_database(url)
     stdout_console().print(
         f"database {display_url(url)} is at revision {current_revision(url)} (head)",

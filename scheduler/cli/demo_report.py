@@ -177,7 +177,7 @@ def print_next_steps(console: Console, settings: Settings, session_id: str | Non
     console.print(f"  database: {settings.data_dir / 'compactor.db'}\n  worker log (JSON "
                   f"lines): {log}\n    jq -c 'select(.event==\"compaction.job\") | {{session_id,"
                   f" outcome, reason, tokens_before, tokens_after}}' {log}", highlight=False,
-                  markup=False)
+                  markup=False, soft_wrap=True)
 
 
 def _stored(session_ids: list[str]) -> list[str]:

@@ -124,12 +124,11 @@ class WorkerProcess:
 
     def has_event(self, name: str) -> bool:
         for line in self.log_path.read_text(errors="replace").splitlines():
-            start = line.find("{")
-            if start >= 0 and f'"{name}"' in line:
+            if f'"{name}"' in line:
                 try:
-                    if json.loads(line[start:]).get("event") == name:
+                    if json.loads(line).get("event") == name:
                         return True
-                except ValueError:
+                except ValueError:  # a line still being written
                     continue
         return False
 

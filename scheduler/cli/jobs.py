@@ -8,17 +8,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from db import BreakerUpdate, Store
+from db import BreakerUpdate, SessionNotFound, Store
 from scheduler.cli.common import (
     expected_errors,
     fail,
     open_store,
     print_json,
     stdout_console,
+    to_jsonable,
 )
 from worker import pipeline
 from worker.job import JobRequest, JobResult
-from worker.logging import configure_logging, get_logger
+from worker.logging import get_logger
 from worker.outcome import emit_job_event, job_event_fields
 from worker.runtime import build_runtime
 from worker.settings import get_settings
@@ -68,7 +69,6 @@ def compact_command(
     if not sessions and not all_sessions:
         fail("name at least one session, or pass --all", exit_code=2)
     settings = get_settings()
-    configure_logging(settings.log_format.value, settings.log_level)
     with open_store(settings):  # creates/upgrades the embedded database, checks the schema
         pass
     runtime = build_runtime(settings, use_redis=False)
@@ -118,12 +118,20 @@ def runs_command(
     limit: Annotated[int, typer.Option(help="Newest N runs.")] = 50,
     as_json: JsonFlag = False,
 ) -> None:
-    """List job runs, newest first: outcome, reason, tokens, failure."""
+    """List job runs, newest first: outcome, reason, tokens, failure.
+
+    With --json, ``rolled_back`` says whether a run's revision has left its session's
+    active chain (null: the run made no revision).
+    """
     with open_store(get_settings()) as store:
         runs = store.runs(session_id=session, outcome=outcome, limit=limit)
+        chains = {sid: _active_chain(store, sid)
+                  for sid in {run.session_id for run in runs if run.revision_id is not None}}
     if as_json:
         for run in runs:
-            print_json(run)
+            rolled_back = (None if run.revision_id is None
+                           else run.revision_id not in chains[run.session_id])
+            print_json({**to_jsonable(run), "rolled_back": rolled_back})
         return
     table = Table("id", "session", "started", "outcome", "reason", "before", "after", "failure")
     for run in runs:
@@ -133,6 +141,20 @@ def runs_command(
                       _num(figures.get("tokens_before")), _num(figures.get("tokens_after")),
                       run.failure_class or "")
     stdout_console().print(table)
+
+
+def _active_chain(store: Store, session_id: str) -> set[int]:
+    """The session's active revision and its ancestors: the revisions still in force."""
+    try:
+        current = store.get_session(session_id).active_revision_id
+    except SessionNotFound:  # erased since its runs were recorded
+        return set()
+    parents = {r.id: r.parent_revision_id for r in store.revisions(session_id)}
+    chain: set[int] = set()
+    while current is not None and current not in chain:
+        chain.add(current)
+        current = parents.get(current)
+    return chain
 
 
 @expected_errors

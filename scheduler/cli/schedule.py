@@ -30,7 +30,6 @@ from scheduler.enqueue import CeleryPublisher, ScanReport, trigger_sessions
 from scheduler.selection import DueSession, StopReason, select_due_sessions
 from worker.celery_app import create_app
 from worker.contract import MAX_REASON_CHARS
-from worker.logging import configure_logging
 from worker.settings import Settings, get_settings
 
 # Exit status of `trigger` when some id names no session, of `scan` when the lock is held.
@@ -60,7 +59,7 @@ def trigger(
     """
     if not 0 < len(reason) <= MAX_REASON_CHARS:
         fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
-    settings = _settings()
+    settings = get_settings()
     publisher = CeleryPublisher(create_app(settings), settings.queue_name)
     with open_store(settings) as store, _broker_errors():
         results = trigger_sessions(store, publisher, session_ids, reason=reason, force=force,
@@ -86,7 +85,7 @@ def scan(
 
     Exit status 3 when another scan holds the scan lock.
     """
-    settings = _settings()
+    settings = get_settings()
     now = datetime.now(UTC)
     if dry_run:
         with open_store(settings) as store:
@@ -106,17 +105,13 @@ def scan(
 @expected_errors
 def beat() -> None:
     """Run the beat process: sends `compactor.scan` at scan_cron (UTC)."""
-    settings = _settings()
+    settings = get_settings()
     try:
         start_beat(create_app(settings), settings)
     except ValueError as exc:
         fail(str(exc))
 
 
-def _settings() -> Settings:
-    settings = get_settings()
-    configure_logging(settings.log_format.value, settings.log_level)
-    return settings
 
 
 def _create_embedded_schema(settings: Settings) -> None:

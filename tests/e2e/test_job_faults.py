@@ -18,7 +18,7 @@ from tests.support.e2e import (
     MEDIUM_SESSION_ID,
     JobEnv,
     JobPublisher,
-    import_corpus_sessions,
+    import_generated_sessions,
     projection_violations,
     wait_until,
 )
@@ -26,7 +26,7 @@ from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
 from worker.keys import RedisKeys
 
-pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.corpus]
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 
 
@@ -48,7 +48,7 @@ def test_a_job_whose_worker_is_killed_mid_summarize_is_redelivered_and_completes
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker, server: OpenAIServer,
     job_env: JobEnv, redis_client: redis.Redis,
 ) -> None:
-    import_corpus_sessions(pg_store, LONG_SESSION_ID)
+    import_generated_sessions(pg_store, LONG_SESSION_ID)
     server.set_behaviour("hang")
     worker = start_worker()
     task_id = publisher.publish(LONG_SESSION_ID, reason="kill-mid-summarize")
@@ -88,7 +88,7 @@ def test_malformed_triggers_are_rejected_and_the_worker_keeps_serving(
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker, job_env: JobEnv,
     redis_client: redis.Redis,
 ) -> None:
-    import_corpus_sessions(pg_store, MEDIUM_SESSION_ID)
+    import_generated_sessions(pg_store, MEDIUM_SESSION_ID)
     worker = start_worker()
 
     bad = [publisher.publish_kwargs(kwargs, args=args) for kwargs, args, _ in MALFORMED_MESSAGES]
@@ -109,7 +109,7 @@ def test_a_pickled_trigger_is_refused_with_an_event_and_the_worker_keeps_serving
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker, job_env: JobEnv,
     redis_client: redis.Redis,
 ) -> None:
-    import_corpus_sessions(pg_store, MEDIUM_SESSION_ID)
+    import_generated_sessions(pg_store, MEDIUM_SESSION_ID)
     worker = start_worker()
 
     pickled = publisher.publish_kwargs({"session_id": MEDIUM_SESSION_ID, "reason": "pickle"},
@@ -132,7 +132,7 @@ def test_a_job_past_the_delivery_cap_fails_counts_on_the_breaker_and_is_acknowle
     pg_store: Store, publisher: JobPublisher, start_worker: StartWorker, job_env: JobEnv,
     redis_client: redis.Redis, server: OpenAIServer,
 ) -> None:
-    import_corpus_sessions(pg_store, MEDIUM_SESSION_ID)
+    import_generated_sessions(pg_store, MEDIUM_SESSION_ID)
     task_id = "capped-job"
     # Earlier deliveries of this task all died with their workers.
     key = RedisKeys(job_env.prefix).deliveries(task_id, 0)

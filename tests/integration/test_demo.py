@@ -5,6 +5,7 @@ it started is left running, after a Ctrl-C too."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ from sqlalchemy import Engine, select
 
 from db import Store, create_db_engine
 from db.models import SessionRow
+from tests.support.worker_process import parse_log_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -34,6 +36,7 @@ CLEARED_ENV = ("COMPACTOR_DATABASE_URL", "COMPACTOR_MODEL_CONTEXT_TOKENS",
 WORKER_PID = re.compile(r"worker: `compactor worker` pid (\d+) ready")
 ENQUEUED = re.compile(r"scan: enqueued (\d+) due sessions")
 EMBEDDED_PID = re.compile(r"embedded redis-server \(pid (\d+)\) at (redis://\S+)")
+PRINTED_JQ = re.compile(r"^ +(jq .+ (\S+demo-worker\.log))$", re.MULTILINE)
 
 
 class Demo:
@@ -106,12 +109,25 @@ def assert_nothing_left(output: str) -> None:
     assert WORKER_PID.search(output) is None, "a second run started a worker"
 
 
+def assert_printed_jq_reads_the_worker_log(output: str) -> None:
+    """The jq line the demo prints runs as printed, on a log of JSON lines only."""
+    printed = PRINTED_JQ.search(output)
+    assert printed is not None, output
+    command, log = printed.groups()
+    parse_log_lines(Path(log).read_text(encoding="utf-8"))
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    outcomes = [json.loads(line)["outcome"] for line in done.stdout.splitlines()]
+    assert outcomes and "compacted" in outcomes, done.stdout
+
+
 def test_demo_compacts_with_the_system_redis_then_finds_nothing_left(tmp_path: Path) -> None:
     demo = Demo(tmp_path / "data")
     first = demo.run("--count", "6")
     assert f"redis: {SYSTEM_REDIS_URL} (queue" in first, first
     assert "6 imported" in first
     assert_compacted_and_saved(first)
+    assert_printed_jq_reads_the_worker_log(first)
     worker = WORKER_PID.search(first)
     assert worker is not None, first
     assert_group_gone(int(worker.group(1)))

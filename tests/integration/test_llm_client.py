@@ -19,6 +19,7 @@ from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.compaction.validation import parse_summary
 from worker.errors import (
     ContextOverflow,
+    ProviderAuthFailed,
     ProviderError,
     ProviderRateLimited,
     SessionFailure,
@@ -288,16 +289,16 @@ def test_a_plain_text_endpoint_gets_no_response_format_and_its_prose_reply_is_pa
     assert set(IDENTIFIERS) <= set(parse_summary(second.content).relevant_artifacts)
 
 
-def test_a_wrong_api_key_is_a_provider_configuration_error_that_does_not_echo_the_key(
+def test_a_wrong_api_key_fails_once_as_auth_failed_without_echoing_the_key(
     make_client: MakeClient,
 ) -> None:
     with OpenAIServer(api_key="the-right-key") as guarded:
         client = make_client(base_url=guarded.base_url, api_key="sk-wrong-secret", max_retries=2)
 
-        with pytest.raises(ProviderError) as raised:
+        with pytest.raises(ProviderAuthFailed) as raised:
             complete(client)
 
-        assert raised.value.reason == "auth"
+        assert raised.value.reason == "auth_failed"
         assert guarded.request_count == 1
     assert "sk-wrong-secret" not in str(raised.value)
     assert "sk-wrong-secret" not in repr(client._config)

@@ -18,11 +18,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from db import NewRevision, NewRun, Store, create_db_engine
+from tests.support.corpus import load_corpus
 from tests.support.e2e import (
-    LONG_SESSION_ID,
     append_turns,
     build_job_env,
-    import_corpus_sessions,
     import_records,
     projection_violations,
     token_counter,
@@ -149,17 +148,22 @@ def test_a_session_over_the_trigger_is_compacted_and_its_event_matches_the_store
     assert run.figures["tokens_after"] == after.projection_tokens
 
 
+# A corpus session over the job env's trigger (about 7,800 tokens) that looks up reservations.
+CORPUS_SESSION_ID = "taubench-airline-gpt4o-3"
+
+
 @pytest.mark.corpus
 def test_the_llm_summary_keeps_every_reservation_id_of_a_corpus_span(
     make_harness: MakeHarness,
 ) -> None:
     harness = make_harness()
-    import_corpus_sessions(harness.store, LONG_SESSION_ID)
+    import_records(harness.store, [r for r in load_corpus("dev")
+                                   if r["session_id"] == CORPUS_SESSION_ID])
 
-    result = harness.run(LONG_SESSION_ID)
+    result = harness.run(CORPUS_SESSION_ID)
 
-    [revision] = harness.store.revisions(LONG_SESSION_ID)
-    span = [m for m in harness.store.messages(LONG_SESSION_ID)
+    [revision] = harness.store.revisions(CORPUS_SESSION_ID)
+    span = [m for m in harness.store.messages(CORPUS_SESSION_ID)
             if m.seq <= revision.through_seq and m.role != "system"]
     reservation_ids = set(RESERVATION_ID.findall(json.dumps([m.body for m in span])))
     assert result.outcome is Outcome.COMPACTED

@@ -14,6 +14,7 @@ from typing import Any
 from typer.testing import CliRunner, Result
 
 from scheduler.cli.main import app
+from tests.support.logs import preserved_logging
 from worker.settings import get_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +27,12 @@ class Compactor:
     env: dict[str, str]
 
     def __call__(self, *args: str) -> Result:
-        # get_settings() is cached per process: each run must read this run's env.
+        # get_settings() is cached per process: each run must read this run's env. The
+        # logging a command configures is process-wide too: later tests get theirs back.
         get_settings.cache_clear()
         try:
-            return CliRunner().invoke(app, list(args), env=self.env)
+            with preserved_logging():
+                return CliRunner().invoke(app, list(args), env=self.env)
         finally:
             get_settings.cache_clear()
 

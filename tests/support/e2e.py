@@ -1,6 +1,6 @@
 """Building blocks of the job's tests: per-test settings (and the worker's environment
-built from them), a Celery publisher of job messages, sessions from the corpus or
-generated, and the checks every compacted session must pass."""
+built from them), a Celery publisher of job messages, generated sessions, and the checks
+every compacted session must pass."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from celery import Celery
 
 from db import RevisionRecord, Store
 from tests.support.chat_rules import find_chat_violations
-from tests.support.corpus import load_corpus
+from tests.support.generated import generated_session
 from worker.celery_app import create_app
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
@@ -28,7 +28,7 @@ from worker.ingest import ImportStatus, append_messages, import_sessions
 from worker.settings import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-# A small model window puts ordinary corpus sessions over the trigger (0.7 x 6,000 =
+# A small model window puts ordinary sessions over the trigger (0.7 x 6,000 =
 # 4,200 tokens) and keeps every LLM prompt small.
 MODEL_CONTEXT_TOKENS = 6_000
 TAIL_BUDGET_TOKENS = 800
@@ -53,11 +53,12 @@ JOB_DEFAULTS: dict[str, Any] = {
     "max_transient_retries": 1,
     "max_deliveries": 3,
 }
-# Corpus sessions over the trigger with the settings above (about 7,800 and 4,600 tokens).
-LONG_SESSION_ID = "taubench-airline-gpt4o-3"
-MEDIUM_SESSION_ID = "taubench-airline-gpt4o-0"
-# A corpus session under the trigger (about 1,700 tokens).
-SHORT_SESSION_ID = "taubench-airline-gpt4o-1"
+# Generated sessions (tests/support/generated.py), two over the trigger with the settings
+# above and one under it, by their number of exchanges.
+LONG_SESSION_ID = "gen-long"
+MEDIUM_SESSION_ID = "gen-medium"
+SHORT_SESSION_ID = "gen-short"
+GENERATED_TURNS = {LONG_SESSION_ID: 60, MEDIUM_SESSION_ID: 40, SHORT_SESSION_ID: 10}
 # Longest wait for a worker's job: start-up, the first job's imports, and the job.
 EVENT_TIMEOUT_S = 45.0
 
@@ -151,11 +152,10 @@ def import_records(store: Store, records: Iterable[dict[str, Any]]) -> list[str]
     return [r.session_id for r in reports]
 
 
-def import_corpus_sessions(store: Store, *session_ids: str) -> list[dict[str, Any]]:
-    """Import the named sessions of the corpus's ``dev`` split; return their records."""
-    wanted = set(session_ids)
-    records = [r for r in load_corpus("dev") if r["session_id"] in wanted]
-    assert {r["session_id"] for r in records} == wanted, "corpus sessions missing"
+def import_generated_sessions(store: Store, *session_ids: str) -> list[dict[str, Any]]:
+    """Import the named generated sessions (sizes in ``GENERATED_TURNS``); return them."""
+    records = [generated_session(session_id, GENERATED_TURNS[session_id])
+               for session_id in session_ids]
     import_records(store, records)
     return records
 

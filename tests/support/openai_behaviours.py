@@ -24,6 +24,8 @@ class Behaviour(StrEnum):
     HANG = "hang"
     ERROR_500 = "error_500"
     RATE_LIMIT_429 = "rate_limit_429"
+    UNAUTHORIZED_401 = "unauthorized_401"
+    FORBIDDEN_403 = "forbidden_403"
     MALFORMED_JSON = "malformed_json"
     WRONG_SCHEMA = "wrong_schema"
     EMPTY_SECTIONS = "empty_sections"
@@ -33,7 +35,8 @@ class Behaviour(StrEnum):
     PLAIN_TEXT_FENCED = "plain_text_fenced"
 
 
-_ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429}
+_ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429,
+            "401": Behaviour.UNAUTHORIZED_401, "403": Behaviour.FORBIDDEN_403}
 RETRY_AFTER_S = 1
 
 
@@ -46,7 +49,7 @@ class BehaviourSpec:
 
     @classmethod
     def parse(cls, text: str | Behaviour) -> BehaviourSpec:
-        """Parse ``name`` or ``name:N`` (``500`` and ``429`` are accepted as names)."""
+        """Parse ``name`` or ``name:N`` (``500``, ``429``, ``401``, ``403`` are names too)."""
         name, _, count = str(text).partition(":")
         behaviour = _ALIASES.get(name) or Behaviour(name)
         return cls(behaviour, int(count) if count else None)
@@ -101,6 +104,12 @@ def answer_chat(behaviour: Behaviour, request: ChatRequest, config: ServerConfig
         return error_reply(429, "Rate limit reached for requests.", "requests",
                            code="rate_limit_exceeded",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
+    if behaviour is Behaviour.UNAUTHORIZED_401:
+        return error_reply(401, "Incorrect API key provided.", "invalid_request_error",
+                           code="invalid_api_key")
+    if behaviour is Behaviour.FORBIDDEN_403:
+        return error_reply(403, "You are not allowed to use this model.",
+                           "invalid_request_error", code="model_not_allowed")
     if behaviour is Behaviour.CONTEXT_LENGTH or requested_tokens > config.context_window:
         return _context_error(request, config.context_window)
     if behaviour is Behaviour.JSON_MODE_ONLY and request.format_type == "json_schema":

@@ -11,7 +11,14 @@ import httpx2
 import openai
 import pytest
 
-from worker.errors import ContextOverflow, ProviderError, ProviderRateLimited, SessionFailure
+from worker.errors import (
+    ContextOverflow,
+    Outcome,
+    ProviderAuthFailed,
+    ProviderError,
+    ProviderRateLimited,
+    SessionFailure,
+)
 from worker.llm_errors import (
     is_context_overflow,
     is_format_rejection,
@@ -61,8 +68,8 @@ def test_only_refusals_of_the_response_format_count_as_format_rejections(
 
 
 @pytest.mark.parametrize("status, kind, reason", [
-    (401, ProviderError, "auth"),
-    (403, ProviderError, "permission_denied"),
+    (401, ProviderAuthFailed, "auth_failed"),
+    (403, ProviderAuthFailed, "auth_failed"),
     (404, ProviderError, "not_found"),
     (503, ProviderError, "server_error"),
     (400, SessionFailure, "bad_request"),
@@ -74,6 +81,13 @@ def test_status_errors_map_onto_the_job_error_tree(
 
     assert type(error) is kind
     assert error.reason == reason
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_fail_at_once_without_touching_either_breaker(status: int) -> None:
+    error = translate_error(status_error(status, "Incorrect API key provided."))
+
+    assert (error.outcome, error.retryable, error.counts_on) == (Outcome.FAILED, False, None)
 
 
 def test_a_rate_limit_carries_the_delay_the_endpoint_asked_for() -> None:

@@ -1,0 +1,94 @@
+"""Logging configuration: our events and other libraries' records leave as one JSON object
+per line on stderr, with their levels; console lines on request; configured twice, one
+handler."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from structlog.contextvars import bind_contextvars, clear_contextvars
+
+from tests.support.logs import preserved_logging
+from worker.logging import JOB_EVENT, configure_logging, get_logger
+
+
+@pytest.fixture(autouse=True)
+def restored_logging() -> Iterator[None]:
+    with preserved_logging():
+        yield
+    clear_contextvars()
+
+
+def stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """Every stderr line, each parsed as one JSON object (fails on any other line)."""
+    return [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+
+
+def test_our_events_and_foreign_records_are_json_lines_with_their_own_levels(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("json", "INFO")
+    bind_contextvars(task_id="t-1", session_id="s-1")
+
+    get_logger().info(JOB_EVENT, outcome="compacted")
+    logging.getLogger("celery.worker.consumer").warning("lost connection to %s", "redis")
+    logging.getLogger("httpx2").info("HTTP Request: POST /v1/chat/completions")
+    logging.getLogger("alembic.runtime.migration").debug("below the configured level")
+
+    ours, celery, http = stderr_lines(capsys)
+    assert (ours["event"], ours["level"], ours["logger"], ours["outcome"]) == \
+        (JOB_EVENT, "info", "compactor", "compacted")
+    assert (celery["event"], celery["level"]) == ("lost connection to redis", "warning")
+    assert (http["logger"], http["session_id"], http["task_id"]) == ("httpx2", "s-1", "t-1")
+    assert all(line["timestamp"].endswith("Z") for line in (ours, celery, http))
+
+
+def test_the_prefork_pools_own_logger_is_json_too_though_it_does_not_propagate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("json")
+    pool = logging.getLogger("multiprocessing")
+    pool.propagate = False  # as billiard leaves it
+
+    pool.error("Process %r pid:%r exited with %r", "ForkPoolWorker-1", 42, "signal 9")
+
+    [line] = stderr_lines(capsys)
+    assert (line["logger"], line["level"]) == ("multiprocessing", "error")
+
+
+def test_a_traceback_stays_inside_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("celery.app.trace").exception("Task failed")
+
+    [line] = stderr_lines(capsys)
+    assert line["level"] == "error" and "RuntimeError: boom" in line["exception"]
+
+
+def test_the_console_format_renders_readable_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("console")
+
+    get_logger().warning("worker.runtime_deferred", error_class="OperationalError")
+
+    [line] = capsys.readouterr().err.splitlines()
+    assert "worker.runtime_deferred" in line and "error_class=OperationalError" in line
+    with pytest.raises(ValueError):
+        json.loads(line)
+
+
+def test_configuring_again_replaces_its_handler_instead_of_doubling_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("console")
+    configure_logging("json", "WARNING")
+
+    get_logger().info("scan.finished")
+    get_logger().warning("scan.lock_lost")
+
+    assert [line["event"] for line in stderr_lines(capsys)] == ["scan.lock_lost"]
