@@ -82,12 +82,19 @@ def session_fault(reason: str) -> Expected:
     return Expected(Outcome.FAILED, reason, 1, 0, False)
 
 
+def configuration_fault(reason: str) -> Expected:
+    """The service is set up wrong (a refused key): no breaker counts it, no retry."""
+    return Expected(Outcome.FAILED, reason, 0, 0, False)
+
+
 MATRIX: dict[Behaviour, Expected] = {
     Behaviour.OK: COMPACTED,
     Behaviour.LATENCY: COMPACTED,
     Behaviour.HANG: provider_fault("timeout"),
     Behaviour.ERROR_500: provider_fault("server_error"),
     Behaviour.RATE_LIMIT_429: provider_fault("rate_limited"),
+    Behaviour.UNAUTHORIZED_401: configuration_fault("auth_failed"),
+    Behaviour.FORBIDDEN_403: configuration_fault("auth_failed"),
     Behaviour.MALFORMED_JSON: session_fault("malformed_json"),
     Behaviour.WRONG_SCHEMA: session_fault("schema_mismatch"),
     Behaviour.EMPTY_SECTIONS: session_fault("empty_sections"),
