@@ -32,13 +32,14 @@ RESULT_FIELDS: dict[str, str] = {
     "reason": "the outcome's reason: the plan's decision (`over_trigger`, `forced`, "
               "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`) or "
               "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "
-              "`schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
+              "`auth_failed`, `schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
               "`store_unavailable`, `internal_error`, ...)",
     "summarizer": "`llm`, `extractive` or `fallback`; null when no summary was made",
     "failure_class": "the error class (`ProviderError`, `SummaryInvalid`, `StaleSnapshot`, "
                      "...), null on success",
     "failure_message": "a short description of the failure (never message contents)",
-    "will_retry": "true when the job is retried with backoff (transient failures only)",
+    "will_retry": "true when the job is retried with backoff (transient failures with retries "
+                  "left); false on the last attempt, whose `reason` is the final failure's",
     "revision_id": "the new active revision when compacted",
     "parent_revision_id": "the revision it replaced (null: the full history)",
     "breaker_state": "the session's breaker after the job: `closed`, `open`, `half_open`",
