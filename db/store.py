@@ -20,17 +20,21 @@ from sqlalchemy.orm import Session
 
 from db import leases
 from db import queries as q
+from db.artifacts import select_artifacts
 from db.engine import create_db_engine, derive_read_engine
 from db.errors import SessionExists, translate_errors
 from db.migrate import check_schema
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
+from db.recall import check_query, search_messages
 from db.records import (
+    ArtifactRecord,
     BreakerUpdate,
     MessageRecord,
     NewMessage,
     NewRevision,
     NewRun,
+    RecallHit,
     RevisionRecord,
     RunRecord,
     SessionState,
@@ -114,6 +118,21 @@ class Store:
         with self._read() as session:
             row = q.find_session(session, session_id)
             return q.select_history(session, row.id, after_seq=after_seq)
+
+    def artifacts(self, session_id: str, *, limit: int = 1000) -> list[ArtifactRecord]:
+        """Return the session's identifier index (every message stored), most frequent
+        first."""
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            return select_artifacts(session, row.id, limit=limit)
+
+    def recall(self, session_id: str, query: str, *, limit: int = 20) -> list[RecallHit]:
+        """Return the stored messages where ``query`` appears (as written, any case), in
+        seq order; ValueError when the query is under three characters."""
+        checked = check_query(query)
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            return search_messages(session, row.id, checked, limit=limit)
 
     # --- the compacted view ---------------------------------------------------------
 

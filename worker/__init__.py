@@ -17,6 +17,7 @@ __all__ = [
     "keys",
     "logging",
     "outcome",
+    "recall_tool",
     "runtime",
     "settings",
 ]

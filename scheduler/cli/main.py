@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from scheduler.cli import data, demo, jobs, schedule, sessions
+from scheduler.cli import data, demo, jobs, recall, schedule, sessions
 from scheduler.cli.db import db_app
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app.command("import")(data.import_command)
 app.command("export")(data.export_command)
 app.command("sessions")(sessions.sessions_command)
 app.command("show")(sessions.show_command)
+app.command("recall")(recall.recall_command)
 jobs.register(app)
 schedule.register(app)
 demo.register(app)
