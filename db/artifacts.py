@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -45,11 +45,6 @@ def upsert_artifacts(
         ),
         list(rows.values()),
     )
-
-
-def delete_artifacts(session: Session, session_pk: int) -> None:
-    """Drop the session's artifact rows (the backfill rebuilds them)."""
-    session.execute(delete(ArtifactRow).where(ArtifactRow.session_id == session_pk))
 
 
 def select_artifacts(session: Session, session_pk: int, *, limit: int) -> list[ArtifactRecord]:

@@ -15,7 +15,7 @@ class NewMessage:
     """A message to append: the dict verbatim, plus what queries need from it.
 
     ``identifiers`` and ``search_text`` are computed by the worker at ingest; None leaves
-    the message unindexed (``compactor db backfill`` indexes it later).
+    the message unindexed: it is neither ranked by a job nor found by recall.
     """
 
     body: dict[str, Any]

@@ -2,7 +2,8 @@
 
 ``messages`` gains ``identifiers`` (the message's mentions, ``[value, kind, source,
 count]``) and ``search_text`` (what recall searches); both are NULL for messages stored
-before this revision until ``compactor db backfill`` fills them. ``artifacts`` holds one
+before this revision until a backfill fills them (the worker computes them; a migration
+cannot). ``artifacts`` holds one
 row per identifier of a session. Recall's text index: a trigram GIN index on PostgreSQL
 (pg_trgm), an external-content FTS5 table with the trigram tokenizer on SQLite, kept in
 step with ``messages`` by triggers.
@@ -38,7 +39,6 @@ SQLITE_SEARCH = (
     "INSERT INTO message_search(message_search, rowid, search_text) "
     "VALUES ('delete', old.id, old.search_text); "
     "INSERT INTO message_search(rowid, search_text) VALUES (new.id, new.search_text); END",
-    # Messages stored before this revision have no text yet; the backfill's UPDATEs add it.
 )
 
 
