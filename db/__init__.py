@@ -26,6 +26,7 @@ from db.queue import MarkResult, MarkStatus, QueueMarkers
 from db.records import (
     ArtifactRecord,
     BreakerUpdate,
+    IndexedMessage,
     MessageRecord,
     NewMessage,
     NewRevision,
@@ -48,6 +49,7 @@ __all__ = [
     "DuePage",
     "DueRow",
     "DueWhy",
+    "IndexedMessage",
     "LeaseLost",
     "MarkResult",
     "MarkStatus",

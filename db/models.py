@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from db.types import IdType, JsonData, JsonDocument, KeyString, UTCDateTime
@@ -49,6 +51,10 @@ def _quoted(values: tuple[str, ...]) -> str:
 
 
 _INSTRUCTION_ROLES_SQL = f"role IN ({_quoted(INSTRUCTION_ROLES)})"
+
+
+# JSON data whose None is SQL NULL (not JSON null), so "never indexed" is IS NULL.
+NullableJsonData = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
 class Base(DeclarativeBase):
@@ -109,7 +115,7 @@ class MessageRow(Base):
     tokens: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # Computed by the worker at ingest (NULL: stored before migration 0003, not backfilled).
-    identifiers: Mapped[list[list[Any]] | None] = mapped_column(JsonData)
+    identifiers: Mapped[list[list[Any]] | None] = mapped_column(NullableJsonData)
     search_text: Mapped[str | None] = mapped_column(Text)
 
 

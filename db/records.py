@@ -15,7 +15,7 @@ class NewMessage:
     """A message to append: the dict verbatim, plus what queries need from it.
 
     ``identifiers`` and ``search_text`` are computed by the worker at ingest; None leaves
-    the message unindexed: it is neither ranked by a job nor found by recall.
+    the message unindexed (``compactor db backfill`` indexes it later).
     """
 
     body: dict[str, Any]
@@ -36,6 +36,16 @@ class MessageRecord:
     tool_call_id: str | None
     tokens: int
     identifiers: tuple[StoredMention, ...] | None = None  # None: not indexed yet
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedMessage:
+    """What the worker computed for a message stored before identifiers were: the
+    backfill writes it once."""
+
+    seq: int
+    identifiers: tuple[StoredMention, ...]
+    search_text: str
 
 
 @dataclass(frozen=True, slots=True)

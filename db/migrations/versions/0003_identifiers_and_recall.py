@@ -2,8 +2,8 @@
 
 ``messages`` gains ``identifiers`` (the message's mentions, ``[value, kind, source,
 count]``) and ``search_text`` (what recall searches); both are NULL for messages stored
-before this revision until a backfill fills them (the worker computes them; a migration
-cannot). ``artifacts`` holds one
+before this revision until ``compactor db backfill`` fills them (the worker computes
+them; a migration cannot). ``artifacts`` holds one
 row per identifier of a session. Recall's text index: a trigram GIN index on PostgreSQL
 (pg_trgm), an external-content FTS5 table with the trigram tokenizer on SQLite, kept in
 step with ``messages`` by triggers.
