@@ -20,8 +20,10 @@ _POSTGRESQL = text(
     "AND search_text ILIKE :pattern ESCAPE '\\' ORDER BY seq LIMIT :limit"
 )
 _SQLITE = text(
+    # CROSS JOIN keeps the FTS lookup as the outer loop (SQLite would otherwise walk the
+    # session's messages and run the MATCH once per row).
     "SELECT m.seq, m.role, m.search_text FROM message_search "
-    "JOIN messages AS m ON m.id = message_search.rowid "
+    "CROSS JOIN messages AS m ON m.id = message_search.rowid "
     "WHERE message_search MATCH :phrase AND m.session_id = :session_pk "
     "ORDER BY m.seq LIMIT :limit"
 )
