@@ -4,12 +4,14 @@ message identified once with its source (what ingest stores and a job ranks)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.cli.demo_sessions import generate_sessions
+from tests.support.corpus import load_corpus, skip_without_corpus
 from worker.compaction.identifiers import (
     Mention,
     extract_identifiers,
@@ -120,3 +122,34 @@ def test_a_bare_snake_case_name_with_digits_in_tool_output_is_never_an_identifie
     name: str,
 ) -> None:
     assert find_identifiers(f"  {name} = {name} + 1  # {name}", said=False) == []
+
+
+def test_code_local_names_no_longer_crowd_out_an_error_seen_once() -> None:
+    code = "\n".join(f"queue_{n} = cache_{n}.get(worker_{n})" for n in range(2000))
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "The nightly job failed with E3283-SCHEMA, please look."},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "c1", "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "src/jobs/nightly.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": code},
+    ]
+    stored = [StoredMessage(seq, parse_message(m), 0) for seq, m in enumerate(messages, 1)]
+    ranked = [a.value for a in extract_identifiers(stored)]
+    assert ranked[0] == "E3283-SCHEMA"
+    assert not any(value.startswith(("queue_", "cache_", "worker_")) for value in ranked)
+
+
+@pytest.mark.corpus
+def test_corpus_payment_ids_named_in_tool_calls_are_all_extracted() -> None:
+    skip_without_corpus()
+    checked = 0
+    for session in load_corpus("dev"):
+        stored = [StoredMessage(n, parse_message(m), 0)
+                  for n, m in enumerate(session["messages"])]
+        values = {a.value for a in extract_identifiers(stored)}
+        named = {value for m in session["messages"] for call in m.get("tool_calls") or ()
+                 for key, value in json.loads(call["function"]["arguments"]).items()
+                 if key == "payment_id" and isinstance(value, str)}
+        assert named <= values, session["session_id"]
+        checked += len(named)
+    assert checked > 50
