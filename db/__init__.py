@@ -24,26 +24,32 @@ from db.migrate import (
 )
 from db.queue import MarkResult, MarkStatus, QueueMarkers
 from db.records import (
+    ArtifactRecord,
     BreakerUpdate,
+    IndexedMessage,
     MessageRecord,
     NewMessage,
     NewRevision,
     NewRun,
+    RecallHit,
     RevisionRecord,
     RunRecord,
     SessionState,
     Snapshot,
+    StoredMention,
 )
 from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy
 from db.store import Store
 
 __all__ = [
+    "ArtifactRecord",
     "BreakerUpdate",
     "DueCriteria",
     "DueCursor",
     "DuePage",
     "DueRow",
     "DueWhy",
+    "IndexedMessage",
     "LeaseLost",
     "MarkResult",
     "MarkStatus",
@@ -52,6 +58,7 @@ __all__ = [
     "NewRevision",
     "NewRun",
     "QueueMarkers",
+    "RecallHit",
     "RevisionConflict",
     "RevisionNotFound",
     "RevisionRecord",
@@ -64,6 +71,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "StoredMention",
     "check_schema",
     "create_db_engine",
     "current_revision",

@@ -1,4 +1,4 @@
-"""The four tables: sessions, their messages, summary revisions, and job runs.
+"""The tables: sessions, their messages and identifiers, summary revisions, and job runs.
 
 Messages are append-only and never touched by compaction; a revision summarizes
 ``seq <= through_seq`` and the session points at its active one. The schema itself is
@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from db.types import IdType, JsonData, JsonDocument, KeyString, UTCDateTime
@@ -34,6 +36,12 @@ NAMING_CONVENTION = {
 
 BREAKER_STATES = ("closed", "open", "half_open")
 SUMMARIZER_KINDS = ("llm", "extractive", "fallback")
+# The artifacts table stores an identifier's sources as bits; mirrors
+# worker.compaction.identifiers.SOURCES (db/ may not import worker/).
+SOURCE_BITS = {"user": 1, "assistant": 2, "tool_argument": 4, "tool_output": 8}
+# Recall's text index lives outside the models (migration 0003): PostgreSQL's trigram
+# index and SQLite's FTS5 table with its shadow tables; schema comparisons skip them.
+SEARCH_OBJECT_PREFIXES = ("message_search", "ix_messages_search_text")
 # Mirrors worker.compaction.messages.INSTRUCTION_ROLES (db/ may not import worker/).
 INSTRUCTION_ROLES = ("system", "developer")
 
@@ -43,6 +51,10 @@ def _quoted(values: tuple[str, ...]) -> str:
 
 
 _INSTRUCTION_ROLES_SQL = f"role IN ({_quoted(INSTRUCTION_ROLES)})"
+
+
+# JSON data whose None is SQL NULL (not JSON null), so "never indexed" is IS NULL.
+NullableJsonData = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
 class Base(DeclarativeBase):
@@ -102,6 +114,25 @@ class MessageRow(Base):
     body: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
     tokens: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Computed by the worker at ingest (NULL: stored before migration 0003, not backfilled).
+    identifiers: Mapped[list[list[Any]] | None] = mapped_column(NullableJsonData)
+    search_text: Mapped[str | None] = mapped_column(Text)
+
+
+class ArtifactRow(Base):
+    """One identifier of a session, upserted with every append (migration 0003)."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("session_id", "value"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    session_id: Mapped[int] = mapped_column(IdType, ForeignKey("sessions.id"))
+    value: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str]
+    first_seq: Mapped[int]
+    last_seq: Mapped[int]
+    count: Mapped[int]
+    sources: Mapped[int]  # a bit per source, SOURCE_BITS
 
 
 class RevisionRow(Base):

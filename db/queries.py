@@ -15,9 +15,18 @@ from sqlalchemy import and_, case, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from db.artifacts import upsert_artifacts
 from db.errors import RevisionNotFound, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.records import MessageRecord, NewMessage, NewRun, RevisionRecord, RunRecord, SessionState
+from db.records import (
+    MessageRecord,
+    NewMessage,
+    NewRun,
+    RevisionRecord,
+    RunRecord,
+    SessionState,
+    StoredMention,
+)
 
 # Updates here never need the ORM to sync objects in memory: each transaction is short.
 NO_SYNC = {"synchronize_session": False}
@@ -59,7 +68,8 @@ def insert_session_if_absent(
 def append_rows(
     session: Session, session_id: str, messages: Sequence[NewMessage], now: datetime
 ) -> list[int]:
-    """Reserve seqs under the session's row lock, insert the messages, return the seqs.
+    """Reserve seqs under the session's row lock, insert the messages, fold their
+    identifiers into the session's artifact index, return the seqs.
 
     The counter moves in the same UPDATE that takes the row lock, so seq order is commit
     order: no message can commit below a seq that a concurrent snapshot already saw.
@@ -96,11 +106,18 @@ def append_rows(
                 "body": message.body,
                 "tokens": message.tokens,
                 "created_at": now,
+                "identifiers": None if message.identifiers is None else
+                [list(mention) for mention in message.identifiers],
+                "search_text": message.search_text,
             }
             for seq, message in zip(seqs, messages, strict=True)
         ],
         execution_options={"render_nulls": True},
     )
+    upsert_artifacts(session, session_pk, [
+        (seq, message.identifiers) for seq, message in zip(seqs, messages, strict=True)
+        if message.identifiers
+    ])
     return seqs
 
 
@@ -120,13 +137,19 @@ def _select_messages(session: Session, session_pk: int, condition: Any) -> list[
     rows = session.execute(
         select(
             MessageRow.seq, MessageRow.body, MessageRow.role, MessageRow.tool_call_id,
-            MessageRow.tokens,
+            MessageRow.tokens, MessageRow.identifiers,
         )
         .where(MessageRow.session_id == session_pk, condition)
         .order_by(MessageRow.seq)
     )
-    return [MessageRecord(seq, body, role, tool_call_id, tokens)
-            for seq, body, role, tool_call_id, tokens in rows]
+    return [MessageRecord(seq, body, role, tool_call_id, tokens, _mentions(identifiers))
+            for seq, body, role, tool_call_id, tokens, identifiers in rows]
+
+
+def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
+    if stored is None:
+        return None
+    return tuple((str(v), str(k), str(s), int(n)) for v, k, s, n in stored)
 
 
 def measure_projection(

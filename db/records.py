@@ -6,15 +6,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+# One identifier's occurrences in a message from one source: value, kind, source, count.
+StoredMention = tuple[str, str, str, int]
+
 
 @dataclass(frozen=True, slots=True)
 class NewMessage:
-    """A message to append: the dict verbatim, plus what queries need from it."""
+    """A message to append: the dict verbatim, plus what queries need from it.
+
+    ``identifiers`` and ``search_text`` are computed by the worker at ingest; None leaves
+    the message unindexed (``compactor db backfill`` indexes it later).
+    """
 
     body: dict[str, Any]
     role: str
     tool_call_id: str | None
     tokens: int
+    identifiers: tuple[StoredMention, ...] | None = None
+    search_text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +35,38 @@ class MessageRecord:
     role: str
     tool_call_id: str | None
     tokens: int
+    identifiers: tuple[StoredMention, ...] | None = None  # None: not indexed yet
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedMessage:
+    """What the worker computed for a message stored before identifiers were: the
+    backfill writes it once."""
+
+    seq: int
+    identifiers: tuple[StoredMention, ...]
+    search_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRecord:
+    """One identifier of a session, over every message stored so far."""
+
+    value: str
+    kind: str
+    first_seq: int
+    last_seq: int
+    count: int
+    sources: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RecallHit:
+    """A stored message where a recalled value or phrase appears, with an excerpt."""
+
+    seq: int
+    role: str
+    excerpt: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,17 +20,22 @@ from sqlalchemy.orm import Session
 
 from db import leases
 from db import queries as q
+from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
 from db.engine import create_db_engine, derive_read_engine
 from db.errors import SessionExists, translate_errors
 from db.migrate import check_schema
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
+from db.recall import check_query, search_messages
 from db.records import (
+    ArtifactRecord,
     BreakerUpdate,
+    IndexedMessage,
     MessageRecord,
     NewMessage,
     NewRevision,
     NewRun,
+    RecallHit,
     RevisionRecord,
     RunRecord,
     SessionState,
@@ -114,6 +119,41 @@ class Store:
         with self._read() as session:
             row = q.find_session(session, session_id)
             return q.select_history(session, row.id, after_seq=after_seq)
+
+    def artifacts(self, session_id: str, *, limit: int = 1000) -> list[ArtifactRecord]:
+        """Return the session's identifier index (every message stored), most frequent
+        first."""
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            return select_artifacts(session, row.id, limit=limit)
+
+    def recall(self, session_id: str, query: str, *, limit: int = 20) -> list[RecallHit]:
+        """Return the stored messages where ``query`` appears (as written, any case), in
+        seq order; ValueError when the query is under three characters."""
+        checked = check_query(query)
+        with self._read() as session:
+            row = q.find_session(session, session_id)
+            return search_messages(session, row.id, checked, limit=limit)
+
+    # --- the backfill of messages stored before identifiers were ---------------------
+
+    def count_unindexed_messages(self) -> int:
+        """Count the messages of every session that were never indexed."""
+        with self._read() as session:
+            return count_unindexed(session)
+
+    def unindexed_messages(self, session_id: str, *, limit: int) -> list[tuple[int, Any]]:
+        """Return ``(seq, body)`` of the session's first ``limit`` unindexed messages."""
+        with self._read() as session:
+            return select_unindexed(session, q.find_session(session, session_id).id,
+                                    limit=limit)
+
+    def index_messages(self, session_id: str, indexed: Sequence[IndexedMessage]) -> int:
+        """Write the index of unindexed messages and fold it into the artifact index, in
+        one transaction under the session's row lock; return how many were written."""
+        with self._write() as session:
+            row = q.find_session(session, session_id, lock=True)
+            return write_index(session, row.id, indexed)
 
     # --- the compacted view ---------------------------------------------------------
 

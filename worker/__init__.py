@@ -8,6 +8,7 @@ package loads none of them: the Celery app is built only by ``worker.celery_app`
 """
 
 __all__ = [
+    "backfill",
     "celery_app",
     "compaction",
     "contract",
@@ -17,6 +18,7 @@ __all__ = [
     "keys",
     "logging",
     "outcome",
+    "recall_tool",
     "runtime",
     "settings",
 ]

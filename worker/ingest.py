@@ -24,7 +24,9 @@ from worker.compaction import (
     clean_text,
     dump_message,
     find_open_tool_calls,
+    identify_message,
     parse_message,
+    search_text,
 )
 from worker.errors import MessagesRejected
 
@@ -180,10 +182,13 @@ def read_tool_call_context(
 
 
 def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> list[NewMessage]:
-    """Turn checked messages into store rows, each counted once."""
+    """Turn checked messages into store rows, each counted and identified once (stored
+    messages never change, so no job scans them again)."""
     return [
         NewMessage(body=dump_message(message), role=message.role.value,
-                   tool_call_id=message.tool_call_id, tokens=counter.count_message(message))
+                   tool_call_id=message.tool_call_id, tokens=counter.count_message(message),
+                   identifiers=tuple(identify_message(message)),
+                   search_text=search_text(message))
         for message in messages
     ]
 

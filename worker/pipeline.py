@@ -23,12 +23,12 @@ from worker.compaction import (
     apply_strategy,
     breaker_after_failure,
     decide_compaction,
-    extract_identifiers,
     group_messages,
     merge_summaries,
     parse_message,
     plan_boundary,
     prune_groups,
+    rank_artifacts,
     render_summary_block,
     summary_block_message,
     validate_summary,
@@ -206,10 +206,12 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
     if policy.span_strategy is not None:
         span = apply_strategy(span, policy.span_strategy, deps.counter)
+    # The identifiers found at ingest: a job never scans the span for them again.
+    stored = {m.seq: m.identifiers or () for m in plan.snapshot.messages}
     work = SummaryWork(
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(extract_identifiers(span_messages)),
+        artifacts=tuple(rank_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
         span_tokens=sum(m.tokens for m in span_messages),
         budget_tokens=policy.summary_budget_tokens,
     )

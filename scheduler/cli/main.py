@@ -12,7 +12,7 @@ import logging
 import pydantic
 import typer
 
-from scheduler.cli import data, demo, jobs, schedule, sessions
+from scheduler.cli import data, demo, jobs, recall, schedule, sessions
 from scheduler.cli.db import db_app
 from worker.logging import configure_logging
 from worker.settings import get_settings
@@ -49,6 +49,7 @@ app.command("import")(data.import_command)
 app.command("export")(data.export_command)
 app.command("sessions")(sessions.sessions_command)
 app.command("show")(sessions.show_command)
+app.command("recall")(recall.recall_command)
 jobs.register(app)
 schedule.register(app)
 demo.register(app)

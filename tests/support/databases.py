@@ -22,7 +22,7 @@ from db import Store, create_db_engine
 POSTGRES_URL_ENV = "COMPACTOR_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # Children before parents; TRUNCATE ... CASCADE would also cope, this keeps it explicit.
-STORE_TABLES = ("runs", "messages", "revisions", "sessions")
+STORE_TABLES = ("runs", "artifacts", "messages", "revisions", "sessions")
 
 
 def sqlite_url(path: Path) -> str:

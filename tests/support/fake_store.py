@@ -224,7 +224,7 @@ class FakeStore:
         state = self._find(session_id)
         seqs = list(range(state.head_seq + 1, state.head_seq + len(messages) + 1))
         self._messages[session_id] += [
-            MessageRecord(seq, m.body, m.role, m.tool_call_id, m.tokens)
+            MessageRecord(seq, m.body, m.role, m.tool_call_id, m.tokens, m.identifiers)
             for seq, m in zip(seqs, messages, strict=True)]
         added = sum(m.tokens for m in messages)
         self._put(state, head_seq=seqs[-1], total_tokens=state.total_tokens + added,

@@ -27,7 +27,14 @@ from worker.compaction.errors import (
 )
 from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import Group, group_messages
-from worker.compaction.identifiers import Artifact, extract_identifiers
+from worker.compaction.identifiers import (
+    Artifact,
+    Mention,
+    extract_identifiers,
+    identify_message,
+    rank_artifacts,
+    search_text,
+)
 from worker.compaction.intake import (
     Action,
     IntakePolicy,
@@ -69,6 +76,7 @@ __all__ = [
     "Group",
     "IntakePolicy",
     "IntakeResult",
+    "Mention",
     "Outcome",
     "Problem",
     "ProblemKind",
@@ -96,6 +104,7 @@ __all__ = [
     "fallback_summary",
     "find_open_tool_calls",
     "group_messages",
+    "identify_message",
     "load_encoding",
     "merge_summaries",
     "output_budget_tokens",
@@ -104,7 +113,9 @@ __all__ = [
     "plan_boundary",
     "plan_summary_calls",
     "prune_groups",
+    "rank_artifacts",
     "render_summary_block",
+    "search_text",
     "summary_block_message",
     "summary_json_schema",
     "validate_summary",

@@ -1,14 +1,32 @@
-"""Verbatim identifiers of a span (paths, error codes, ids, hashes, versions, URLs,
-tickets, tool names): what a summary must carry unchanged, ranked into an artifact index.
+"""Verbatim identifiers (paths, error codes, ids, hashes, versions, URLs, tickets, tool
+names): found once per message when it is stored (``identify_message``), then ranked
+into a span's artifact index from those stored mentions (``rank_artifacts``).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
+from worker.compaction import identifier_rules
+from worker.compaction.identifier_rules import find_identifiers
+from worker.compaction.messages import INSTRUCTION_ROLES, ChatMessage, Role, StoredMessage
+
+__all__ = [
+    "KIND_WEIGHTS",
+    "SAID_SOURCES",
+    "SOURCES",
+    "Artifact",
+    "Mention",
+    "StoredMention",
+    "extract_identifiers",
+    "find_identifiers",
+    "identify_message",
+    "rank_artifacts",
+    "search_text",
+]
 
 # Where an identifier occurred: what the user or the assistant said, what the assistant
 # passed to a tool, or only what a tool returned.
@@ -34,6 +52,16 @@ class Artifact:
         return not self.sources.isdisjoint(SAID_SOURCES)
 
 
+class Mention(NamedTuple):
+    """An identifier's occurrences in one message from one source; stored per message
+    at ingest as the JSON array ``[value, kind, source, count]``."""
+
+    value: str
+    kind: str
+    source: str
+    occurrences: int
+
+
 # Ranking weight per kind: how much losing one would hurt the agent that continues.
 KIND_WEIGHTS: dict[str, int] = {
     "error": 5,
@@ -44,113 +72,39 @@ KIND_WEIGHTS: dict[str, int] = {
     "hash": 3,
     "ticket": 3,
     "email": 2,
+    "phone": 2,
     "version": 2,
     "tool": 1,
 }
 
-_ERRNO_NAMES = (
-    "ENOENT|EACCES|EPERM|EEXIST|EINVAL|EISDIR|ENOTDIR|ENOSPC|EROFS|EBADF|EBUSY|EAGAIN|EPIPE"
-    "|EMFILE|ENOMEM|ETIMEDOUT|ECONNREFUSED|ECONNRESET|ECONNABORTED|EADDRINUSE|EHOSTUNREACH"
-    "|ENETUNREACH|ENOTFOUND|ENOTEMPTY|EAI_AGAIN"
-)
-_ERROR_PREFIXES = "ORA|PLS|TNS|ERR|SQLSTATE"
-_RUNTIMES = "python|node|java|go|ruby|version|release"
-_ID_LABELS = (
-    "reservation|booking|confirmation|order|ticket|account|user|customer|member"
-    "|transaction|invoice|case|flight|record|locator"
-)
-_ID_KEY = r"(?:id|[A-Za-z0-9_]*(?:_id|_number|_code|Id|ID|Number|Code))"
-_ZONE = r"(?:Z|[+-]\d{2}:?\d{2})?"
-_PRERELEASE = r"(?:-[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?"
-# Prefixes that look like ticket keys but name encodings, ciphers or standards.
-_NOT_TICKETS = frozenset({"UTF", "SHA", "AES", "ISO", "RSA", "COVID", "GPT", "MD", "TLS", "SSL"})
 
-# Earlier rules win: a span matched by one is masked from the later ones, so a URL's
-# path is not also a path and an error code is not also an id. A group named ``v`` marks
-# the value inside a labelled match (``"reservation_id": "HATHAT"`` yields ``HATHAT``).
-# ``needles``: the rule is skipped for text holding none of them (most text lacks "://").
-# ``prose_only``: skipped for JSON text, where the key rules already read labelled values.
-@dataclass(frozen=True, slots=True)
-class _Rule:
-    kind: str  # "" masks the match without reporting it
-    pattern: re.Pattern[str]
-    needles: tuple[str, ...] = ()
-    prose_only: bool = False
+def identify_message(message: ChatMessage) -> list[Mention]:
+    """Return the identifiers of one message with their source, once per value and source.
+
+    Instruction messages yield none: the projection keeps them verbatim.
+    """
+    if message.role in INSTRUCTION_ROLES:
+        return []
+    is_output = message.role is Role.TOOL
+    source = "tool_output" if is_output else message.role.value
+    counts: Counter[tuple[str, str, str]] = Counter(
+        (value, kind, source)
+        for value, kind in identifier_rules.find_identifiers(message.text, said=not is_output)
+    )
+    for call in message.tool_calls or ():
+        counts[(call.function.name, "tool", "tool_argument")] += 1
+        counts.update((value, kind, "tool_argument")
+                      for value, kind in identifier_rules.find_identifiers(
+                          call.function.arguments))
+    return [Mention(value, kind, source, count)
+            for (value, kind, source), count in counts.items()]
 
 
-def _rule(kind: str, pattern: str, *needles: str, prose_only: bool = False) -> _Rule:
-    return _Rule(kind, re.compile(pattern), needles, prose_only)
-
-
-_RULES: tuple[_Rule, ...] = (
-    _rule("url", r"\b(?:https?|ftp|wss?|s3|gs)://[^\s\"'<>()\[\]{}`]+[^\s\"'<>()\[\]{}`.,;:!?]",
-          "://"),
-    _rule("email", r"\b[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b", "@"),
-    _rule("uuid", r"\b[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}\b", "-"),
-    # Dates and times are masked, not reported: ``2024-05-15T15:00`` is not id ``15T15``.
-    _rule("", rf"\b\d{{4}}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?{_ZONE})?\b", "-"),
-    _rule("id", rf"\"{_ID_KEY}\"\s*:\s*\"(?P<v>[A-Za-z0-9][A-Za-z0-9_.:/-]{{2,63}})\"", '"'),
-    _rule("id", rf"\"{_ID_KEY}\"\s*:\s*(?P<v>\d{{3,20}})\b", '"'),
-    # A code listed in a JSON array: ``"reservations": ["ZFA04Y", "HATHAT"]``.
-    _rule("id", r"(?<=[\[,])\s*\"(?P<v>[A-Z0-9]{5,12})\"(?=\s*[,\]])", '"'),
-    _rule("path", r"(?<![\w.:/~])(?:~|\.\.?)?(?:/[\w.@+-]+){2,}/?", "/"),
-    _rule("path", r"(?<![\w.:/])~/[\w.@+-]+(?:/[\w.@+-]+)*", "~/"),
-    _rule("path", r"\b[A-Za-z]:\\(?:[\w.-]+\\)*[\w.-]+", ":\\"),
-    _rule("path", r"(?<![\w/.])[\w.-]+(?:/[\w.-]+)+\.[A-Za-z][A-Za-z0-9]{0,7}\b", "/"),
-    _rule(
-        "path",
-        r"(?<![\w/.-])[\w-]+\.(?:py|pyi|js|mjs|ts|tsx|jsx|json|ya?ml|toml|md|txt|csv|log"
-        r"|sh|go|rs|java|kt|cs|c|h|cc|cpp|hpp|rb|php|sql|html|css|ini|cfg|conf|lock|xml"
-        r"|env|proto|tf)\b",
-        ".",
-    ),
-    _rule("error", r"\bHTTP(?:/\d(?:\.\d)?)?[ :]+[45]\d\d\b", "HTTP"),
-    _rule("error", r"(?i:\bstatus(?: code)?)[ :]+[45]\d\d\b", "tatus", "TATUS"),
-    _rule("error", rf"\b(?:{_ERROR_PREFIXES})[-_ ]?\d{{3,5}}\b", *_ERROR_PREFIXES.split("|")),
-    _rule("error", rf"\b(?:{_ERRNO_NAMES})\b", "E"),
-    _rule("error", r"\bE\d{3,5}\b", "E"),
-    _rule("error", r"\b[A-Z][a-z]+(?:[A-Z][a-z0-9]*)*(?:Error|Exception|Fault)\b",
-          "Error", "Exception", "Fault"),
-    _rule("version", rf"\bv\d+(?:\.\d+){{1,3}}{_PRERELEASE}\b", "v"),
-    _rule("version", rf"(?<![\w.])\d+(?:\.\d+){{2,3}}{_PRERELEASE}(?!\.?\d)(?!\w)", "."),
-    _rule("version", rf"(?i:\b(?:{_RUNTIMES})\s+)(?P<v>\d+\.\d+)\b", "."),
-    _rule("ticket", r"\b(?P<v>[A-Z][A-Z0-9]{1,9}-\d{2,6})\b", "-"),
-    _rule("ticket", r"(?<![\w&#])#\d{2,7}\b", "#"),
-    _rule("id", rf"(?i:\b(?:{_ID_LABELS})(?:\s+(?:id|number|code|no\.?|#))?\s*(?:is|:|=|#)?\s*)"
-                r"(?P<v>[A-Z0-9]{5,12})\b", prose_only=True),
-    _rule("id", r"\b[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*_[A-Za-z0-9]*\d[A-Za-z0-9]*\b", "_"),
-    # Each of the last three first checks the whole word's length and alphabet, then
-    # that it mixes the character classes (much faster than lookaheads over ``\w*``).
-    _rule("id", r"\b(?=[A-Z0-9]{5,16}\b)(?=[A-Z]*\d)(?=\d*[A-Z])[A-Z0-9]+"),
-    _rule("id", r"\b(?=[A-Za-z0-9]{8,40}\b)(?=[A-Za-z]*\d)(?=[A-Z0-9]*[a-z])(?=[a-z0-9]*[A-Z])"
-                r"[A-Za-z0-9]+"),
-    _rule("hash", r"\b(?=[0-9a-f]{7,64}\b)(?=[a-f]*\d)(?=\d*[a-f])[0-9a-f]+"),
-)
-
-
-def find_identifiers(text: str) -> list[tuple[str, str]]:
-    """Return ``(value, kind)`` for every identifier in ``text``, in text order."""
-    taken = bytearray(len(text))
-    found: list[tuple[int, str, str]] = []
-    is_json = text.lstrip()[:1] in ("{", "[")
-    for rule in _RULES:
-        if rule.needles and not any(needle in text for needle in rule.needles):
-            continue
-        if rule.prose_only and is_json:
-            continue
-        kind, pattern = rule.kind, rule.pattern
-        for match in pattern.finditer(text):
-            start, end = match.span()
-            if any(taken[start:end]):
-                continue
-            value = match.group("v") if "v" in pattern.groupindex else match.group(0)
-            if kind == "ticket" and value.split("-", 1)[0] in _NOT_TICKETS:
-                continue
-            taken[start:end] = b"\x01" * (end - start)
-            if kind:
-                found.append((start, value, kind))
-    found.sort(key=lambda item: item[0])
-    return [(value, kind) for _, value, kind in found]
+def search_text(message: ChatMessage) -> str:
+    """The text recall searches: the message's text, then each tool call's name and
+    arguments, one per line."""
+    calls = [f"{c.function.name} {c.function.arguments}" for c in message.tool_calls or ()]
+    return "\n".join([message.text, *calls]) if calls else message.text
 
 
 @dataclass
@@ -164,28 +118,21 @@ class _Tally:
     sources: set[str]
 
 
-def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
-    """Return the span's identifiers, de-duplicated and ranked most important first.
+StoredMention = tuple[str, str, str, int]  # a Mention as the store hands it back
+
+
+def rank_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -> list[Artifact]:
+    """Rank the stored mentions of a span, ``(seq, mentions)`` in seq order, most
+    important first.
 
     Rank: kind weight times (occurrences + occurrences outside tool results), so an id the
     user or agent spoke outranks one only listed in a search result; ties go to the
-    earlier first occurrence. Instruction messages are skipped: the projection keeps them
-    verbatim, so their identifiers are never lost.
+    earlier first occurrence.
     """
     tallies: dict[str, _Tally] = {}
-    for seq, source, value, kind in _occurrences(messages):
-        is_result = source == "tool_output"
-        tally = tallies.get(value)
-        if tally is None:
-            tallies[value] = _Tally(kind, 1, int(not is_result), seq, seq, len(tallies),
-                                    {source})
-            continue
-        tally.count += 1
-        tally.mentions += int(not is_result)
-        tally.last_seq = seq
-        tally.sources.add(source)
-        if KIND_WEIGHTS[kind] > KIND_WEIGHTS[tally.kind]:
-            tally.kind = kind
+    for seq, found in mentions:
+        for value, kind, source, count in found:
+            _tally(tallies, seq, value, kind, source, count)
     ranked = sorted(
         tallies.items(),
         key=lambda item: (-_score(item[1]), item[1].first_seq, item[1].order),
@@ -194,20 +141,26 @@ def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
             for value, t in ranked]
 
 
+def _tally(tallies: dict[str, _Tally], seq: int, value: str, kind: str, source: str,
+           count: int) -> None:
+    said = 0 if source == "tool_output" else count
+    tally = tallies.get(value)
+    if tally is None:
+        tallies[value] = _Tally(kind, count, said, seq, seq, len(tallies), {source})
+        return
+    tally.count += count
+    tally.mentions += said
+    tally.last_seq = max(tally.last_seq, seq)
+    tally.sources.add(source)
+    if KIND_WEIGHTS.get(kind, 0) > KIND_WEIGHTS.get(tally.kind, 0):
+        tally.kind = kind
+
+
 def _score(tally: _Tally) -> int:
-    return KIND_WEIGHTS[tally.kind] * (tally.count + tally.mentions)
+    return KIND_WEIGHTS.get(tally.kind, 1) * (tally.count + tally.mentions)
 
 
-def _occurrences(messages: Sequence[StoredMessage]) -> Iterator[tuple[int, str, str, str]]:
-    """Yield ``(seq, source, value, kind)`` for each identifier occurrence (``SOURCES``)."""
-    for stored in messages:
-        message = stored.message
-        if message.role in INSTRUCTION_ROLES:
-            continue
-        source = "tool_output" if message.role is Role.TOOL else message.role.value
-        for value, kind in find_identifiers(message.text):
-            yield stored.seq, source, value, kind
-        for call in message.tool_calls or ():
-            yield stored.seq, "tool_argument", call.function.name, "tool"
-            for value, kind in find_identifiers(call.function.arguments):
-                yield stored.seq, "tool_argument", value, kind
+def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
+    """Find and rank the identifiers of messages that were never stored (tests, tools);
+    a job ranks the mentions stored at ingest instead."""
+    return rank_artifacts((m.seq, identify_message(m.message)) for m in messages)

@@ -1,0 +1,104 @@
+"""The per-session artifact index: one row per identifier, upserted in the transaction
+that stores (or backfills) the messages mentioning it, and read back as
+``ArtifactRecord`` values; and the backfill's reads and writes of unindexed messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import case, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from db.models import SOURCE_BITS, ArtifactRow, MessageRow
+from db.records import ArtifactRecord, IndexedMessage, StoredMention
+
+
+def upsert_artifacts(
+    session: Session, session_pk: int, mentions: Iterable[tuple[int, Sequence[StoredMention]]]
+) -> None:
+    """Fold ``(seq, mentions)`` of messages just indexed, in seq order, into the
+    session's rows (called under the session's row lock)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for seq, found in mentions:
+        for value, kind, source, count in found:
+            row = rows.get(value)
+            if row is None:
+                rows[value] = {"session_id": session_pk, "value": value, "kind": kind,
+                               "first_seq": seq, "last_seq": seq, "count": count,
+                               "sources": SOURCE_BITS.get(source, 0)}
+                continue
+            row["last_seq"] = seq
+            row["count"] += count
+            row["sources"] |= SOURCE_BITS.get(source, 0)
+    if not rows:
+        return
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(ArtifactRow)
+    table = ArtifactRow.__table__.c
+    new = statement.excluded
+    # A backfill folds in messages older than those already indexed: widen both ends.
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[table.session_id, table.value],
+            set_={"first_seq": case((new.first_seq < table.first_seq, new.first_seq),
+                                    else_=table.first_seq),
+                  "last_seq": case((new.last_seq > table.last_seq, new.last_seq),
+                                   else_=table.last_seq),
+                  "count": table.count + new.count,
+                  "sources": table.sources.op("|")(new.sources)},
+        ),
+        list(rows.values()),
+    )
+
+
+def select_artifacts(session: Session, session_pk: int, *, limit: int) -> list[ArtifactRecord]:
+    """Return the session's identifiers, most frequent first."""
+    rows = session.scalars(
+        select(ArtifactRow).where(ArtifactRow.session_id == session_pk)
+        .order_by(ArtifactRow.count.desc(), ArtifactRow.first_seq, ArtifactRow.value)
+        .limit(limit)
+    )
+    return [ArtifactRecord(row.value, row.kind, row.first_seq, row.last_seq, row.count,
+                           frozenset(name for name, bit in SOURCE_BITS.items()
+                                     if row.sources & bit))
+            for row in rows]
+
+
+def select_unindexed(session: Session, session_pk: int, *, limit: int) -> list[tuple[int, Any]]:
+    """Return ``(seq, body)`` of the session's first ``limit`` messages never indexed."""
+    rows = session.execute(
+        select(MessageRow.seq, MessageRow.body)
+        .where(MessageRow.session_id == session_pk, MessageRow.identifiers.is_(None))
+        .order_by(MessageRow.seq).limit(limit)
+    )
+    return [(seq, body) for seq, body in rows]
+
+
+def count_unindexed(session: Session) -> int:
+    """Count the messages of every session that were never indexed."""
+    return int(session.scalar(
+        select(func.count()).select_from(MessageRow).where(MessageRow.identifiers.is_(None))
+    ) or 0)
+
+
+def write_index(session: Session, session_pk: int, indexed: Sequence[IndexedMessage]) -> int:
+    """Store the identifiers and search text of messages never indexed, and fold them
+    into the artifact index; return how many were still unindexed (a concurrent backfill
+    may have written the others)."""
+    written: list[IndexedMessage] = []
+    for item in indexed:
+        changed = session.execute(
+            update(MessageRow)
+            .where(MessageRow.session_id == session_pk, MessageRow.seq == item.seq,
+                   MessageRow.identifiers.is_(None))
+            .values(identifiers=[list(m) for m in item.identifiers],
+                    search_text=item.search_text)
+            .returning(MessageRow.id),
+            execution_options={"synchronize_session": False},
+        ).first()
+        if changed is not None:
+            written.append(item)
+    upsert_artifacts(session, session_pk, [(i.seq, i.identifiers) for i in written])
+    return len(written)

@@ -1,0 +1,236 @@
+"""The rules that find identifiers in one text, as written: one C-level scan picks the
+words worth a look (a digit, a path or URL sign, an error's shape), a cached classifier
+names each word's kind, and a few labelled rules read values a word alone cannot type
+(``"reservation_id": "HATHAT"``, ``HTTP 503``, ``order id is X``).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+# Characters that end a word: whitespace, quotes, brackets and list punctuation.
+_DELIMITERS = r"\s\"'`<>()\[\]{},;|*"
+_WORD = rf"[^{_DELIMITERS}]"
+_WORD_OR_COMPARISON = r"[^\s\"'`()\[\]{},;|*]"
+# A word is worth classifying when it holds a digit or an identifier's sign, or looks
+# like an error name; plain words (most of any text) never leave the regex engine.
+_CANDIDATE = re.compile(
+    rf"(?<!{_WORD})(?={_WORD_OR_COMPARISON}*?(?:[\d/\\@#=_~]|[.:^!-]{_WORD}|Error|Exception|Fault"
+    rf"|Warning|[A-Z]{{4}}))(?:{_WORD}|[<>](?==))+"
+)
+_TRAILING = ".,:;!?"
+
+_ERRNO_NAMES = frozenset({
+    "ENOENT", "EACCES", "EPERM", "EEXIST", "EINVAL", "EISDIR", "ENOTDIR", "ENOSPC", "EROFS",
+    "EBADF", "EBUSY", "EAGAIN", "EPIPE", "EMFILE", "ENOMEM", "ETIMEDOUT", "ECONNREFUSED",
+    "ECONNRESET", "ECONNABORTED", "EADDRINUSE", "EHOSTUNREACH", "ENETUNREACH", "ENOTFOUND",
+    "ENOTEMPTY", "EAI_AGAIN"
+})
+# Prefixes that look like ticket keys but name encodings, ciphers or standards.
+_NOT_TICKETS = frozenset({"UTF", "SHA", "AES", "ISO", "RSA", "COVID", "GPT", "MD", "TLS", "SSL"})
+_EXTENSIONS = frozenset({
+    "py", "pyi", "js", "mjs", "ts", "tsx", "jsx", "json", "yaml", "yml", "toml", "md", "txt",
+    "csv", "log", "sh", "go", "rs", "java", "kt", "cs", "c", "h", "cc", "cpp", "hpp", "rb",
+    "php", "sql", "html", "css", "ini", "cfg", "conf", "lock", "xml", "env", "proto", "tf"
+})
+_RUNTIMES = ("python", "node", "java", "go", "ruby", "version", "release")
+
+_PRERELEASE = r"(?:-[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?(?:\+[0-9A-Za-z.]+)?"
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+")
+_EMAIL = re.compile(r"[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+_AT_PIN = re.compile(r"@?[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?@[\^~]?v?\d[\w.*+-]*")
+_PIN = re.compile(r"[A-Za-z][\w.-]*(?:==|>=|<=|~=|!=)v?\d[\w.*+-]*(?:,(?:==|>=|<=|~=|!=|<|>)"
+                  r"v?\d[\w.*+-]*)*")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+_ABSOLUTE_PATH = re.compile(r"(?:~|\.\.?)?(?:/[\w.@+-]+){2,}/?|~/[\w.@+-]+(?:/[\w.@+-]+)*")
+_RELATIVE_PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)+\.([A-Za-z][A-Za-z0-9]{0,7})")
+_WINDOWS_PATH = re.compile(r"[A-Za-z]:\\(?:[\w.-]+\\)*[\w.-]+")
+_FILE_NAME = re.compile(r"[\w-]+\.([A-Za-z]+)")
+_LINE_SUFFIX = re.compile(r"(?::\d+)+:?$|::.*$")
+_ERROR_CODE = re.compile(r"E\d{3,5}(?:-[A-Z][A-Z0-9]*)*|(?:ORA|PLS|TNS|ERR|SQLSTATE)[-_]?\d{3,5}"
+                         r"(?:[-_][A-Z0-9]+)*|ERR(?:_[A-Z0-9]+)+")
+_ERROR_NAME = re.compile(r"(?:[a-z_][\w]*\.)*[A-Z][A-Za-z0-9]*(?:Error|Exception|Fault|Warning)")
+_ERROR_CONSTANT = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+_ERROR_WORDS = ("ERR", "FAIL", "TIMEOUT", "DENIED", "INVALID", "REFUSED", "RESET", "UNAVAILABLE",
+                "NOT_FOUND", "CONFLICT", "EXCEEDED", "ABORT")
+_VERSION = re.compile(rf"v\d+(?:\.\d+){{1,3}}{_PRERELEASE}|\d+(?:\.\d+){{2,3}}{_PRERELEASE}")
+_SHORT_VERSION = re.compile(r"\d+\.\d+")
+_TICKET = re.compile(r"([A-Z][A-Z0-9]{1,9})-\d{1,6}")
+_HASH_TICKET = re.compile(r"#(\d{2,7}|[A-Z]\d{3,12})")
+_HASH = re.compile(r"[0-9a-f]{7,64}")
+_CODE = re.compile(r"[A-Z0-9]{5,16}")
+_TOKEN = re.compile(r"[A-Za-z0-9]{8,40}")
+_SNAKE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+")
+_KEBAB = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)+")
+_PHONE = re.compile(r"\+\d{7,15}|(?:\+?\d{1,3}[-.])?\d{3}[-.]\d{3}[-.]\d{4}")
+
+# Labelled values, read where a word alone says too little. Group ``v`` is the value.
+_ID_KEY = re.compile(
+    r"(?:_id|_number|_code|Id|ID|Number|Code|\"id)\"\s*:\s*(?:\"(?P<v>[A-Za-z0-9][A-Za-z0-9_.:/"
+    r"-]{2,63})\"|(?P<n>\d{3,20})\b)"
+)
+_CODE_IN_ARRAY = re.compile(r"[\[,]\s*\"(?P<v>[A-Z0-9]{5,12})\"(?=\s*[,\]])")
+_HTTP_STATUS = re.compile(r"HTTP(?:/\d(?:\.\d)?)?[ :]+[45]\d\d\b")
+_STATUS_CODE = re.compile(r"(?i:\bstatus(?: code)?)[ :]+[45]\d\d\b")
+# Each starts with a literal, which the regex engine finds fast.
+_PHONE_GROUPED = re.compile(r"\+\d{1,3}[ .-]?(?:\(\d{3}\)|\d{3})[ .-]?\d{3}[ .-]\d{4}\b"
+                            r"|\+\d{1,3} \d{2,4} \d{3,4} \d{3,4}\b"
+                            r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}\b")
+_SPACED = re.compile(r"\S+")
+_LABELLED = re.compile(
+    r"(?i:\b(?:reservation|booking|confirmation|order|ticket|account|user|customer|member"
+    r"|transaction|invoice|case|flight|record|locator)(?:\s+(?:id|number|code|no\.?))?"
+    r"\s*(?:is|:|=)?\s*)(?P<v>#?[A-Z0-9]{5,12})\b"
+)
+
+
+def find_identifiers(text: str, *, said: bool = True) -> list[tuple[str, str]]:
+    """Return ``(value, kind)`` for every identifier in ``text``, in text order.
+
+    ``said``: the text is what a user or an assistant wrote (or a tool call's arguments),
+    not a tool's output, where snake_case names with digits are code, not ids.
+    """
+    found: list[tuple[int, str, str]] = []
+    labelled = _find_labelled(text, found, said)
+    for match in _CANDIDATE.finditer(text):
+        start = match.start()
+        if labelled and not labelled.isdisjoint(range(start, match.end())):
+            continue
+        typed = classify_word(match.group(), said)
+        if typed is None:
+            continue
+        offset, value, kind = typed
+        if kind == "short_version":
+            if not text[max(0, start - 9):start].rstrip().lower().endswith(_RUNTIMES):
+                continue
+            kind = "version"
+        found.append((start + offset, value, kind))
+    found.sort(key=lambda item: item[0])
+    return [(value, kind) for _, value, kind in found]
+
+
+def _find_labelled(text: str, found: list[tuple[int, str, str]], said: bool) -> set[int]:
+    """Add the labelled values to ``found``; return the positions of the words they cover."""
+    covered: set[int] = set()
+    rules = [_ID_KEY, _CODE_IN_ARRAY] if '"' in text else []
+    if "HTTP" in text:
+        rules.append(_HTTP_STATUS)
+    if "tatus" in text or "TATUS" in text:
+        rules.append(_STATUS_CODE)
+    if "(" in text or "+" in text:
+        rules.append(_PHONE_GROUPED)
+    # "order id is X" where it is said; JSON text is read by its keys instead.
+    if said and text.lstrip()[:1] not in ("{", "["):
+        rules.append(_LABELLED)
+    for rule in rules:
+        for match in rule.finditer(text):
+            group: str | int = 0
+            if "v" in rule.groupindex:
+                group = "v" if match.group("v") is not None else "n"
+            start = match.start(group)
+            if start in covered:
+                continue
+            value = match.group(group)
+            typed = classify_word(value, True) if group else None
+            kind = typed[2] if typed and typed[2] != "short_version" else _labelled_kind(rule)
+            found.append((start, value, kind))
+            covered.update(start + word.start() for word in _SPACED.finditer(value))
+    return covered
+
+
+def _labelled_kind(rule: re.Pattern[str]) -> str:
+    if rule is _HTTP_STATUS or rule is _STATUS_CODE:
+        return "error"
+    return "phone" if rule is _PHONE_GROUPED else "id"
+
+
+@lru_cache(maxsize=1 << 16)
+def classify_word(word: str, said: bool) -> tuple[int, str, str] | None:
+    """Return ``(offset, value, kind)`` of the identifier a word holds, or None.
+
+    ``short_version`` marks ``3.11``: a version only after a runtime's name.
+    """
+    trimmed = word.rstrip(_TRAILING)
+    if not trimmed:
+        return None
+    typed = _classify(trimmed, said)
+    if typed is not None or "=" not in trimmed or _PIN.fullmatch(trimmed):
+        return None if typed is None else (0, typed[0], typed[1])
+    # ``key=value`` (log fields, options): the value, as written.
+    offset = trimmed.rindex("=") + 1
+    inner = classify_word(trimmed[offset:], said)
+    return None if inner is None else (offset + inner[0], inner[1], inner[2])
+
+
+def _classify(word: str, said: bool) -> tuple[str, str] | None:
+    """The kind of one trimmed word (most specific first), or None."""
+    if "://" in word:
+        url = _URL.search(word)
+        return (url.group().rstrip(_TRAILING), "url") if url else None
+    if "@" in word:
+        if _EMAIL.fullmatch(word):
+            return word, "email"
+        return (word, "version") if _AT_PIN.fullmatch(word) else None
+    if _PIN.fullmatch(word):
+        return word, "version"
+    if len(word) == 36 and _UUID.fullmatch(word):
+        return word, "uuid"
+    path = _classify_path(word)
+    if path is not None:
+        return path, "path"
+    return _classify_code(word, said)
+
+
+def _classify_path(word: str) -> str | None:
+    if "/" in word or "\\" in word:
+        path = _LINE_SUFFIX.sub("", word)
+        if _ABSOLUTE_PATH.fullmatch(path) or _WINDOWS_PATH.fullmatch(path):
+            return path
+        relative = _RELATIVE_PATH.fullmatch(path)
+        return path if relative and not relative.group(1).isdigit() else None
+    if "." in word:
+        name = _FILE_NAME.fullmatch(_LINE_SUFFIX.sub("", word))
+        if name and name.group(1) in _EXTENSIONS:
+            return name.group()
+    return None
+
+
+def _classify_code(word: str, said: bool) -> tuple[str, str] | None:
+    """Error codes, versions, tickets, hashes, phone numbers and ids."""
+    if _ERROR_CODE.fullmatch(word) or word in _ERRNO_NAMES or _ERROR_NAME.fullmatch(word):
+        return word, "error"
+    if _ERROR_CONSTANT.fullmatch(word):
+        return (word, "error") if any(part in word for part in _ERROR_WORDS) else None
+    if _PHONE.fullmatch(word):
+        return word, "phone"
+    if _VERSION.fullmatch(word):
+        return word, "version"
+    if _SHORT_VERSION.fullmatch(word):
+        return word, "short_version"
+    ticket = _TICKET.fullmatch(word)
+    if ticket:
+        return (word, "ticket") if ticket.group(1) not in _NOT_TICKETS else None
+    hashed = _HASH_TICKET.fullmatch(word)
+    if hashed:
+        return word, "ticket" if hashed.group(1).isdigit() else "id"
+    return _classify_id(word, said)
+
+
+def _classify_id(word: str, said: bool) -> tuple[str, str] | None:
+    if word.isdigit() or not any(char.isdigit() for char in word):
+        return None  # a number without context, or a word
+    if _HASH.fullmatch(word):
+        return word, "hash"
+    if _CODE.fullmatch(word):
+        return word, "id"
+    if _TOKEN.fullmatch(word) and not word.islower() and not word.isupper():
+        return word, "id"
+    if _SNAKE.fullmatch(word):
+        # Bare in a tool's output, ``queue_2`` is a name in code, not an id to keep.
+        return (word, "id") if said else None
+    if _KEBAB.fullmatch(word) and any(
+        len(part) >= 5 and any(c.isdigit() for c in part) for part in word.split("-")
+    ):
+        return word, "id"
+    return None
