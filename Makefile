@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench fidelity clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,14 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Every benchmark at full size (docs/BENCHMARKS.md has the figures and the machine).
-BENCHES := plan_bench job_overhead throughput chunk_merge_bench incremental_bench memory_bench scan_bench
+BENCHES := plan_bench job_overhead throughput chunk_merge_bench incremental_bench memory_bench scan_bench fidelity
 bench: $(STAMP)
 	@for name in $(BENCHES); do echo "== bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; done
+
+# What a summary keeps, both summarizers, 10k-200k-token sessions and 10 rounds of growth
+# (~2.5 min here); FIDELITY_ARGS=--full adds 1M-token sessions, --quick is the smoke size.
+fidelity: $(STAMP)
+	$(BIN)/python -m bench.fidelity $(FIDELITY_ARGS)
 
 clean:
 	rm -rf $(VENV) .compactor

@@ -1,17 +1,23 @@
 """The benchmark scripts run end to end in their tiny ``--quick`` mode and print their
 figures, so they cannot rot. The five start at once (each has its own database, Redis
-prefix, queue and server port); the slowest one sets the wall time."""
+prefix, queue and server port); the slowest one sets the wall time. The fidelity
+benchmark runs on its own, and its figures are checked against the projection."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.fidelity_figures import projection_text, visible_values
+from bench.fidelity_sessions import SOURCES
+from bench.fidelity_values import CODING_KINDS, CUSTOMER_KINDS
 from tests.support.worker_process import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -91,3 +97,64 @@ def test_every_job_a_benchmark_measures_is_compacted(quick_runs: dict[str, Path]
     column = "outcomes" if name in ("incremental_bench", "throughput") else "outcome"
     outcomes = table_column(output, column)
     assert outcomes and all(set(o.split(", ")) == {"compacted"} for o in outcomes), outcomes
+
+
+@pytest.fixture(scope="module")
+def fidelity_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """``bench.fidelity --quick`` once: its JSON report and its printed tables."""
+    report_path = tmp_path_factory.mktemp("fidelity") / "report.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.fidelity", "--quick", "--json", str(report_path)],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True, text=True, timeout=QUICK_RUN_TIMEOUT_S, check=False)
+    assert completed.returncode == 0, completed.stderr[-6000:]
+    return json.loads(report_path.read_text()), completed.stdout
+
+
+@pytest.mark.parametrize("summarizer", ["extractive", "llm"])
+def test_fidelity_reports_every_kind_source_and_round_for_each_summarizer(
+    fidelity_run: tuple[dict[str, Any], str], summarizer: str
+) -> None:
+    report, output = fidelity_run
+    figures = report["summarizers"][summarizer]
+
+    assert {row["group"] for row in figures["by_kind"]} == {*CODING_KINDS, *CUSTOMER_KINDS}
+    assert {row["group"] for row in figures["by_source"]} == set(SOURCES)
+    assert [row["round"] for row in figures["per_round"]] == list(range(report["rounds"] + 1))
+    assert all(row["not_compacted"] == 0 for row in figures["per_round"])
+    assert all(row["joined_goals_current"] in ("0/1", "1/1") for row in figures["per_round"])
+    assert {row["session"].split("-")[0] for row in figures["sessions"]} == {
+        "coding", "customer", "joined"}
+    assert len(figures["targets"]) == 7
+    # Whatever the summary leaves out is one recall away: every hidden fact is found.
+    recall = figures["recall"]
+    assert recall["recalled"] == recall["hidden"]
+    assert f"== {summarizer} summarizer" in output
+
+
+@pytest.mark.parametrize("summarizer", ["extractive", "llm"])
+def test_fidelity_counts_a_fact_kept_only_in_the_verbatim_tail_as_visible(
+    fidelity_run: tuple[dict[str, Any], str], summarizer: str
+) -> None:
+    sessions = fidelity_run[0]["summarizers"][summarizer]["sessions"]
+
+    assert all(row["tail_facts"] > 0 for row in sessions)
+    assert all(row["tail_visible"] == row["tail_facts"] for row in sessions)
+    # The compacted figures are of facts the summary alone had to keep.
+    assert all(row["compacted"] > 0 for row in sessions)
+
+
+def test_a_value_in_a_tail_tool_call_is_visible_and_one_left_out_is_not() -> None:
+    projection: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "[Summary] Relevant artifacts: - PROJ-1234"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "read_file", "arguments": '{"path": "src/a_1234.py"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "def a(): pass"},
+    ]
+
+    visible = visible_values(["PROJ-1234", "src/a_1234.py", "E1234-SCHEMA"],
+                             projection_text(projection))
+
+    assert visible == {"PROJ-1234", "src/a_1234.py"}

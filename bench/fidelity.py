@@ -1,0 +1,238 @@
+"""What a summary keeps. Sessions with planted facts (bench/fidelity_sessions.py) are
+imported into a real store, compacted by the real job (``worker.pipeline.run`` with the
+dependencies a worker builds), then grown by 20% of their size and re-compacted, round
+after round; with the extractive summarizer, and with the LLM summarizer through the
+OpenAI-protocol test server, whose summaries are built from the prompt it is given (so the
+figures measure the prompt, the validation and the re-attachment, not a model).
+
+Every job is forced (a small growth is compacted too). The tail is min(8,000, a tenth of
+the session) tokens; the summary budget and everything else are the production defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.fidelity_figures import (
+    Observation,
+    SessionRun,
+    lag_rows,
+    listed_open,
+    projection_text,
+    recall_figures,
+    retention_rows,
+    round_rows,
+    session_rows,
+    target_class,
+    target_rows,
+    visible_values,
+)
+from bench.fidelity_sessions import SHAPES, PlantedSession, generate_session
+from bench.report import bench_parser, describe_machine, print_header, print_load, print_table
+from db import Store, upgrade_database
+from tests.support.openai_server import OpenAIServer
+from worker import pipeline
+from worker.compaction import TokenCounter, load_encoding, parse_message
+from worker.ingest import count_messages
+from worker.job import JobRequest
+from worker.runtime import Runtime, build_runtime
+from worker.settings import Settings
+
+DEFAULT_SIZES = (10_000, 50_000, 200_000)
+FULL_SIZES = (*DEFAULT_SIZES, 1_000_000)
+QUICK_SIZES = (8_000,)
+TARGET_MAX_TOKENS = 200_000  # issue 12 sets its targets for sessions up to this size
+SUMMARIZERS = ("extractive", "llm")
+# Imported sessions were last appended to long ago: no quiet-period effects.
+IMPORTED_AGO = timedelta(days=1)
+
+
+def main() -> None:
+    args = _parse_args()
+    print_header(f"fidelity: {args.rounds} rounds of +{args.growth:.0%} growth")
+    counter = TokenCounter(load_encoding())
+    sessions = [generate_session(shape, size, rounds=args.rounds, growth_ratio=args.growth,
+                                 seed=args.seed, counter=counter)
+                for shape in args.shapes for size in args.sizes]
+    _progress(f"{len(sessions)} sessions, {sum(len(s.facts) for s in sessions):,} facts")
+    report: dict[str, Any] = {
+        "machine": describe_machine(),
+        "command": ["python", "-m", "bench.fidelity", *sys.argv[1:]],
+        "rounds": args.rounds, "growth_ratio": args.growth, "summarizers": {}}
+    with ExitStack() as stack:
+        url = stack.enter_context(_database(args.database_url))
+        base_url = None
+        if "llm" in args.summarizers:
+            base_url = stack.enter_context(OpenAIServer(latency_ms=0)).base_url
+        for kind in args.summarizers:
+            runs = [_compact_rounds(session, kind, url, base_url, counter) for session in sessions]
+            report["summarizers"][kind] = _figures(runs)
+    print_load()
+    for kind, figures in report["summarizers"].items():
+        _print_figures(kind, figures)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = bench_parser(__doc__ or "")
+    parser.add_argument("--full", action="store_true", help="add 1,000,000-token sessions")
+    parser.add_argument("--sizes", type=_ints, default=None, help="session tokens, a,b,c")
+    parser.add_argument("--shapes", type=lambda text: text.split(","), default=list(SHAPES))
+    parser.add_argument("--summarizers", type=lambda text: text.split(","),
+                        default=list(SUMMARIZERS), help="extractive,llm")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--growth", type=float, default=0.20, help="share of the session")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--database-url", default=None,
+                        help="a throwaway database (default: a temporary SQLite file)")
+    parser.add_argument("--json", default=None, help="also write the report here (path)")
+    args = parser.parse_args()
+    if args.sizes is None:
+        args.sizes = QUICK_SIZES if args.quick else FULL_SIZES if args.full else DEFAULT_SIZES
+    if args.quick:
+        args.rounds = min(args.rounds, 2)
+    return args
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _database(url: str | None) -> Iterator[str]:
+    """The given database, migrated, or a temporary SQLite file removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="fidelity-") as folder:
+        url = url or f"sqlite:///{folder}/fidelity.db"
+        upgrade_database(url)
+        yield url
+
+
+def _runtime(database_url: str, summarizer: str, base_url: str | None, tokens: int) -> Runtime:
+    values: dict[str, object] = {"database_url": database_url, "summarizer": summarizer,
+                                 "tail_budget_tokens": min(8_000, tokens // 10)}
+    if base_url:
+        values["llm_base_url"] = base_url
+    return build_runtime(Settings.model_validate(values), use_redis=False)
+
+
+def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
+                    base_url: str | None, counter: TokenCounter) -> SessionRun:
+    """Import the session, compact it, then grow and re-compact it round by round."""
+    session_id = f"fidelity-{uuid.uuid4().hex[:8]}-{summarizer}-{session.name}"
+    runtime = _runtime(database_url, summarizer, base_url, session.round_tokens[0])
+    store, now = runtime.store, datetime.now(UTC) - IMPORTED_AGO
+    observations: list[Observation] = []
+    history_tokens = 0
+    try:
+        for index, messages in enumerate(session.rounds):
+            rows = count_messages([parse_message(m) for m in messages], counter)
+            history_tokens += sum(row.tokens for row in rows)
+            if index == 0:
+                store.import_session(session_id, {"bench": "fidelity"}, rows, now)
+            else:
+                store.append_messages(session_id, rows, now=now)
+            began = time.monotonic()
+            result = pipeline.run(JobRequest(session_id, "bench", force=True), runtime.deps,
+                                  runtime.policy)
+            observations.append(_observe(store, session_id, session, index,
+                                         result.outcome.value, history_tokens, counter))
+            _progress(f"{summarizer} {session.name} round {index}/{len(session.rounds) - 1}: "
+                      f"{result.outcome.value} ({result.reason}), "
+                      f"{time.monotonic() - began:.1f} s")
+    finally:
+        runtime.close()
+    return SessionRun(session, summarizer, runtime.policy.summary_budget_tokens,
+                      tuple(observations))
+
+
+def _observe(store: Store, session_id: str, session: PlantedSession, round_index: int,
+             outcome: str, history_tokens: int, counter: TokenCounter) -> Observation:
+    """Read the projection and the active summary after one round's job."""
+    text = projection_text(store.projection(session_id))
+    active = store.get_session(session_id).active_revision_id
+    revision = store.get_revision(active) if active is not None else None
+    values = [fact.value for fact in session.facts if fact.round <= round_index]
+    visible = visible_values(values, text)
+    recalled = None
+    if round_index == 0:
+        recalled = frozenset(value for value in values if value not in visible
+                             and is_recalled(store, session_id, value))
+    keys = [request.key for request in session.requests if request.round <= round_index]
+    return Observation(
+        round=round_index, outcome=outcome,
+        through_seq=revision.through_seq if revision else 0,
+        summary_tokens=counter.count_text(str(revision.block["content"])) if revision else 0,
+        history_tokens=history_tokens,
+        goal=str(revision.summary.get("goal") or "") if revision else "", visible=visible,
+        listed_open=listed_open(keys, revision.summary if revision else None),
+        recalled=recalled)
+
+
+def is_recalled(store: Store, session_id: str, value: str) -> bool:
+    """Whether ``compactor recall`` finds the value: a hit whose excerpt quotes it."""
+    return any(value in hit.excerpt for hit in store.recall(session_id, value))
+
+
+def _figures(runs: Sequence[SessionRun]) -> dict[str, Any]:
+    in_range = [run for run in runs if run.session.round_tokens[0] <= TARGET_MAX_TOKENS * 1.05]
+    return {
+        "sessions": session_rows(runs),
+        "by_kind": retention_rows(runs, lambda fact: fact.kind),
+        "by_source": retention_rows(runs, lambda fact: fact.source),
+        "by_target_class": retention_rows(runs, target_class),
+        "by_round_first_seen": lag_rows(runs),
+        "per_round": round_rows(runs),
+        "targets": target_rows(in_range) if in_range else [],
+        "recall": recall_figures(runs),
+    }
+
+
+def _print_figures(kind: str, figures: dict[str, Any]) -> None:
+    print(f"\n== {kind} summarizer")
+    print("\nsessions (first compaction of the initial session):")
+    _print_rows(figures["sessions"])
+    for title, name in (("kind", "by_kind"), ("source", "by_source"),
+                        ("target class", "by_target_class")):
+        print(f"\nvisible retention per {title} (initial session, first compaction):")
+        _print_rows(figures[name])
+    print("\nretention of each round's facts, N compactions after the round's own:")
+    _print_rows(figures["by_round_first_seen"])
+    print("\nper round (all sessions):")
+    _print_rows(figures["per_round"])
+    print(f"\ntargets (sessions up to {TARGET_MAX_TOKENS:,} tokens):")
+    _print_rows(figures["targets"])
+    print("\nrecall retention (initial facts the first compaction hid):")
+    _print_rows([figures["recall"]])
+
+
+def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    headers = [key.replace("_pct", " %").replace("_", " ") for key in rows[0]]
+    print_table(headers, ([_cell(value) for value in row.values()] for row in rows))
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "-" if value is None else value
+
+
+if __name__ == "__main__":
+    main()
