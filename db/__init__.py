@@ -7,14 +7,17 @@ This module is the package's public face: code outside ``db/`` imports from ``db
 from db.engine import create_db_engine
 from db.errors import (
     LeaseLost,
+    MessagePinned,
     RevisionConflict,
     RevisionNotFound,
     SchemaMissing,
     SessionExists,
+    SessionLeased,
     SessionNotFound,
     StoreError,
     StoreUnavailable,
 )
+from db.lifecycle import SESSION_TABLES, DeletedSession, GcBatch, GcPolicy
 from db.migrate import (
     check_schema,
     current_revision,
@@ -38,15 +41,20 @@ from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy
 from db.store import Store
 
 __all__ = [
+    "SESSION_TABLES",
     "BreakerUpdate",
+    "DeletedSession",
     "DueCriteria",
     "DueCursor",
     "DuePage",
     "DueRow",
     "DueWhy",
+    "GcBatch",
+    "GcPolicy",
     "LeaseLost",
     "MarkResult",
     "MarkStatus",
+    "MessagePinned",
     "MessageRecord",
     "NewMessage",
     "NewRevision",
@@ -58,6 +66,7 @@ __all__ = [
     "RunRecord",
     "SchemaMissing",
     "SessionExists",
+    "SessionLeased",
     "SessionNotFound",
     "SessionState",
     "Snapshot",
