@@ -15,6 +15,7 @@ __all__ = [
     "ingest",
     "job",
     "keys",
+    "lifecycle",
     "logging",
     "outcome",
     "runtime",

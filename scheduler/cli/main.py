@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from scheduler.cli import data, demo, jobs, schedule, sessions
+from scheduler.cli import data, demo, jobs, lifecycle, schedule, sessions
 from scheduler.cli.db import db_app
 
 app = typer.Typer(
@@ -28,4 +28,5 @@ app.command("sessions")(sessions.sessions_command)
 app.command("show")(sessions.show_command)
 jobs.register(app)
 schedule.register(app)
+lifecycle.register(app)
 demo.register(app)
