@@ -1,14 +1,16 @@
 """The data lifecycle's SQL: erasing a session, erasing its newest message, and
 collecting superseded revisions and old runs in batches.
 
-Every function runs inside a write transaction that ``db/store.py`` opens; none commits.
-Each takes the row lock of every session it touches, the lock a swap, a rollback and an
-append take, so none of them can interleave with a running job's writes.
+Each function runs inside a write transaction that ``db/store.py`` opens (garbage
+collection opens one per batch through the store's own ``write``); none commits. Each
+takes the row lock of every session it touches, the lock a swap, a rollback and an append
+take, so none of them can interleave with a running job's writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -118,6 +120,26 @@ def pop_newest_message(session: Session, session_id: str, seq: int,
     row.projection_tokens -= record.tokens
     row.tokens_since_compaction -= record.tokens
     return record
+
+
+def collect_garbage(
+    write: Callable[[], AbstractContextManager[Session]], policy: GcPolicy, now: datetime,
+    *, dry_run: bool, on_batch: Callable[[GcBatch], None] | None,
+) -> list[GcBatch]:
+    """Run the revision batches, then the run batches, each in its own ``write()``
+    transaction, so no lock is held for longer than one batch."""
+    batches: list[GcBatch] = []
+    for collect in (collect_revisions, collect_runs):
+        after: int | None = 0
+        while after is not None:
+            with write() as session:
+                batch = collect(session, policy, now, after=after, apply=not dry_run)
+            after = batch.next_after
+            if batch.removed or after is not None:
+                batches.append(batch)
+                if on_batch is not None:
+                    on_batch(batch)
+    return batches
 
 
 def collect_revisions(session: Session, policy: GcPolicy, now: datetime, *,

@@ -26,8 +26,7 @@ from db.lifecycle import (
     DeletedSession,
     GcBatch,
     GcPolicy,
-    collect_revisions,
-    collect_runs,
+    collect_garbage,
     delete_session,
     pop_newest_message,
 )
@@ -297,18 +296,7 @@ class Store:
     ) -> list[GcBatch]:
         """Remove superseded revisions, then old runs, one transaction per batch (a dry
         run counts and writes nothing); return every batch."""
-        batches: list[GcBatch] = []
-        for collect in (collect_revisions, collect_runs):
-            after: int | None = 0
-            while after is not None:
-                with self._write() as session:
-                    batch = collect(session, policy, now, after=after, apply=not dry_run)
-                after = batch.next_after
-                if batch.removed or after is not None:
-                    batches.append(batch)
-                    if on_batch is not None:
-                        on_batch(batch)
-        return batches
+        return collect_garbage(self._write, policy, now, dry_run=dry_run, on_batch=on_batch)
 
     # --- transactions ---------------------------------------------------------------
 
