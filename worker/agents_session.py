@@ -95,8 +95,8 @@ class CompactorSession:
             limit = self.session_settings.limit
         projection = await asyncio.to_thread(self._sessions.projection, self.session_id)
         items = messages_to_items(projection)
-        if limit is not None:
-            items = _without_orphan_outputs(items[-limit:] if limit > 0 else [])
+        if limit is not None and limit >= 0:  # negative: everything, as the SDK's sessions
+            items = _without_orphan_outputs(items[-limit:] if limit else [])
         return cast("list[TResponseInputItem]", items)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 from agents import TResponseInputItem
+from agents.memory import Session
 
 from db import Store
 from tests.integration.test_store import T0, job_run, summary_revision
@@ -36,6 +37,11 @@ def items(values: list[dict[str, Any]]) -> list[TResponseInputItem]:
 @pytest.fixture
 def session(store: Store) -> CompactorSession:
     return CompactorSession("agent-1", SessionStore(store, token_counter()))
+
+
+def test_the_session_implements_the_sdks_session_protocol(session: CompactorSession) -> None:
+    as_sdk_session: Session = session  # mypy checks the protocol; isinstance its methods
+    assert isinstance(as_sdk_session, Session)
 
 
 def test_an_agent_starts_with_no_history_and_reads_back_what_it_added(
@@ -68,6 +74,8 @@ def test_a_limit_keeps_the_latest_items_and_never_starts_on_an_orphaned_result(
     assert asyncio.run(session.get_items(limit=3)) == turn(2)[1:]
     assert asyncio.run(session.get_items(limit=2)) == turn(2)[3:]  # the result's call is cut
     assert asyncio.run(session.get_items(limit=4)) == turn(2)
+    assert asyncio.run(session.get_items(limit=0)) == []
+    assert asyncio.run(session.get_items(limit=-1)) == turn(1) + turn(2)
 
 
 def test_pop_returns_the_newest_item_and_erases_its_message(
