@@ -7,14 +7,17 @@ This module is the package's public face: code outside ``db/`` imports from ``db
 from db.engine import create_db_engine
 from db.errors import (
     LeaseLost,
+    MessagePinned,
     RevisionConflict,
     RevisionNotFound,
     SchemaMissing,
     SessionExists,
+    SessionLeased,
     SessionNotFound,
     StoreError,
     StoreUnavailable,
 )
+from db.lifecycle import SESSION_TABLES, DeletedSession, GcBatch, GcPolicy
 from db.migrate import (
     check_schema,
     current_revision,
@@ -42,17 +45,22 @@ from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy
 from db.store import Store
 
 __all__ = [
+    "SESSION_TABLES",
     "ArtifactRecord",
     "BreakerUpdate",
+    "DeletedSession",
     "DueCriteria",
     "DueCursor",
     "DuePage",
     "DueRow",
     "DueWhy",
+    "GcBatch",
+    "GcPolicy",
     "IndexedMessage",
     "LeaseLost",
     "MarkResult",
     "MarkStatus",
+    "MessagePinned",
     "MessageRecord",
     "NewMessage",
     "NewRevision",
@@ -65,6 +73,7 @@ __all__ = [
     "RunRecord",
     "SchemaMissing",
     "SessionExists",
+    "SessionLeased",
     "SessionNotFound",
     "SessionState",
     "Snapshot",

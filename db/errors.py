@@ -8,6 +8,8 @@
     ├── RevisionNotFound     no such revision (or not an ancestor of the active one)
     ├── RevisionConflict     compare-and-swap lost: the active revision changed
     ├── LeaseLost            the session's lease is no longer held by this owner
+    ├── SessionLeased        an erase refused: a job holds the session's lease
+    ├── MessagePinned        a message erase refused: not the newest, or a compaction read it
     ├── SchemaMissing        the database is not migrated to the packaged head
     └── StoreUnavailable     connection or operational failure; retrying may succeed
 
@@ -47,6 +49,16 @@ class RevisionConflict(StoreError):
 
 class LeaseLost(StoreError):
     """Raised when the session's lease is no longer held by this owner, or has expired."""
+
+
+class SessionLeased(StoreError):
+    """Raised when an erase is refused because a job holds an unexpired lease on the
+    session (an operator may force it; the job then ends without writing)."""
+
+
+class MessagePinned(StoreError):
+    """Raised when a message cannot be erased: it is no longer the newest, or the active
+    revision's snapshot included it (a summary may already speak of it)."""
 
 
 class SchemaMissing(StoreError):

@@ -10,7 +10,7 @@ snapshot (see ``db.engine.derive_read_engine``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -23,6 +23,14 @@ from db import queries as q
 from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
 from db.engine import create_db_engine, derive_read_engine
 from db.errors import SessionExists, translate_errors
+from db.lifecycle import (
+    DeletedSession,
+    GcBatch,
+    GcPolicy,
+    collect_garbage,
+    delete_session,
+    pop_newest_message,
+)
 from db.migrate import check_schema
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
@@ -306,6 +314,29 @@ class Store:
         """Clear the session's queued-job marker if it is still ``job_id``'s."""
         with self.queue_markers() as markers:
             return markers.clear(session_id, job_id)
+
+    # --- the data lifecycle: erasing and collecting -----------------------------------
+
+    def delete_session(self, session_id: str, *, force: bool = False,
+                       now: datetime) -> DeletedSession:
+        """Erase the session with every row of it (``db.lifecycle.SESSION_TABLES``) in one
+        transaction; SessionLeased while a job holds its lease, unless ``force``."""
+        with self._write() as session:
+            return delete_session(session, session_id, force=force, now=now)
+
+    def pop_message(self, session_id: str, *, seq: int, now: datetime) -> MessageRecord:
+        """Erase message ``seq`` if it is still the newest and no compaction read it
+        (MessagePinned otherwise; SessionLeased while a job runs); return it."""
+        with self._write() as session:
+            return pop_newest_message(session, session_id, seq, now)
+
+    def collect_garbage(
+        self, policy: GcPolicy, now: datetime, *, dry_run: bool = False,
+        on_batch: Callable[[GcBatch], None] | None = None,
+    ) -> list[GcBatch]:
+        """Remove superseded revisions, then old runs, one transaction per batch (a dry
+        run counts and writes nothing); return every batch."""
+        return collect_garbage(self._write, policy, now, dry_run=dry_run, on_batch=on_batch)
 
     # --- transactions ---------------------------------------------------------------
 

@@ -24,10 +24,13 @@ from scheduler.selection import ScanPolicy
 from worker.celery_app import app
 from worker.contract import SCAN_TASK_NAME
 from worker.keys import RedisKeys
+from worker.lifecycle import collect_garbage, gc_policy
 from worker.logging import get_logger
 from worker.settings import Settings, get_settings
 
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
+GC_ENTRY_NAME = "compactor-gc"
+GC_TASK_NAME = "compactor.gc"
 BEAT_SCHEDULE_FILENAME = "beat-schedule"
 # Refreshed after every page, so it only has to outlast one page; a scanner that dies
 # frees the lock within this time.
@@ -61,23 +64,32 @@ def scan_policy(settings: Settings) -> ScanPolicy:
     )
 
 
-def scan_crontab(expression: str) -> crontab:
-    """Parse a five-field cron expression (UTC); ValueError names the bad expression."""
+def scan_crontab(expression: str, setting: str = "scan_cron") -> crontab:
+    """Parse a five-field cron expression (UTC); ValueError names the setting and the bad
+    expression."""
     try:
         return crontab.from_string(expression)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"invalid scan_cron {expression!r}: {exc}") from exc
+        raise ValueError(f"invalid {setting} {expression!r}: {exc}") from exc
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The beat schedule: one scan at ``scan_cron`` on the jobs' queue."""
-    return {
+    """The beat schedule: one scan at ``scan_cron``, and garbage collection at
+    ``gc_cron`` when set, both on the jobs' queue."""
+    schedule = {
         SCAN_ENTRY_NAME: {
             "task": SCAN_TASK_NAME,
             "schedule": scan_crontab(settings.scan_cron),
             "options": {"queue": settings.queue_name},
         }
     }
+    if settings.gc_cron:
+        schedule[GC_ENTRY_NAME] = {
+            "task": GC_TASK_NAME,
+            "schedule": scan_crontab(settings.gc_cron, "gc_cron"),
+            "options": {"queue": settings.queue_name},
+        }
+    return schedule
 
 
 def start_beat(celery_app: Celery, settings: Settings) -> None:
@@ -172,3 +184,18 @@ def scan_due_sessions(self: Task) -> str:
                       lost_race=report.lost_race, estimated_tokens=report.estimated_tokens,
                       stopped=report.stopped)
     return "scanned"
+
+
+@app.task(name=GC_TASK_NAME, ignore_result=True)
+def collect_garbage_task() -> str:
+    """``compactor.gc``: remove superseded revisions and old runs (sent by beat when
+    ``gc_cron`` is set; logs ``lifecycle.gc``)."""
+    settings = get_settings()
+    store = Store.from_url(settings.effective_database_url,
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    try:
+        store.check_schema()
+        collect_garbage(store, gc_policy(settings), datetime.now(UTC))
+    finally:
+        store.close()
+    return "collected"

@@ -16,6 +16,7 @@ __all__ = [
     "ingest",
     "job",
     "keys",
+    "lifecycle",
     "logging",
     "outcome",
     "recall_tool",

@@ -238,6 +238,27 @@ class Settings(BaseSettings):
         7_200, gt=0, description="How long a queued-job marker blocks a second enqueue (s)."
     )
 
+    # --- data lifecycle ---------------------------------------------------------------
+    gc_keep_revisions: int = Field(
+        3, ge=0, description="Superseded revisions `compactor gc` always keeps before the "
+        "active one, the rollback depth (count)."
+    )
+    gc_revision_retention_s: int = Field(
+        2_592_000, ge=0, description="Superseded revisions younger than this are kept "
+        "(s; default 30 days)."
+    )
+    gc_run_retention_s: int = Field(
+        7_776_000, ge=0, description="Run records younger than this are kept (s; default "
+        "90 days)."
+    )
+    gc_batch_size: int = Field(
+        500, gt=0, description="Sessions (for revisions) or runs per gc transaction (count)."
+    )
+    gc_cron: str | None = Field(
+        None, description="When beat runs the garbage collection (cron expression, UTC; "
+        "unset = never)."
+    )
+
     # --- logging -------------------------------------------------------------------
     log_format: LogFormat = Field(
         LogFormat.AUTO, description="How every process logs on stderr: json (one object "

@@ -12,7 +12,7 @@ import logging
 import pydantic
 import typer
 
-from scheduler.cli import data, demo, jobs, recall, schedule, sessions
+from scheduler.cli import data, demo, jobs, lifecycle, recall, schedule, sessions
 from scheduler.cli.db import db_app
 from worker.logging import configure_logging
 from worker.settings import get_settings
@@ -52,4 +52,5 @@ app.command("show")(sessions.show_command)
 app.command("recall")(recall.recall_command)
 jobs.register(app)
 schedule.register(app)
+lifecycle.register(app)
 demo.register(app)

@@ -20,6 +20,8 @@ from sqlalchemy import Engine
 from db import Store, create_db_engine
 from scheduler.beat import (
     BEAT_SCHEDULE_FILENAME,
+    GC_ENTRY_NAME,
+    GC_TASK_NAME,
     SCAN_ENTRY_NAME,
     beat_schedule,
     run_scheduled_scan,
@@ -159,3 +161,16 @@ def test_the_beat_process_starts_with_its_schedule_file_under_data_dir(tmp_path:
         beat.terminate()
         output, _ = beat.communicate(timeout=20)
     assert b"beat: Starting" in output
+
+
+def test_garbage_collection_is_scheduled_only_when_gc_cron_is_set() -> None:
+    assert GC_ENTRY_NAME not in beat_schedule(Settings())
+    settings = Settings(gc_cron="15 4 * * 0", queue_name="nightly")
+
+    entry = beat_schedule(settings)[GC_ENTRY_NAME]
+
+    assert entry["task"] == GC_TASK_NAME
+    assert entry["schedule"] == crontab(minute=15, hour=4, day_of_week=0)
+    assert entry["options"] == {"queue": "nightly"}
+    with pytest.raises(ValueError, match="invalid gc_cron"):
+        beat_schedule(Settings(gc_cron="weekly"))

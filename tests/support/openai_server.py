@@ -1,4 +1,5 @@
-"""A real loopback HTTP server speaking enough of the OpenAI API to test the LLM client.
+"""A real loopback HTTP server speaking enough of the OpenAI API to test the LLM client
+(and, for a request offering ``tools``, an agent: ``tests/support/agent_replies.py``).
 
 It misbehaves on cue: for the whole run (``behaviour``, changeable between calls), per
 request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` marker),
@@ -23,6 +24,7 @@ from typing import Any, Self
 
 from pydantic import ValidationError
 
+from tests.support.agent_replies import answer_agent_turn, is_agent_turn
 from tests.support.openai_behaviours import (
     Behaviour,
     BehaviourSpec,
@@ -226,6 +228,8 @@ class _Handler(BaseHTTPRequestHandler):
         if request is None or behaviour is None:
             return error_reply(400, "Invalid 'messages'.", "invalid_request_error",
                                param="messages")
+        if is_agent_turn(request):
+            return answer_agent_turn(request, config, _counter())
         return answer_chat(behaviour, request, config, _counter())
 
     def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:

@@ -1,0 +1,93 @@
+"""`compactor gc` and `compactor delete`: the data lifecycle from the command line."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from db import GcBatch, SessionLeased
+from scheduler.cli.common import (
+    expected_errors,
+    fail,
+    open_store,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
+from worker.lifecycle import collect_garbage, delete_session, gc_policy
+from worker.logging import configure_logging
+from worker.settings import Settings, get_settings
+
+# A refusal an operator may override (--force), apart from errors (1).
+EXIT_REFUSED = 4
+
+JsonOption = Annotated[bool, typer.Option("--json", help="One JSON line.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gc")(gc_command)
+    app.command("delete")(delete_command)
+
+
+@expected_errors
+def gc_command(
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Count what would be removed; remove nothing.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove superseded revisions and old run records, in batches (safe while workers
+    run): the active revision and gc_keep_revisions before it always stay."""
+    settings = _settings()
+    with open_store(settings) as store:
+        report = collect_garbage(store, gc_policy(settings), datetime.now(UTC),
+                                 dry_run=dry_run, on_batch=None if as_json else _show_batch)
+    if as_json:
+        print_json(report)
+        return
+    verb = "would remove" if dry_run else "removed"
+    stdout_console().print(f"{verb} {report.revisions} revisions and {report.runs} runs in "
+                           f"{report.batches} batches ({report.duration_ms} ms)",
+                           highlight=False)
+
+
+@expected_errors
+def delete_command(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
+    force: Annotated[bool, typer.Option(
+        "--force", help="Delete even while a job holds the session's lease (the job then "
+        "ends without writing).")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Erase a session: its messages, revisions, runs and queue marker, in one transaction.
+
+    Exit status 4 when a job holds the session's lease and --force is not given.
+    """
+    settings = _settings()
+    with open_store(settings) as store:
+        try:
+            deleted = delete_session(store, session_id, force=force, now=datetime.now(UTC))
+        except SessionLeased as exc:
+            fail(f"{exc}; nothing deleted (--force deletes anyway)", exit_code=EXIT_REFUSED)
+    if as_json:
+        print_json(deleted)
+        return
+    counts = ", ".join(f"{count} {table}" for table, count in deleted.removed.items())
+    extras = [f"queue marker {deleted.queued_job_id}" if deleted.queued_job_id else "",
+              f"lease of {deleted.broken_lease_owner} broken"
+              if deleted.broken_lease_owner else ""]
+    stdout_console().print(
+        f"deleted {escape(session_id)}: {counts}"
+        + "".join(f"; {escape(extra)}" for extra in extras if extra), highlight=False)
+
+
+def _show_batch(batch: GcBatch) -> None:
+    stderr_console().print(f"{batch.table}: {batch.removed} in this batch", highlight=False)
+
+
+def _settings() -> Settings:
+    settings = get_settings()
+    configure_logging(settings.log_format.value, settings.log_level)
+    return settings
