@@ -33,6 +33,7 @@ from db.records import (
     RunRecord,
     SessionState,
     Snapshot,
+    ToolCallState,
 )
 from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy
 from db.store import Store
@@ -64,6 +65,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "ToolCallState",
     "check_schema",
     "create_db_engine",
     "current_revision",

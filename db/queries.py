@@ -11,13 +11,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import and_, case, func, insert, literal, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from db.errors import RevisionNotFound, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.records import MessageRecord, NewMessage, NewRun, RevisionRecord, RunRecord, SessionState
+from db.records import (
+    MessageRecord,
+    NewMessage,
+    NewRun,
+    RevisionRecord,
+    RunRecord,
+    SessionState,
+    ToolCallState,
+)
 
 # Updates here never need the ORM to sync objects in memory: each transaction is short.
 NO_SYNC = {"synchronize_session": False}
@@ -114,6 +122,72 @@ def select_active(session: Session, session_pk: int, through_seq: int) -> list[M
     seq <= ``through_seq`` and every message after it."""
     active = or_(MessageRow.seq > through_seq, MessageRow.role.in_(INSTRUCTION_ROLES))
     return _select_messages(session, session_pk, active)
+
+
+def select_projection(session: Session, session_id: str) -> list[dict[str, Any]]:
+    """Return the session's projection in one statement (SessionNotFound when unknown).
+
+    The same rule as migration 0003's ``session_projection`` view: ordered by (seq,
+    part), the block (part 1) lands after the instructions it covers and before the
+    tail. The block arm is an outer join, so a session without a revision still yields
+    one row (a NULL block) and an unknown one none.
+    """
+    active = or_(
+        RevisionRow.id.is_(None), MessageRow.seq > RevisionRow.through_seq,
+        MessageRow.role.in_(INSTRUCTION_ROLES),
+    )
+    messages = (
+        select(MessageRow.seq.label("seq"), literal(0).label("part"), MessageRow.body)
+        .join(SessionRow, SessionRow.id == MessageRow.session_id)
+        .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .where(SessionRow.session_id == session_id, active)
+    )
+    block = (
+        select(func.coalesce(RevisionRow.through_seq, 0), literal(1), RevisionRow.block)
+        .select_from(SessionRow)
+        .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .where(SessionRow.session_id == session_id)
+    )
+    rows = session.execute(union_all(messages, block).order_by("seq", "part")).all()
+    if not rows:
+        raise SessionNotFound(f"no session {session_id!r}")
+    return [body for _, _, body in rows if body is not None]
+
+
+def select_artifacts(session: Session, session_id: str) -> list[dict[str, Any]]:
+    """Return the active revision's artifact index ([] without one; SessionNotFound)."""
+    row = session.execute(
+        select(SessionRow.id, RevisionRow.artifacts)
+        .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .where(SessionRow.session_id == session_id)
+    ).first()
+    if row is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    return list(row.artifacts or ())
+
+
+def read_tool_call_state(session: Session, session_pk: int) -> ToolCallState:
+    """Read the open and answered tool call ids from two narrow queries (no bodies but
+    the last non-tool message's)."""
+    last_call = session.execute(
+        select(MessageRow.seq, MessageRow.body)
+        .where(MessageRow.session_id == session_pk, MessageRow.role != "tool")
+        .order_by(MessageRow.seq.desc())
+        .limit(1)
+    ).first()
+    answers = session.execute(
+        select(MessageRow.seq, MessageRow.tool_call_id)
+        .where(MessageRow.session_id == session_pk, MessageRow.role == "tool",
+               MessageRow.tool_call_id.is_not(None))
+    ).all()
+    answered_ids = frozenset(call_id for _, call_id in answers if call_id is not None)
+    if last_call is None:
+        return ToolCallState(open_ids=(), answered_ids=answered_ids)
+    last_seq, body = last_call
+    answered_after = {call_id for seq, call_id in answers if seq > last_seq}
+    calls = body.get("tool_calls") or ()
+    open_ids = tuple(call["id"] for call in calls if call["id"] not in answered_after)
+    return ToolCallState(open_ids=open_ids, answered_ids=answered_ids)
 
 
 def _select_messages(session: Session, session_pk: int, condition: Any) -> list[MessageRecord]:

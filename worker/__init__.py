@@ -18,5 +18,6 @@ __all__ = [
     "logging",
     "outcome",
     "runtime",
+    "sessions",
     "settings",
 ]

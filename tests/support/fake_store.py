@@ -10,9 +10,9 @@ method raise, as a database that went away would.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from db import (
     BreakerUpdate,
@@ -28,11 +28,13 @@ from db import (
     SessionNotFound,
     SessionState,
     Snapshot,
+    ToolCallState,
 )
 
 # Mirrors db.models.INSTRUCTION_ROLES: covered instructions stay in the projection.
 INSTRUCTION_ROLES = ("system", "developer")
 BREAKER_STATES = ("closed", "open", "half_open")
+T = TypeVar("T")
 
 
 class FakeStore:
@@ -78,6 +80,18 @@ class FakeStore:
             self._messages[session_id] = []
         self._find(session_id)
         return self._append(session_id, messages, now) if messages else []
+
+    def append_checked(
+        self, session_id: str, check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]],
+        *, now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
+    ) -> tuple[list[int], T]:
+        self._check("append_checked")
+        if create and session_id not in self._sessions:
+            self._sessions[session_id] = _new_session(session_id, metadata or {}, now)
+            self._messages[session_id] = []
+        self._find(session_id)
+        messages, report = check(_tool_call_state(self._messages[session_id]))
+        return (self._append(session_id, messages, now) if messages else []), report
 
     def messages(self, session_id: str, *, after_seq: int = 0) -> list[MessageRecord]:
         self._find(session_id)
@@ -277,3 +291,14 @@ def _check_bounds(state: SessionState, parent: RevisionRecord | None,
 def _check_breaker(update: BreakerUpdate) -> None:
     if update.state not in BREAKER_STATES or update.failures < 0:
         raise ValueError(f"invalid breaker update {update!r}")
+
+
+def _tool_call_state(history: list[MessageRecord]) -> ToolCallState:
+    """As the store's SQL: answered ids from the tool rows, open ids of the last caller."""
+    answered = frozenset(m.tool_call_id for m in history if m.role == "tool" and m.tool_call_id)
+    last = next((i for i in range(len(history) - 1, -1, -1) if history[i].role != "tool"), None)
+    if last is None:
+        return ToolCallState(open_ids=(), answered_ids=answered)
+    after = {m.tool_call_id for m in history[last + 1:]}
+    calls = history[last].body.get("tool_calls") or ()
+    return ToolCallState(tuple(c["id"] for c in calls if c["id"] not in after), answered)

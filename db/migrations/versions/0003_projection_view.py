@@ -1,0 +1,52 @@
+"""The ``session_projection`` view: what a model is sent, readable from any language.
+
+One row per projected message: ``session_id`` (the external id), ``position`` (1-based
+order within the session) and ``message`` (the chat message as JSON, exactly as the Python
+API returns it). The rule is ``Store.projection``'s (``db/queries.py``,
+``select_projection``): instruction messages the active revision covers, its block, then
+every later message; without a revision, every message. A filter on ``session_id`` is
+pushed below the window on both databases, so reading one session reads only its rows.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2025-01-03
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+# Spelled out here, not built from db/queries.py, so this file never changes with it;
+# tests/integration/test_projection_view.py holds the two equal.
+CREATE_VIEW = """
+CREATE VIEW session_projection AS
+SELECT
+    parts.session_id,
+    row_number() OVER (PARTITION BY parts.session_id ORDER BY parts.seq, parts.part)
+        AS position,
+    parts.message
+FROM (
+    SELECT s.session_id, m.seq, 0 AS part, m.body AS message
+    FROM sessions AS s
+    JOIN messages AS m ON m.session_id = s.id
+    LEFT JOIN revisions AS r ON r.id = s.active_revision_id
+    WHERE r.id IS NULL OR m.seq > r.through_seq OR m.role IN ('system', 'developer')
+    UNION ALL
+    SELECT s.session_id, r.through_seq, 1, r.block
+    FROM sessions AS s
+    JOIN revisions AS r ON r.id = s.active_revision_id
+) AS parts
+"""
+
+
+def upgrade() -> None:
+    op.execute(CREATE_VIEW)
+
+
+def downgrade() -> None:
+    op.execute("DROP VIEW session_projection")
