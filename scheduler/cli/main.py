@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from scheduler.cli import data, demo, jobs, schedule, sessions
+from scheduler.cli import data, demo, jobs, platform, schedule, sessions
 from scheduler.cli.db import db_app
 
 app = typer.Typer(
@@ -24,6 +24,8 @@ app = typer.Typer(
 app.add_typer(db_app, name="db")
 app.command("import")(data.import_command)
 app.command("export")(data.export_command)
+app.command("append")(platform.append_command)
+app.command("projection")(platform.projection_command)
 app.command("sessions")(sessions.sessions_command)
 app.command("show")(sessions.show_command)
 jobs.register(app)
