@@ -6,13 +6,27 @@ them commits. ``db/store.py`` decides the transaction boundaries.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, insert, literal, or_, select, union_all, update
+from sqlalchemy import (
+    Text,
+    and_,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
 from db.errors import RevisionNotFound, SessionNotFound
@@ -125,19 +139,21 @@ def select_active(session: Session, session_pk: int, through_seq: int) -> list[M
 
 
 def select_projection(session: Session, session_id: str) -> list[dict[str, Any]]:
-    """Return the session's projection in one statement (SessionNotFound when unknown).
+    """Return the session's projection from one statement (SessionNotFound when unknown).
 
-    The same rule as migration 0003's ``session_projection`` view: ordered by (seq,
-    part), the block (part 1) lands after the instructions it covers and before the
-    tail. The block arm is an outer join, so a session without a revision still yields
-    one row (a NULL block) and an unknown one none.
+    The same rule as migration 0003's ``session_projection`` view, ordered by (seq,
+    part): the block (part 1) lands after the instructions it covers and before the
+    tail. The block arm is an outer join, so a known session always yields a row (a NULL
+    block without a revision). The messages come back aggregated into one JSON array:
+    decoding one value instead of a thousand rows is most of a read's time.
     """
     active = or_(
         RevisionRow.id.is_(None), MessageRow.seq > RevisionRow.through_seq,
         MessageRow.role.in_(INSTRUCTION_ROLES),
     )
     messages = (
-        select(MessageRow.seq.label("seq"), literal(0).label("part"), MessageRow.body)
+        select(MessageRow.seq.label("seq"), literal(0).label("part"),
+               MessageRow.body.label("body"))
         .join(SessionRow, SessionRow.id == MessageRow.session_id)
         .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
         .where(SessionRow.session_id == session_id, active)
@@ -148,10 +164,20 @@ def select_projection(session: Session, session_id: str) -> list[dict[str, Any]]
         .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
         .where(SessionRow.session_id == session_id)
     )
-    rows = session.execute(union_all(messages, block).order_by("seq", "part")).all()
-    if not rows:
+    parts = union_all(messages, block).subquery()
+    if session.get_bind().dialect.name == "postgresql":
+        count, items = session.execute(select(func.count(), cast(func.json_agg(
+            aggregate_order_by(parts.c.body, parts.c.seq, parts.c.part)), Text))).one()
+        bodies = json.loads(items) if count else []
+    else:
+        # SQLite 3.40 has no ORDER BY inside an aggregate: each item carries its key.
+        count, items = session.execute(select(func.count(), func.json_group_array(
+            func.json_array(parts.c.seq, parts.c.part, func.json(parts.c.body))))).one()
+        ordered = sorted(json.loads(items), key=lambda item: (item[0], item[1]))
+        bodies = [body for _, _, body in ordered]
+    if not count:
         raise SessionNotFound(f"no session {session_id!r}")
-    return [body for _, _, body in rows if body is not None]
+    return [body for body in bodies if body is not None]
 
 
 def select_artifacts(session: Session, session_id: str) -> list[dict[str, Any]]:

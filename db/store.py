@@ -52,6 +52,10 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._read_engine = derive_read_engine(engine)
+        # A single statement sees one snapshot by itself: on PostgreSQL it needs no
+        # BEGIN and COMMIT, two round trips of the platform's hot read.
+        self._statement_engine = self._read_engine if engine.dialect.name == "sqlite" \
+            else engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
     def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Store:
@@ -157,12 +161,12 @@ class Store:
     def projection(self, session_id: str) -> list[dict[str, Any]]:
         """Return what a model is sent, in one statement: the instructions the active
         revision covers, its block, every later message (no revision: every message)."""
-        with self._read() as session:
+        with self._read_statement() as session:
             return q.select_projection(session, session_id)
 
     def artifacts(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's artifact index (the active revision's; [] without one)."""
-        with self._read() as session:
+        with self._read_statement() as session:
             return q.select_artifacts(session, session_id)
 
     def revisions(self, session_id: str) -> list[RevisionRecord]:
@@ -308,6 +312,11 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[Session]:
         with translate_errors(), Session(self._engine) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read_statement(self) -> Iterator[Session]:
+        with translate_errors(), Session(self._statement_engine) as session:
             yield session
 
     @contextmanager

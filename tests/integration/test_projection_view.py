@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from db import SessionNotFound, Store, create_db_engine
+from db import NewMessage, SessionNotFound, Store, create_db_engine
 from tests.integration.test_store import T0, conversation, message, swap
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,10 @@ def build_sessions(store: Store) -> list[str]:
     store.rollback("rolled-to-none")
     store.import_session("covers-all", {}, conversation(4), T0)
     swap(store, "covers-all", 4)
-    return ["plain", "empty", "compacted", "rolled-back", "rolled-to-none", "covers-all"]
+    odd = {"role": "tool", "tool_call_id": "c1", "content": "nul\u0000 é 漢字 \U0001f600 \"q\" \\",
+           "extra": {"n": 1.5e300, "nested": [None, True, {"k": []}]}}
+    store.import_session("odd", {}, [message("user", "x"), NewMessage(odd, "tool", "c1", 3)], T0)
+    return ["plain", "empty", "compacted", "rolled-back", "rolled-to-none", "covers-all", "odd"]
 
 
 def read_view(engine: Engine, session_id: str) -> list[tuple[int, Any]]:
