@@ -19,6 +19,7 @@ from sqlalchemy import Engine, Update, select
 from sqlalchemy.orm import Session
 
 from db import leases
+from db import projection as views
 from db import queries as q
 from db.engine import create_db_engine, derive_read_engine
 from db.errors import SessionExists, translate_errors
@@ -162,12 +163,12 @@ class Store:
         """Return what a model is sent, in one statement: the instructions the active
         revision covers, its block, every later message (no revision: every message)."""
         with self._read_statement() as session:
-            return q.select_projection(session, session_id)
+            return views.select_projection(session, session_id)
 
     def artifacts(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's artifact index (the active revision's; [] without one)."""
         with self._read_statement() as session:
-            return q.select_artifacts(session, session_id)
+            return views.select_artifacts(session, session_id)
 
     def revisions(self, session_id: str) -> list[RevisionRecord]:
         """Return every revision of the session, newest first (rolled-back ones included)."""

@@ -2,7 +2,7 @@
 
 One row per projected message: ``session_id`` (the external id), ``position`` (1-based
 order within the session) and ``message`` (the chat message as JSON, exactly as the Python
-API returns it). The rule is ``Store.projection``'s (``db/queries.py``,
+API returns it). The rule is ``Store.projection``'s (``db/projection.py``,
 ``select_projection``): instruction messages the active revision covers, its block, then
 every later message; without a revision, every message. A filter on ``session_id`` is
 pushed below the window on both databases, so reading one session reads only its rows.
@@ -21,7 +21,7 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-# Spelled out here, not built from db/queries.py, so this file never changes with it;
+# Spelled out here, not built from db/projection.py, so this file never changes with it;
 # tests/integration/test_projection_view.py holds the two equal.
 CREATE_VIEW = """
 CREATE VIEW session_projection AS

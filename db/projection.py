@@ -1,0 +1,70 @@
+"""The platform's reads of the compacted view: the projection in one statement, and the
+artifact index. ``db/migrations/versions/0003_projection_view.py`` states the projection
+rule again as a view; ``tests/integration/test_projection_view.py`` holds the two equal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Text, cast, func, literal, or_, select, union_all
+from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy.orm import Session
+
+from db.errors import SessionNotFound
+from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, SessionRow
+
+
+def select_projection(session: Session, session_id: str) -> list[dict[str, Any]]:
+    """Return the session's projection from one statement (SessionNotFound when unknown).
+
+    The same rule as migration 0003's ``session_projection`` view, ordered by (seq,
+    part): the block (part 1) lands after the instructions it covers and before the
+    tail. The block arm is an outer join, so a known session always yields a row (a NULL
+    block without a revision). The messages come back aggregated into one JSON array:
+    decoding one value instead of a thousand rows is most of a read's time.
+    """
+    active = or_(
+        RevisionRow.id.is_(None), MessageRow.seq > RevisionRow.through_seq,
+        MessageRow.role.in_(INSTRUCTION_ROLES),
+    )
+    messages = (
+        select(MessageRow.seq.label("seq"), literal(0).label("part"),
+               MessageRow.body.label("body"))
+        .join(SessionRow, SessionRow.id == MessageRow.session_id)
+        .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .where(SessionRow.session_id == session_id, active)
+    )
+    block = (
+        select(func.coalesce(RevisionRow.through_seq, 0), literal(1), RevisionRow.block)
+        .select_from(SessionRow)
+        .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .where(SessionRow.session_id == session_id)
+    )
+    parts = union_all(messages, block).subquery()
+    if session.get_bind().dialect.name == "postgresql":
+        count, items = session.execute(select(func.count(), cast(func.json_agg(
+            aggregate_order_by(parts.c.body, parts.c.seq, parts.c.part)), Text))).one()
+        bodies = json.loads(items) if count else []
+    else:
+        # SQLite 3.40 has no ORDER BY inside an aggregate: each item carries its key.
+        count, items = session.execute(select(func.count(), func.json_group_array(
+            func.json_array(parts.c.seq, parts.c.part, func.json(parts.c.body))))).one()
+        ordered = sorted(json.loads(items), key=lambda item: (item[0], item[1]))
+        bodies = [body for _, _, body in ordered]
+    if not count:
+        raise SessionNotFound(f"no session {session_id!r}")
+    return [body for body in bodies if body is not None]
+
+
+def select_artifacts(session: Session, session_id: str) -> list[dict[str, Any]]:
+    """Return the active revision's artifact index ([] without one; SessionNotFound)."""
+    row = session.execute(
+        select(SessionRow.id, RevisionRow.artifacts)
+        .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .where(SessionRow.session_id == session_id)
+    ).first()
+    if row is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    return list(row.artifacts or ())
