@@ -30,6 +30,7 @@ from db import (
     Snapshot,
     ToolCallState,
 )
+from worker.compaction import find_open_tool_calls, parse_message
 
 # Mirrors db.models.INSTRUCTION_ROLES: covered instructions stay in the projection.
 INSTRUCTION_ROLES = ("system", "developer")
@@ -294,11 +295,9 @@ def _check_breaker(update: BreakerUpdate) -> None:
 
 
 def _tool_call_state(history: list[MessageRecord]) -> ToolCallState:
-    """As the store's SQL: answered ids from the tool rows, open ids of the last caller."""
+    """The core's rule (``find_open_tool_calls``) over the history: the contract test
+    holds the store's SQL to it."""
     answered = frozenset(m.tool_call_id for m in history if m.role == "tool" and m.tool_call_id)
-    last = next((i for i in range(len(history) - 1, -1, -1) if history[i].role != "tool"), None)
-    if last is None:
-        return ToolCallState(open_ids=(), answered_ids=answered)
-    after = {m.tool_call_id for m in history[last + 1:]}
-    calls = history[last].body.get("tool_calls") or ()
-    return ToolCallState(tuple(c["id"] for c in calls if c["id"] not in after), answered)
+    last = next((i for i in range(len(history) - 1, -1, -1) if history[i].role != "tool"), 0)
+    tail = [parse_message(m.body) for m in history[last:]]
+    return ToolCallState(find_open_tool_calls(tail), answered)
