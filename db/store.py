@@ -1,7 +1,8 @@
 """The session store, the one door to the database for the worker and the scheduler.
 
 Every public method is one transaction on PostgreSQL or SQLite (the due-session iterator
-one per page; ``queue_markers`` one around the caller's block). Values go in and out as
+one per page; ``queue_markers`` one around the caller's block; a one-statement read on
+PostgreSQL none, the statement being its own snapshot). Values go in and out as
 the frozen dataclasses of ``db/records.py``. ``sqlalchemy.exc`` errors are translated
 here, once, into ``db/errors.py``. Writes lock the session row (``SELECT ... FOR
 UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite); reads run in one consistent
