@@ -1,6 +1,7 @@
 """Many appenders, threads and processes, on the same sessions while a real worker compacts
-them: every appended message is stored exactly once, exactly one racer answers each open
-tool call, every projection read meanwhile is valid, and the newest messages are in it."""
+them (forced jobs every half second, so compactions land between appends): every appended
+message is stored exactly once, exactly one racer answers each open tool call, every
+projection read meanwhile is valid, and the newest messages are in it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 SESSION_IDS = ["race-a", "race-b", "race-c"]
 TURNS = 40  # about 4,800 tokens: over the job env's 4,200-token trigger
-THREADS, PROCESSES, BATCHES = 4, 2, 6
+THREADS, PROCESSES, BATCHES = 4, 2, 10
 
 
 def calling_open(session_id: str) -> dict[str, Any]:
@@ -56,18 +57,22 @@ def run_every_appender(postgres_url: str) -> list[AppendAttempt]:
         return [attempt for future in futures for attempt in future.result(timeout=120)]
 
 
-def watch_projections(store: Store, stop: threading.Event, seen: list[str]) -> None:
+def watch_projections(store: Store, stop: threading.Event, seen: list[str],
+                      reads: list[str]) -> None:
     """Read every session's projection until stopped; keep every violation found."""
     while not stop.is_set():
         for session_id in SESSION_IDS:
             seen.extend(f"{session_id}: {v}" for v in projection_violations(store, session_id))
+            reads.append(session_id)
         time.sleep(0.02)
 
 
 def publish_jobs(publisher: JobPublisher, stop: threading.Event, sent: list[str]) -> None:
+    """Forced jobs, so every one with a new span compacts, however little was appended."""
     while not stop.is_set():
-        sent.extend(publisher.publish(session_id, reason="race") for session_id in SESSION_IDS)
-        stop.wait(0.7)
+        sent.extend(publisher.publish(session_id, reason="race", force=True)
+                    for session_id in SESSION_IDS)
+        stop.wait(0.5)
 
 
 def body_counts(store: Store, session_id: str) -> Counter[str]:
@@ -80,8 +85,9 @@ def test_threads_and_processes_append_to_the_same_sessions_while_a_worker_compac
 ) -> None:
     imported = import_sessions_left_waiting(pg_store)
     worker = start_worker(concurrency=2)
-    stop, violations, sent = threading.Event(), list[str](), list[str]()
-    background = [threading.Thread(target=watch_projections, args=(pg_store, stop, violations)),
+    stop, violations, sent, reads = threading.Event(), list[str](), list[str](), list[str]()
+    background = [threading.Thread(target=watch_projections,
+                                   args=(pg_store, stop, violations, reads)),
                   threading.Thread(target=publish_jobs, args=(publisher, stop, sent))]
     for thread in background:
         thread.start()
@@ -111,8 +117,16 @@ def test_threads_and_processes_append_to_the_same_sessions_while_a_worker_compac
         newest = max(mine, key=lambda a: a.seqs[-1])
         assert pg_store.projection(session_id)[-len(newest.bodies):] == list(newest.bodies)
         assert projection_violations(pg_store, session_id) == []
-    assert violations == []
-    outcomes = Counter(e["outcome"] for e in worker.events("compaction.job"))
-    assert outcomes["compacted"] >= len(SESSION_IDS), outcomes
-    assert set(outcomes) <= {"compacted", "skipped", "conflict"}, outcomes
-    assert all(pg_store.revisions(sid) for sid in SESSION_IDS)
+    assert violations == [] and len(reads) > 10 * len(SESSION_IDS)
+    events = worker.events("compaction.job")
+    assert sum(e["outcome"] == "compacted" for e in events) >= len(SESSION_IDS), events
+    # A forced job over a span of a few appends may find its summary no smaller than what
+    # it replaces (and a few such failures open the breaker): the only failures allowed.
+    unexpected = [(e["outcome"], e["reason"]) for e in events
+                  if e["outcome"] not in ("compacted", "skipped", "conflict", "breaker_open")
+                  and e["reason"] != "not_smaller"]
+    assert unexpected == []
+    heads = {sid: pg_store.get_session(sid).head_seq for sid in SESSION_IDS}
+    mid_traffic = [r for sid in SESSION_IDS for r in pg_store.revisions(sid)
+                   if imported < r.snapshot_head_seq < heads[sid]]
+    assert mid_traffic, "no compaction saw some appends but not all"
