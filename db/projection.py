@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Text, cast, func, literal, or_, select, union_all
+from sqlalchemy import Text, and_, cast, func, literal, select, union_all
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
@@ -25,16 +25,25 @@ def select_projection(session: Session, session_id: str) -> list[dict[str, Any]]
     block without a revision). The messages come back aggregated into one JSON array:
     decoding one value instead of a thousand rows is most of a read's time.
     """
-    active = or_(
-        RevisionRow.id.is_(None), MessageRow.seq > RevisionRow.through_seq,
-        MessageRow.role.in_(INSTRUCTION_ROLES),
-    )
-    messages = (
+    # Two arms, each an index range: the tail by (session_id, seq), the covered
+    # instructions by the partial index of instructions, however long the history.
+    tail = (
         select(MessageRow.seq.label("seq"), literal(0).label("part"),
                MessageRow.body.label("body"))
-        .join(SessionRow, SessionRow.id == MessageRow.session_id)
+        .select_from(SessionRow)
         .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
-        .where(SessionRow.session_id == session_id, active)
+        .join(MessageRow, and_(MessageRow.session_id == SessionRow.id,
+                               MessageRow.seq > func.coalesce(RevisionRow.through_seq, 0)))
+        .where(SessionRow.session_id == session_id)
+    )
+    covered = (
+        select(MessageRow.seq, literal(0), MessageRow.body)
+        .select_from(SessionRow)
+        .join(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
+        .join(MessageRow, and_(MessageRow.session_id == SessionRow.id,
+                               MessageRow.seq <= RevisionRow.through_seq,
+                               MessageRow.role.in_(INSTRUCTION_ROLES)))
+        .where(SessionRow.session_id == session_id)
     )
     block = (
         select(func.coalesce(RevisionRow.through_seq, 0), literal(1), RevisionRow.block)
@@ -42,7 +51,7 @@ def select_projection(session: Session, session_id: str) -> list[dict[str, Any]]
         .outerjoin(RevisionRow, RevisionRow.id == SessionRow.active_revision_id)
         .where(SessionRow.session_id == session_id)
     )
-    parts = union_all(messages, block).subquery()
+    parts = union_all(tail, covered, block).subquery()
     if session.get_bind().dialect.name == "postgresql":
         count, items = session.execute(select(func.count(), cast(func.json_agg(
             aggregate_order_by(parts.c.body, parts.c.seq, parts.c.part)), Text))).one()

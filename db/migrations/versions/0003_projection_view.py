@@ -5,7 +5,9 @@ order within the session) and ``message`` (the chat message as JSON, exactly as 
 API returns it). The rule is ``Store.projection``'s (``db/projection.py``,
 ``select_projection``): instruction messages the active revision covers, its block, then
 every later message; without a revision, every message. A filter on ``session_id`` is
-pushed below the window on both databases, so reading one session reads only its rows.
+pushed below the window on both databases, and each arm is an index range (the tail by
+``(session_id, seq)``, the covered instructions by ``ix_messages_instructions``), so
+reading one session reads only the rows it returns.
 
 Revision ID: 0003
 Revises: 0002
@@ -33,9 +35,14 @@ SELECT
 FROM (
     SELECT s.session_id, m.seq, 0 AS part, m.body AS message
     FROM sessions AS s
-    JOIN messages AS m ON m.session_id = s.id
     LEFT JOIN revisions AS r ON r.id = s.active_revision_id
-    WHERE r.id IS NULL OR m.seq > r.through_seq OR m.role IN ('system', 'developer')
+    JOIN messages AS m ON m.session_id = s.id AND m.seq > COALESCE(r.through_seq, 0)
+    UNION ALL
+    SELECT s.session_id, m.seq, 0, m.body
+    FROM sessions AS s
+    JOIN revisions AS r ON r.id = s.active_revision_id
+    JOIN messages AS m ON m.session_id = s.id AND m.seq <= r.through_seq
+        AND m.role IN ('system', 'developer')
     UNION ALL
     SELECT s.session_id, r.through_seq, 1, r.block
     FROM sessions AS s
