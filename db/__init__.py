@@ -40,6 +40,7 @@ from db.records import (
     SessionState,
     Snapshot,
     StoredMention,
+    ToolCallState,
 )
 from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy
 from db.store import Store
@@ -81,6 +82,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "StoredMention",
+    "ToolCallState",
     "check_schema",
     "create_db_engine",
     "current_revision",

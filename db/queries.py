@@ -26,6 +26,7 @@ from db.records import (
     RunRecord,
     SessionState,
     StoredMention,
+    ToolCallState,
 )
 
 # Updates here never need the ORM to sync objects in memory: each transaction is short.
@@ -131,6 +132,30 @@ def select_active(session: Session, session_pk: int, through_seq: int) -> list[M
     seq <= ``through_seq`` and every message after it."""
     active = or_(MessageRow.seq > through_seq, MessageRow.role.in_(INSTRUCTION_ROLES))
     return _select_messages(session, session_pk, active)
+
+
+def read_tool_call_state(session: Session, session_pk: int) -> ToolCallState:
+    """Read the open and answered tool call ids from two narrow queries (no bodies but
+    the last non-tool message's)."""
+    last_call = session.execute(
+        select(MessageRow.seq, MessageRow.body)
+        .where(MessageRow.session_id == session_pk, MessageRow.role != "tool")
+        .order_by(MessageRow.seq.desc())
+        .limit(1)
+    ).first()
+    answers = session.execute(
+        select(MessageRow.seq, MessageRow.tool_call_id)
+        .where(MessageRow.session_id == session_pk, MessageRow.role == "tool",
+               MessageRow.tool_call_id.is_not(None))
+    ).all()
+    answered_ids = frozenset(call_id for _, call_id in answers if call_id is not None)
+    if last_call is None:
+        return ToolCallState(open_ids=(), answered_ids=answered_ids)
+    last_seq, body = last_call
+    answered_after = {call_id for seq, call_id in answers if seq > last_seq}
+    calls = body.get("tool_calls") or ()
+    open_ids = tuple(call["id"] for call in calls if call["id"] not in answered_after)
+    return ToolCallState(open_ids=open_ids, answered_ids=answered_ids)
 
 
 def _select_messages(session: Session, session_pk: int, condition: Any) -> list[MessageRecord]:

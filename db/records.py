@@ -176,3 +176,17 @@ class Snapshot:
     session: SessionState
     revision: RevisionRecord | None
     messages: list[MessageRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallState:
+    """What an append's intake check needs of the stored session, read under its row lock.
+
+    ``answered_ids`` comes from the ``tool_call_id`` column, never from the bodies: every
+    stored call has a result except the open ones (intake closes a call, with a placeholder
+    result if need be, before anything else is stored), so the two together are every id
+    the session used.
+    """
+
+    open_ids: tuple[str, ...]  # the last call group's calls without a result, in call order
+    answered_ids: frozenset[str]  # every tool call id a stored tool result answers

@@ -1,7 +1,8 @@
 """The session store, the one door to the database for the worker and the scheduler.
 
 Every public method is one transaction on PostgreSQL or SQLite (the due-session iterator
-one per page; ``queue_markers`` one around the caller's block). Values go in and out as
+one per page; ``queue_markers`` one around the caller's block; a one-statement read on
+PostgreSQL none, the statement being its own snapshot). Values go in and out as
 the frozen dataclasses of ``db/records.py``. ``sqlalchemy.exc`` errors are translated
 here, once, into ``db/errors.py``. Writes lock the session row (``SELECT ... FOR
 UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite); reads run in one consistent
@@ -13,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Update, select
 from sqlalchemy.orm import Session
 
 from db import leases
+from db import projection as views
 from db import queries as q
 from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
 from db.engine import create_db_engine, derive_read_engine
@@ -48,9 +50,15 @@ from db.records import (
     RunRecord,
     SessionState,
     Snapshot,
+    ToolCallState,
 )
 from db.revisions import load_active_revision, roll_back, swap_in
 from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy, read_due_page
+
+T = TypeVar("T")
+# An append's intake check: given the session's tool-call state, the rows to insert and
+# whatever the caller wants back (its report).
+AppendCheck = Callable[[ToolCallState], tuple[Sequence[NewMessage], T]]
 
 
 class Store:
@@ -59,6 +67,10 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._read_engine = derive_read_engine(engine)
+        # A single statement sees one snapshot by itself: on PostgreSQL it needs no
+        # BEGIN and COMMIT, two round trips of the platform's hot read.
+        self._statement_engine = self._read_engine if engine.dialect.name == "sqlite" \
+            else engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
     def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Store:
@@ -99,8 +111,8 @@ class Store:
         self, session_id: str, messages: Sequence[NewMessage], *, now: datetime,
         create: bool = False, metadata: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Append messages and return their seqs; ``create`` makes a missing session first
-        (with ``metadata``; an existing session's metadata is left alone)."""
+        """Append messages unchecked and return their seqs; ``create`` makes a missing
+        session first (with ``metadata``; an existing session's is left alone)."""
         with self._write() as session:
             if create:
                 q.insert_session_if_absent(session, session_id, metadata or {}, now)
@@ -108,6 +120,25 @@ class Store:
                 q.find_session(session, session_id)
                 return []
             return q.append_rows(session, session_id, messages, now)
+
+    def append_checked(
+        self, session_id: str, check: AppendCheck[T], *, now: datetime, create: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[list[int], T]:
+        """Append the rows ``check`` returns; return their seqs and ``check``'s report.
+
+        One transaction under the session's row lock: ``check`` gets the tool-call state
+        read under it, so two concurrent appends never both answer one open call; what
+        ``check`` raises rolls everything back. ``create`` as in ``append_messages``.
+        """
+        with self._write() as session:
+            if create:
+                q.insert_session_if_absent(session, session_id, metadata or {}, now)
+            row = q.find_session(session, session_id, lock=True)
+            messages, report = check(q.read_tool_call_state(session, row.id))
+            if not messages:
+                return [], report
+            return q.append_rows(session, session_id, messages, now), report
 
     def get_session(self, session_id: str) -> SessionState:
         """Return the session's current state (SessionNotFound when unknown)."""
@@ -178,14 +209,10 @@ class Store:
             )
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:
-        """Return what a model sees: instructions the revision covers, its block, the rest."""
-        snapshot = self.snapshot(session_id)
-        if snapshot.revision is None:
-            return [message.body for message in snapshot.messages]
-        through_seq = snapshot.revision.through_seq
-        covered = [m.body for m in snapshot.messages if m.seq <= through_seq]
-        tail = [m.body for m in snapshot.messages if m.seq > through_seq]
-        return [*covered, snapshot.revision.block, *tail]
+        """Return what a model is sent, in one statement: the instructions the active
+        revision covers, its block, every later message (no revision: every message)."""
+        with self._read_statement() as session:
+            return views.select_projection(session, session_id)
 
     def revisions(self, session_id: str) -> list[RevisionRecord]:
         """Return every revision of the session, newest first (rolled-back ones included)."""
@@ -353,6 +380,11 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[Session]:
         with translate_errors(), Session(self._engine) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read_statement(self) -> Iterator[Session]:
+        with translate_errors(), Session(self._statement_engine) as session:
             yield session
 
     @contextmanager

@@ -6,77 +6,28 @@ an agent's history lives here, and each turn it is sent the compacted projection
 ``add_items``, ``pop_item``, ``clear_session``). Items are converted exactly, or refused
 with :class:`~worker.agents_items.UnsupportedItem` (``worker/agents_items.py``); appends
 pass the same intake check as any other append. Store calls block, so each runs in a
-thread. Only this module's ``SessionStore`` touches the store and ``worker.ingest``.
+thread. It reaches the store only through the platform's API, ``worker.sessions``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+import contextlib
 from typing import TYPE_CHECKING, Any, cast
 
-from db import MessagePinned, SessionLeased, SessionNotFound, Store
 from worker.agents_items import UnsupportedItem, items_to_messages, messages_to_items
-from worker.compaction import IntakePolicy, TokenCounter
-from worker.ingest import append_messages
+from worker.sessions import MessagePinned, SessionLeased, SessionNotFound, SessionStore
 
 if TYPE_CHECKING:
     from agents import TResponseInputItem
     from agents.memory import SessionSettings
 
-__all__ = ["CompactorSession", "PopRefused", "SessionStore", "UnsupportedItem"]
+__all__ = ["CompactorSession", "PopRefused", "UnsupportedItem"]
 
 
 class PopRefused(RuntimeError):
     """Raised when the newest item cannot be popped: it shares its stored message with
     other items, a compaction has read it, or a job is compacting the session."""
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class SessionStore:
-    """What the session needs of the store, in one place: read the projection, append
-    checked messages, erase the newest message or the whole session."""
-
-    store: Store
-    counter: TokenCounter
-    policy: IntakePolicy = field(default_factory=IntakePolicy)
-    clock: Callable[[], datetime] = _utc_now
-
-    def projection(self, session_id: str) -> list[dict[str, Any]]:
-        try:
-            return self.store.projection(session_id)
-        except SessionNotFound:
-            return []
-
-    def append(self, session_id: str, messages: list[dict[str, Any]]) -> None:
-        now = self.clock()
-        # An agent's first turn creates its session; an existing one is left as it is.
-        self.store.append_messages(session_id, [], now=now, create=True)
-        append_messages(self.store, self.counter, self.policy, session_id, messages, now)
-
-    def newest(self, session_id: str) -> tuple[int, dict[str, Any]] | None:
-        try:
-            head_seq = self.store.get_session(session_id).head_seq
-        except SessionNotFound:
-            return None
-        newest = self.store.messages(session_id, after_seq=head_seq - 1)
-        return (newest[-1].seq, newest[-1].body) if newest else None
-
-    def pop(self, session_id: str, seq: int) -> None:
-        self.store.pop_message(session_id, seq=seq, now=self.clock())
-
-    def erase(self, session_id: str) -> None:
-        try:
-            # The application asked for it: a job compacting meanwhile ends without writing.
-            self.store.delete_session(session_id, force=True, now=self.clock())
-        except SessionNotFound:
-            return
 
 
 class CompactorSession:
@@ -93,7 +44,7 @@ class CompactorSession:
         latest ``limit`` of them (never starting on a tool output whose call is cut off)."""
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        projection = await asyncio.to_thread(self._sessions.projection, self.session_id)
+        projection = await asyncio.to_thread(self._projection)
         items = messages_to_items(projection)
         if limit is not None and limit >= 0:  # negative: everything, as the SDK's sessions
             items = _without_orphan_outputs(items[-limit:] if limit else [])
@@ -104,7 +55,9 @@ class CompactorSession:
         UnsupportedItem when one has no chat form; nothing is stored then)."""
         messages = items_to_messages([dict(cast("dict[str, Any]", item)) for item in items])
         if messages:
-            await asyncio.to_thread(self._sessions.append, self.session_id, messages)
+            # An agent's first turn creates its session.
+            await asyncio.to_thread(self._sessions.append, self.session_id, messages,
+                                    create=True)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Erase the newest stored message and return it as an item (None: no history).
@@ -116,8 +69,8 @@ class CompactorSession:
         newest = await asyncio.to_thread(self._sessions.newest, self.session_id)
         if newest is None:
             return None
-        seq, body = newest
-        items = messages_to_items([body])
+        seq = newest.seq
+        items = messages_to_items([newest.body])
         if len(items) != 1:
             raise PopRefused(f"message {seq} is {len(items)} items; pop it whole with the "
                              "store, or not at all")
@@ -129,7 +82,18 @@ class CompactorSession:
 
     async def clear_session(self) -> None:
         """Erase the session with its whole history, revisions and runs."""
-        await asyncio.to_thread(self._sessions.erase, self.session_id)
+        await asyncio.to_thread(self._erase)
+
+    def _projection(self) -> list[dict[str, Any]]:
+        try:
+            return self._sessions.projection(self.session_id)
+        except SessionNotFound:
+            return []
+
+    def _erase(self) -> None:
+        # The application asked for it: a job compacting meanwhile ends without writing.
+        with contextlib.suppress(SessionNotFound):
+            self._sessions.delete(self.session_id, force=True)
 
 
 def _without_orphan_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,17 +1,21 @@
 """Sessions in and out: import and append (intake check, one token count per message,
 then the store) and export, in the session record format of the JSONL files:
 ``{"session_id": str, "messages": [...], **metadata}``.
+
+An append runs its intake check inside the store's transaction, under the session's row
+lock: the store reads the open and answered tool call ids there and hands them to the
+check (a callable: ``db`` may not import ``worker``), which returns the rows to insert.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from db import MessageRecord, NewMessage, SessionExists, SessionState
+from db import MessageRecord, NewMessage, SessionExists, SessionState, ToolCallState
 from worker.compaction import (
     Action,
     ChatMessage,
@@ -23,14 +27,13 @@ from worker.compaction import (
     check_session,
     clean_text,
     dump_message,
-    find_open_tool_calls,
     identify_message,
-    parse_message,
     search_text,
 )
 from worker.errors import MessagesRejected
 
 RECORD_KEYS = ("session_id", "messages")
+T = TypeVar("T")
 
 
 class IngestStore(Protocol):
@@ -41,10 +44,11 @@ class IngestStore(Protocol):
         now: datetime,
     ) -> object: ...
 
-    def append_messages(
-        self, session_id: str, messages: list[NewMessage], *, now: datetime,
-        create: bool = False, metadata: dict[str, Any] | None = None,
-    ) -> list[int]: ...
+    def append_checked(
+        self, session_id: str,
+        check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]], *,
+        now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
+    ) -> tuple[list[int], T]: ...
 
     def get_session(self, session_id: str) -> SessionState: ...
 
@@ -142,43 +146,52 @@ def _find_shape_problem(session_id: object, raw_messages: object) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class AppendReport:
+    """What one append stored: the new messages' seqs (contiguous positions in the
+    session) and the problems intake repaired (empty when stored as given)."""
+
+    seqs: tuple[int, ...]
+    problems: tuple[Problem, ...] = ()
+
+
+def append_checked(
+    store: IngestStore, counter: TokenCounter, policy: IntakePolicy, session_id: str,
+    raw_messages: Sequence[Any], now: datetime, *, create: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> AppendReport:
+    """Check ``raw_messages`` against the stored session and append them, atomically.
+
+    One transaction under the session's row lock: a result for a call an earlier append
+    left open is accepted, and of two concurrent appends answering the same call the
+    second finds it answered (an orphan result, rejected or dropped per ``policy``).
+    Tokens are counted inside the transaction (after repair), so keep batches modest.
+
+    Raises:
+        MessagesRejected: intake rejected the messages; nothing was appended.
+        db.SessionNotFound: no session has this id (and ``create`` is False).
+    """
+
+    def check(state: ToolCallState) -> tuple[list[NewMessage], tuple[Problem, ...]]:
+        result = check_session(
+            raw_messages, policy, open_tool_call_ids=state.open_ids,
+            seen_tool_call_ids=state.answered_ids, is_append=True,
+        )
+        if result.rejected:
+            raise MessagesRejected(session_id, result.problems)
+        return count_messages(result.messages, counter), result.problems
+
+    seqs, problems = store.append_checked(
+        session_id, check, now=now, create=create, metadata=metadata)
+    return AppendReport(tuple(seqs), problems)
+
+
 def append_messages(
     store: IngestStore, counter: TokenCounter, policy: IntakePolicy, session_id: str,
     raw_messages: Sequence[Any], now: datetime,
 ) -> list[int]:
-    """Check ``raw_messages`` against the stored session, then append them; return seqs.
-
-    The check reads the session, then the append writes it: callers append to one session
-    from one place at a time (an agent's loop), as two concurrent appends could both
-    answer the same open tool call.
-
-    Raises:
-        MessagesRejected: intake rejected the messages; nothing was appended.
-        db.errors.SessionNotFound: no session has this id.
-    """
-    open_ids, seen_ids = read_tool_call_context(store, session_id)
-    result = check_session(raw_messages, policy, open_tool_call_ids=open_ids,
-                           seen_tool_call_ids=seen_ids, is_append=True)
-    if result.rejected:
-        raise MessagesRejected(session_id, result.problems)
-    if not result.messages:
-        return []
-    return store.append_messages(session_id, count_messages(result.messages, counter), now=now)
-
-
-def read_tool_call_context(
-    store: IngestStore, session_id: str
-) -> tuple[tuple[str, ...], frozenset[str]]:
-    """Return the stored session's still-open tool calls and every tool call id it used."""
-    history = store.messages(session_id)
-    seen_ids = frozenset(
-        call["id"] for record in history for call in record.body.get("tool_calls") or ()
-    )
-    tail_start = next(
-        (i for i in range(len(history) - 1, -1, -1) if history[i].role != "tool"), 0
-    )
-    tail = [parse_message(record.body) for record in history[tail_start:]]
-    return find_open_tool_calls(tail), seen_ids
+    """Append to an existing session as ``append_checked`` does; return the seqs."""
+    return list(append_checked(store, counter, policy, session_id, raw_messages, now).seqs)
 
 
 def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> list[NewMessage]:

@@ -22,6 +22,7 @@ from rich.table import Table
 from scheduler.cli.common import (
     dumps_json,
     expected_errors,
+    fail,
     load_counter,
     open_store,
     print_json,
@@ -57,8 +58,9 @@ STATUS_STYLES = {ImportStatus.IMPORTED: "green", ImportStatus.REPAIRED: "yellow"
 
 @expected_errors
 def import_command(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
-                                         help="JSONL file, one session per line.")],
+    file: Annotated[Path, typer.Argument(
+        metavar="FILE|-", dir_okay=False, allow_dash=True,
+        help="JSONL file, one session per line; - reads stdin.")],
     continue_on_error: Annotated[bool, typer.Option(
         "--continue-on-error", help="Exit 0 even when sessions or lines were rejected.")] = False,
     policy: Annotated[PolicyName, typer.Option(
@@ -80,8 +82,9 @@ def import_command(
     counter = load_counter(settings)
     now = datetime.now(UTC)
     rows: list[tuple[int, SessionReport]] = []
-    with open_store(settings) as store, progress_bar(file) as advance:
-        for line_number, size, item in read_jsonl(file):
+    with open_store(settings) as store, open_input(file) as (lines, size_bytes), \
+            progress_bar(size_bytes) as advance:
+        for line_number, size, item in read_jsonl_lines(lines):
             report = item if isinstance(item, SessionReport) else import_record(
                 item, store=store, counter=counter, policy=POLICIES[policy], now=now)
             advance(size)
@@ -100,25 +103,45 @@ def import_command(
         raise typer.Exit(1)
 
 
+@contextmanager
+def open_input(file: Path) -> Iterator[tuple[IO[bytes], int | None]]:
+    """Yield the input's bytes and its size (None for stdin, whose size is unknown)."""
+    if str(file) == "-":
+        yield sys.stdin.buffer, None
+        return
+    try:
+        lines = file.open("rb")
+    except OSError as error:
+        fail(f"cannot read {file}: {error.strerror}")
+    with lines:
+        yield lines, file.stat().st_size
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[int, int, dict[str, Any] | SessionReport]]:
-    """Yield (line number, bytes, record), or a rejection report for a malformed line."""
+    """Yield (line number, bytes, record) of a file, as ``read_jsonl_lines``."""
     with path.open("rb") as lines:
-        for line_number, raw in enumerate(lines, start=1):
-            # Bytes that are not UTF-8 become lone surrogates, which intake repairs.
-            text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as error:
-                yield line_number, len(raw), line_rejected(
-                    f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
-                continue
-            if not isinstance(record, dict):
-                yield line_number, len(raw), line_rejected(
-                    f"line {line_number}: not a JSON object")
-                continue
-            yield line_number, len(raw), record
+        yield from read_jsonl_lines(lines)
+
+
+def read_jsonl_lines(
+    lines: IO[bytes],
+) -> Iterator[tuple[int, int, dict[str, Any] | SessionReport]]:
+    """Yield (line number, bytes, record), or a rejection report for a malformed line."""
+    for line_number, raw in enumerate(lines, start=1):
+        # Bytes that are not UTF-8 become lone surrogates, which intake repairs.
+        text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as error:
+            yield line_number, len(raw), line_rejected(
+                f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
+            continue
+        if not isinstance(record, dict):
+            yield line_number, len(raw), line_rejected(f"line {line_number}: not a JSON object")
+            continue
+        yield line_number, len(raw), record
 
 
 def line_rejected(detail: str) -> SessionReport:
@@ -127,14 +150,14 @@ def line_rejected(detail: str) -> SessionReport:
 
 
 @contextmanager
-def progress_bar(path: Path) -> Iterator[Callable[[int], None]]:
+def progress_bar(total_bytes: int | None) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(bytes)``; the bar shows on stderr only when it is a terminal."""
     console = stderr_console()
     with Progress(
         TextColumn("importing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
         console=console, transient=True, disable=not console.is_terminal,
     ) as progress:
-        task = progress.add_task("import", total=path.stat().st_size)
+        task = progress.add_task("import", total=total_bytes)
         yield lambda size: progress.advance(task, size)
 
 

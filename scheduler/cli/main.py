@@ -12,7 +12,7 @@ import logging
 import pydantic
 import typer
 
-from scheduler.cli import data, demo, jobs, lifecycle, recall, schedule, sessions
+from scheduler.cli import data, demo, jobs, lifecycle, platform, recall, schedule, sessions
 from scheduler.cli.db import db_app
 from worker.logging import configure_logging
 from worker.settings import get_settings
@@ -47,6 +47,8 @@ def _configure_logging() -> None:
 app.add_typer(db_app, name="db")
 app.command("import")(data.import_command)
 app.command("export")(data.export_command)
+app.command("append")(platform.append_command)
+app.command("projection")(platform.projection_command)
 app.command("sessions")(sessions.sessions_command)
 app.command("show")(sessions.show_command)
 app.command("recall")(recall.recall_command)

@@ -1,5 +1,5 @@
 """The benchmark scripts run end to end in their tiny ``--quick`` mode and print their
-figures, so they cannot rot. The five start at once (each has its own database, Redis
+figures, so they cannot rot. The six start at once (each has its own database, Redis
 prefix, queue and server port); the slowest one sets the wall time. The fidelity
 benchmark runs on its own, and its figures are checked against the projection."""
 
@@ -30,6 +30,7 @@ FIGURES = {
     "chunk_merge_bench": ("prompt tokens", "prompt / span", "calls", "chunks"),
     "incremental_bench": ("2nd job prompt tokens", "prompt / (span + prior)"),
     "memory_bench": ("child HWM peak MiB", "raw JSON MiB", "growth / raw"),
+    "projection_bench": ("min ms", "median ms", "p95 ms"),
 }
 
 

@@ -16,10 +16,10 @@ from worker.errors import MessagesRejected
 from worker.ingest import (
     ExportView,
     ImportStatus,
+    append_checked,
     append_messages,
     export_session,
     import_sessions,
-    read_tool_call_context,
 )
 
 pytestmark = pytest.mark.integration
@@ -95,12 +95,62 @@ def test_an_append_answers_the_calls_the_session_left_open(
     store: Store, counter: TokenCounter
 ) -> None:
     import_one(store, counter, [USER, calling("c1", "c2"), result("c1")])
-    assert read_tool_call_context(store, "s1") == (("c2",), frozenset({"c1", "c2"}))
 
     seqs = append_messages(store, counter, POLICY, "s1", [result("c2"), REPLY], NOW)
 
     assert seqs == [4, 5]
-    assert read_tool_call_context(store, "s1") == ((), frozenset({"c1", "c2"}))
+    assert store.messages("s1", after_seq=3)[0].tool_call_id == "c2"
+
+
+def test_calls_left_open_across_several_appends_are_answered_one_append_at_a_time(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1", "c2", "c3")])
+
+    first = append_checked(store, counter, POLICY, "s1", [result("c2")], NOW)
+    second = append_checked(store, counter, POLICY, "s1", [result("c1"), result("c3")], NOW)
+
+    assert (first.seqs, second.seqs) == ((3,), (4, 5))
+    assert first.problems == second.problems == ()
+
+
+def test_a_result_for_a_call_an_earlier_append_answered_is_an_orphan(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1", "c2")])
+    append_messages(store, counter, POLICY, "s1", [result("c1")], NOW)
+
+    with pytest.raises(MessagesRejected, match="orphan_tool_result"):
+        append_messages(store, counter, POLICY, "s1", [result("c1")], NOW)
+    repaired = append_checked(store, counter, IntakePolicy.lenient(), "s1",
+                              [result("c1"), result("c2")], NOW)
+
+    assert repaired.seqs == (4,)
+    assert [p.kind for p in repaired.problems] == [ProblemKind.ORPHAN_TOOL_RESULT]
+    assert [m.tool_call_id for m in store.messages("s1", after_seq=2)] == ["c1", "c2"]
+
+
+def test_an_id_used_before_the_open_group_is_renamed_in_a_later_append(
+    store: Store, counter: TokenCounter
+) -> None:
+    import_one(store, counter, [USER, calling("c1"), result("c1"), USER, calling("c2")])
+
+    report = append_checked(store, counter, POLICY, "s1",
+                            [result("c2"), calling("c1"), result("c1")], NOW)
+
+    assert [p.kind for p in report.problems] == [ProblemKind.DUPLICATE_TOOL_CALL_ID]
+    assert [m.body for m in store.messages("s1", after_seq=6)] == [
+        calling("c1_dup1"), result("c1_dup1")]
+
+
+def test_an_append_with_create_makes_the_session_and_checks_its_messages(
+    store: Store, counter: TokenCounter
+) -> None:
+    report = append_checked(store, counter, POLICY, "new", [USER, calling("c1")], NOW,
+                            create=True, metadata={"user": "u1"})
+
+    assert report.seqs == (1, 2)
+    assert store.get_session("new").metadata == {"user": "u1"}
 
 
 def test_an_append_that_skips_an_open_call_records_the_missing_result(

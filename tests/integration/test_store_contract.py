@@ -21,6 +21,7 @@ from db import (
     RevisionConflict,
     RunRecord,
     SessionNotFound,
+    ToolCallState,
     upgrade_database,
 )
 from tests.support.databases import open_store, sqlite_url, truncate_store_tables
@@ -42,6 +43,12 @@ class ContractStore(JobStore, Protocol):
 
     def runs(self, *, session_id: str | None = None, outcome: str | None = None,
              limit: int = 100) -> Sequence[RunRecord]: ...
+
+    def append_checked(
+        self, session_id: str,
+        check: Callable[[ToolCallState], tuple[Sequence[NewMessage], Any]], *,
+        now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
+    ) -> tuple[list[int], Any]: ...
 
 
 @pytest.fixture(params=["fake", "sqlite", "postgresql"])
@@ -105,6 +112,48 @@ def test_every_session_method_raises_session_not_found_for_an_unknown_session(
     for call in calls:
         with pytest.raises(SessionNotFound):
             call()
+
+
+def calling(*call_ids: str) -> NewMessage:
+    calls = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+             for i in call_ids]
+    return NewMessage({"role": "assistant", "content": None, "tool_calls": calls},
+                      "assistant", None, 5)
+
+
+def answering(call_id: str) -> NewMessage:
+    return NewMessage({"role": "tool", "tool_call_id": call_id, "content": "ok"}, "tool",
+                      call_id, 2)
+
+
+def test_an_append_check_sees_the_open_and_answered_tool_calls_of_the_stored_session(
+    store: ContractStore,
+) -> None:
+    seen: list[ToolCallState] = []
+
+    def append(*rows: NewMessage) -> list[int]:
+        def check(state: ToolCallState) -> tuple[Sequence[NewMessage], None]:
+            seen.append(state)
+            return rows, None
+        return store.append_checked(SESSION, check, now=T0)[0]
+
+    assert append(calling("c1"), answering("c1"), calling("c2", "c3")) == [8, 9, 10]
+    append(answering("c3"))
+    append()
+
+    assert seen == [ToolCallState((), frozenset()),
+                    ToolCallState(("c2", "c3"), frozenset({"c1"})),
+                    ToolCallState(("c2",), frozenset({"c1", "c3"}))]
+
+
+def test_a_failing_append_check_stores_nothing(store: ContractStore) -> None:
+    def check(state: ToolCallState) -> tuple[Sequence[NewMessage], None]:
+        raise ValueError("rejected")
+
+    with pytest.raises(ValueError, match="rejected"):
+        store.append_checked(SESSION, check, now=T0)
+
+    assert store.get_session(SESSION).head_seq == 7
 
 
 def test_a_run_of_an_unknown_session_is_recorded_and_its_breaker_ignored(

@@ -27,12 +27,16 @@ class Compactor:
     env: dict[str, str]
 
     def __call__(self, *args: str) -> Result:
+        return self.run_with_input(None, *args)
+
+    def run_with_input(self, stdin: str | None, *args: str) -> Result:
+        """Run with ``stdin`` as the command's standard input."""
         # get_settings() is cached per process: each run must read this run's env. The
         # logging a command configures is process-wide too: later tests get theirs back.
         get_settings.cache_clear()
         try:
             with preserved_logging():
-                return CliRunner().invoke(app, list(args), env=self.env)
+                return CliRunner().invoke(app, list(args), input=stdin, env=self.env)
         finally:
             get_settings.cache_clear()
 

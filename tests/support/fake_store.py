@@ -10,9 +10,9 @@ method raise, as a database that went away would.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from db import (
     BreakerUpdate,
@@ -28,11 +28,14 @@ from db import (
     SessionNotFound,
     SessionState,
     Snapshot,
+    ToolCallState,
 )
+from worker.compaction import find_open_tool_calls, parse_message
 
 # Mirrors db.models.INSTRUCTION_ROLES: covered instructions stay in the projection.
 INSTRUCTION_ROLES = ("system", "developer")
 BREAKER_STATES = ("closed", "open", "half_open")
+T = TypeVar("T")
 
 
 class FakeStore:
@@ -78,6 +81,18 @@ class FakeStore:
             self._messages[session_id] = []
         self._find(session_id)
         return self._append(session_id, messages, now) if messages else []
+
+    def append_checked(
+        self, session_id: str, check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]],
+        *, now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
+    ) -> tuple[list[int], T]:
+        self._check("append_checked")
+        if create and session_id not in self._sessions:
+            self._sessions[session_id] = _new_session(session_id, metadata or {}, now)
+            self._messages[session_id] = []
+        self._find(session_id)
+        messages, report = check(_tool_call_state(self._messages[session_id]))
+        return (self._append(session_id, messages, now) if messages else []), report
 
     def messages(self, session_id: str, *, after_seq: int = 0) -> list[MessageRecord]:
         self._find(session_id)
@@ -277,3 +292,12 @@ def _check_bounds(state: SessionState, parent: RevisionRecord | None,
 def _check_breaker(update: BreakerUpdate) -> None:
     if update.state not in BREAKER_STATES or update.failures < 0:
         raise ValueError(f"invalid breaker update {update!r}")
+
+
+def _tool_call_state(history: list[MessageRecord]) -> ToolCallState:
+    """The core's rule (``find_open_tool_calls``) over the history: the contract test
+    holds the store's SQL to it."""
+    answered = frozenset(m.tool_call_id for m in history if m.role == "tool" and m.tool_call_id)
+    last = next((i for i in range(len(history) - 1, -1, -1) if history[i].role != "tool"), 0)
+    tail = [parse_message(m.body) for m in history[last:]]
+    return ToolCallState(find_open_tool_calls(tail), answered)

@@ -1,0 +1,123 @@
+"""`compactor append` and `compactor projection`: the platform's side from a shell, through
+the same Python API (``worker.sessions``) a platform in Python calls."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from scheduler.cli.common import (
+    expected_errors,
+    fail,
+    load_counter,
+    open_store,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
+from scheduler.cli.data import POLICIES, PolicyName
+from scheduler.cli.sessions import projection_table
+from worker.sessions import AppendReport, MessagesRejected, Problem, SessionStore
+from worker.settings import get_settings
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+@expected_errors
+def append_command(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
+    file: Annotated[Path, typer.Argument(
+        metavar="FILE|-", allow_dash=True, dir_okay=False,
+        help="Messages as JSONL (one per line) or one JSON array; - reads stdin.")],
+    create: Annotated[bool, typer.Option(
+        "--create", help="Create the session when it does not exist.")] = False,
+    policy: Annotated[PolicyName, typer.Option(
+        help="Intake policy, as for `compactor import`.")] = PolicyName.DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Append messages to a session: checked like an import, stored in one transaction.
+
+    Results for a tool call an earlier append left open are accepted. Prints the new
+    messages' seqs and what intake repaired; exits 1, storing nothing, when intake
+    rejects them (the problems say why).
+    """
+    messages = read_messages(file)
+    settings = get_settings()
+    with open_store(settings) as store:
+        sessions = SessionStore(store, load_counter(settings), POLICIES[policy])
+        try:
+            report = sessions.append(session_id, messages, create=create)
+        except MessagesRejected as rejected:
+            print_append(session_id, "rejected", AppendReport((), rejected.problems), as_json)
+            raise typer.Exit(1) from None
+    print_append(session_id, "repaired" if report.problems else "appended", report, as_json)
+
+
+@expected_errors
+def projection_command(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the messages as one JSON array, ready for a chat API.")] = False,
+) -> None:
+    """Show what a model is sent: instructions, the summary block, the recent messages."""
+    with open_store(get_settings()) as store:
+        projection = store.projection(session_id)
+    if as_json:
+        print_json(projection)
+        return
+    stdout_console().print(projection_table(projection))
+
+
+def read_messages(file: Path) -> list[Any]:
+    """Parse a JSON array, or JSONL of one message per line (blank lines skipped)."""
+    raw = sys.stdin.buffer.read() if str(file) == "-" else read_file(file)
+    # Bytes that are not UTF-8 become lone surrogates, which intake repairs.
+    text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+    if text.lstrip().startswith("["):
+        messages = parse_json(text, "the input")
+        if not isinstance(messages, list):
+            fail("the input is not a JSON array of messages")
+        return messages
+    return [parse_json(line, f"line {number}")
+            for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def read_file(file: Path) -> bytes:
+    try:
+        return file.read_bytes()
+    except OSError as error:
+        fail(f"cannot read {file}: {error.strerror}")
+
+
+def parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        fail(f"{where}: invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})")
+
+
+def print_append(session_id: str, status: str, report: AppendReport, as_json: bool) -> None:
+    if as_json:
+        print_json({"session_id": session_id, "status": status, "seqs": list(report.seqs),
+                    "problems": [problem_json(p) for p in report.problems]})
+        return
+    if report.seqs:
+        span = f"{report.seqs[0]}-{report.seqs[-1]}" if len(report.seqs) > 1 else report.seqs[0]
+        stdout_console().print(f"{session_id}: {status} {len(report.seqs)} messages "
+                               f"(seq {span})", highlight=False, markup=False)
+    elif status != "rejected":
+        stdout_console().print(f"{session_id}: nothing to append", markup=False)
+    console = stderr_console() if status == "rejected" else stdout_console()
+    for problem in report.problems:
+        where = "" if problem.index is None else f" at message {problem.index}"
+        console.print(f"{problem.kind.value}{where} ({problem.action.value}): {problem.detail}",
+                      highlight=False, markup=False)
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    return {"kind": problem.kind.value, "index": problem.index, "detail": problem.detail,
+            "action": problem.action.value}
