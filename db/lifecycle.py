@@ -9,12 +9,13 @@ take, so none of them can interleave with a running job's writes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Delete, delete, select, update
+from sqlalchemy import Delete, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from db import queries as q
@@ -60,12 +61,14 @@ class DeletedSession:
 @dataclass(frozen=True, slots=True)
 class GcPolicy:
     """What garbage collection keeps: the active revision and ``keep_revisions`` of its
-    ancestors always; other revisions and runs younger than their retention (s)."""
+    ancestors always; other revisions and runs younger than their retention (s); whole
+    sessions last appended to within ``session_retention_s`` (None: every session)."""
 
     keep_revisions: int
     revision_retention_s: float
     run_retention_s: float
     batch_size: int
+    session_retention_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.keep_revisions < 0 or self.batch_size <= 0:
@@ -131,7 +134,7 @@ def collect_garbage(
     """Run the revision batches, then the run batches, each in its own ``write()``
     transaction, so no lock is held for longer than one batch."""
     batches: list[GcBatch] = []
-    for collect in (collect_revisions, collect_runs):
+    for collect in (collect_sessions, collect_revisions, collect_runs):
         after: int | None = 0
         while after is not None:
             with write() as session:
@@ -142,6 +145,32 @@ def collect_garbage(
                 if on_batch is not None:
                     on_batch(batch)
     return batches
+
+
+def collect_sessions(session: Session, policy: GcPolicy, now: datetime, *,
+                     after: int, apply: bool) -> GcBatch:
+    """Erase the next ``batch_size`` sessions (by key, after ``after``) idle for longer
+    than the session retention, as ``delete_session`` does; a session a job holds the
+    lease of is left for the next run."""
+    if policy.session_retention_s is None:
+        return GcBatch("sessions", 0, None)
+    cutoff = now - timedelta(seconds=policy.session_retention_s)
+    last_active = func.coalesce(SessionRow.last_appended_at, SessionRow.created_at)
+    rows = session.execute(
+        select(SessionRow.id, SessionRow.session_id)
+        .where(last_active < cutoff, SessionRow.id > after,
+               or_(SessionRow.lease_expires_at.is_(None), SessionRow.lease_expires_at <= now))
+        .order_by(SessionRow.id).limit(policy.batch_size)).all()
+    if not rows:
+        return GcBatch("sessions", 0, None)
+    removed = 0
+    for _, session_id in rows:
+        # A job may have taken the lease since the read: that session waits for next time.
+        with contextlib.suppress(SessionLeased):
+            if apply:
+                delete_session(session, session_id, force=False, now=now)
+            removed += 1
+    return GcBatch("sessions", removed, rows[-1].id)
 
 
 def collect_revisions(session: Session, policy: GcPolicy, now: datetime, *,

@@ -20,6 +20,7 @@ DELETE_EVENT = "lifecycle.delete"
 class GcReport:
     """What one garbage collection removed (a dry run: would remove)."""
 
+    sessions: int
     revisions: int
     runs: int
     batches: int
@@ -34,6 +35,7 @@ def gc_policy(settings: Settings) -> GcPolicy:
         revision_retention_s=settings.gc_revision_retention_s,
         run_retention_s=settings.gc_run_retention_s,
         batch_size=settings.gc_batch_size,
+        session_retention_s=settings.gc_session_retention_s,
     )
 
 
@@ -45,16 +47,19 @@ def collect_garbage(
     started = time.monotonic()
     batches = store.collect_garbage(policy, now, dry_run=dry_run, on_batch=on_batch)
     report = GcReport(
+        sessions=sum(b.removed for b in batches if b.table == "sessions"),
         revisions=sum(b.removed for b in batches if b.table == "revisions"),
         runs=sum(b.removed for b in batches if b.table == "runs"),
         batches=len(batches), dry_run=dry_run,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
-    get_logger().info(GC_EVENT, revisions=report.revisions, runs=report.runs,
+    get_logger().info(GC_EVENT, sessions=report.sessions, revisions=report.revisions,
+                      runs=report.runs,
                       batches=report.batches, dry_run=dry_run,
                       duration_ms=report.duration_ms, keep_revisions=policy.keep_revisions,
                       revision_retention_s=policy.revision_retention_s,
-                      run_retention_s=policy.run_retention_s)
+                      run_retention_s=policy.run_retention_s,
+                      session_retention_s=policy.session_retention_s)
     return report
 
 

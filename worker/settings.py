@@ -251,6 +251,10 @@ class Settings(BaseSettings):
         7_776_000, ge=0, description="Run records younger than this are kept (s; default "
         "90 days)."
     )
+    gc_session_retention_s: int | None = Field(
+        None, gt=0, description="Sessions not appended to for longer than this are erased "
+        "by gc, as `compactor delete` would (s; unset = sessions are kept)."
+    )
     gc_batch_size: int = Field(
         500, gt=0, description="Sessions (for revisions) or runs per gc transaction (count)."
     )

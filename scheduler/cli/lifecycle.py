@@ -38,7 +38,8 @@ def gc_command(
         "--dry-run", help="Count what would be removed; remove nothing.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Remove superseded revisions and old run records, in batches (safe while workers
+    """Remove superseded revisions and old run records, and erase sessions idle for
+    longer than gc_session_retention_s when it is set, in batches (safe while workers
     run): the active revision and gc_keep_revisions before it always stay."""
     settings = _settings()
     with open_store(settings) as store:
@@ -48,8 +49,9 @@ def gc_command(
         print_json(report)
         return
     verb = "would remove" if dry_run else "removed"
-    stdout_console().print(f"{verb} {report.revisions} revisions and {report.runs} runs in "
-                           f"{report.batches} batches ({report.duration_ms} ms)",
+    stdout_console().print(f"{verb} {report.sessions} idle sessions, {report.revisions} "
+                           f"revisions and {report.runs} runs in {report.batches} batches "
+                           f"({report.duration_ms} ms)",
                            highlight=False)
 
 

@@ -35,13 +35,14 @@ def test_gc_dry_run_counts_and_gc_removes_what_the_retention_allows(
     three_revisions(store, "s")
     settings = {"COMPACTOR_GC_KEEP_REVISIONS": "1"}
     counted = Compactor({**compactor.env, **settings}).json("gc", "--dry-run")
-    assert (counted["revisions"], counted["runs"], counted["dry_run"]) == (1, 3, True)
+    assert (counted["sessions"], counted["revisions"], counted["runs"], counted["dry_run"]) == (
+        0, 1, 3, True)
     assert len(store.revisions("s")) == 3
 
     result = Compactor({**compactor.env, **settings})("gc")
 
     assert result.exit_code == 0, result.output
-    assert "removed 1 revisions and 3 runs" in result.stdout
+    assert "removed 0 idle sessions, 1 revisions and 3 runs" in result.stdout
     assert "revisions: 1 in this batch" in result.stderr
     assert len(store.revisions("s")) == 2 and store.runs(session_id="s") == []
 

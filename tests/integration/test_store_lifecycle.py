@@ -3,6 +3,7 @@ message, and collecting superseded revisions and old runs in batches."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -173,3 +174,24 @@ def test_gc_pages_through_many_sessions_and_compaction_continues_on_the_kept_cha
     store.append_messages("s0", conversation(2, prefix="n"), now=T0 + 3 * DAY)
     newest = swap(store, "s0", 8, label="after-gc", now=T0 + 3 * DAY)
     assert store.get_revision(newest).parent_revision_id == store.revisions("s0")[1].id
+
+
+def test_gc_erases_sessions_idle_past_their_retention_but_not_one_a_job_holds(
+    store: Store,
+) -> None:
+    for session_id in ("idle", "leased"):
+        compacted_session(store, session_id, 1)
+    store.append_messages("recent", conversation(2), now=T0 + 9 * DAY, create=True)
+    assert store.acquire_lease("leased", "worker:job-1", 3 * DAY.total_seconds(),
+                               T0 + 9 * DAY)
+    policy = replace(KEEP_ONE, session_retention_s=7 * DAY.total_seconds())
+
+    counted = store.collect_garbage(policy, T0 + 10 * DAY, dry_run=True)
+    batches = store.collect_garbage(policy, T0 + 10 * DAY)
+
+    assert [(b.table, b.removed) for b in counted if b.table == "sessions"] == [("sessions", 1)]
+    assert [(b.table, b.removed) for b in batches if b.table == "sessions"] == [("sessions", 1)]
+    with pytest.raises(SessionNotFound):
+        store.get_session("idle")
+    assert store.runs(session_id="idle") == []
+    assert {s.session_id for s in store.list_sessions()} == {"leased", "recent"}
