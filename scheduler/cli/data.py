@@ -28,7 +28,15 @@ from scheduler.cli.common import (
     stderr_console,
     stdout_console,
 )
-from worker.compaction import Action, IntakePolicy, Problem, ProblemKind
+from worker.compaction import (
+    MAX_NESTING_DEPTH,
+    MAX_RECORD_BYTES,
+    Action,
+    IntakePolicy,
+    Problem,
+    ProblemKind,
+    measure_json_depth,
+)
 from worker.ingest import (
     ExportView,
     ImportStatus,
@@ -108,21 +116,32 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, int, dict[str, Any] | SessionR
             text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
             if not text.strip():
                 continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as error:
-                yield line_number, len(raw), line_rejected(
-                    f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
-                continue
-            if not isinstance(record, dict):
-                yield line_number, len(raw), line_rejected(
-                    f"line {line_number}: not a JSON object")
-                continue
-            yield line_number, len(raw), record
+            yield line_number, len(raw), parse_line(line_number, text, len(raw))
 
 
-def line_rejected(detail: str) -> SessionReport:
-    problem = Problem(ProblemKind.MALFORMED_SESSION, None, detail, Action.REJECT)
+def parse_line(line_number: int, text: str, size_bytes: int) -> dict[str, Any] | SessionReport:
+    """Parse one line into a record, or reject it; the limits are checked first because
+    the JSON parser recurses and would abort the whole import on a deep line."""
+    if size_bytes > MAX_RECORD_BYTES:
+        return line_rejected(f"line {line_number}: {size_bytes:,} bytes; at most "
+                             f"{MAX_RECORD_BYTES:,}", ProblemKind.TOO_LARGE)
+    if measure_json_depth(text) > MAX_NESTING_DEPTH:
+        return line_rejected(f"line {line_number}: objects and arrays nested deeper than "
+                             f"{MAX_NESTING_DEPTH} levels", ProblemKind.TOO_LARGE)
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return line_rejected(
+            f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
+    if not isinstance(record, dict):
+        return line_rejected(f"line {line_number}: not a JSON object")
+    return record
+
+
+def line_rejected(
+    detail: str, kind: ProblemKind = ProblemKind.MALFORMED_SESSION
+) -> SessionReport:
+    problem = Problem(kind, None, detail, Action.REJECT)
     return SessionReport("", ImportStatus.REJECTED, 0, 0, (problem,))
 
 
