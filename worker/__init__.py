@@ -21,5 +21,6 @@ __all__ = [
     "outcome",
     "recall_tool",
     "runtime",
+    "scrub",
     "settings",
 ]
