@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from rich.table import Table
 from scheduler.cli.common import (
     dumps_json,
     expected_errors,
+    fail,
     load_counter,
     open_store,
     print_json,
@@ -200,7 +202,11 @@ def export_command(
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", dir_okay=False, help="Write here (default: stdout).")] = None,
 ) -> None:
-    """Export sessions as JSONL, in the format `compactor import` reads."""
+    """Export sessions as JSONL, in the format `compactor import` reads.
+
+    With -o, a new file (mode 0600) is written beside FILE and renamed over it only when
+    complete; nothing already in the directory is followed or overwritten meanwhile.
+    """
     settings = get_settings()
     with open_store(settings) as store:
         for session_id in session or ():
@@ -218,14 +224,27 @@ def export_command(
 
 @contextmanager
 def open_output(path: Path | None) -> Iterator[IO[str]]:
-    """Yield stdout, or a temporary file that replaces ``path`` only when complete."""
+    """Yield stdout, or a new file in ``path``'s directory that replaces ``path`` only
+    when complete.
+
+    The file is created exclusively under a random name (``mkstemp``: ``O_EXCL``, mode
+    0600), so nothing planted in the directory, a symlink included, is ever followed.
+    """
     if path is None:
         yield sys.stdout
         return
-    partial = path.with_name(f".{path.name}.partial")
+    directory = path.parent
+    if not directory.is_dir():
+        fail(f"cannot write {path}: no such directory {directory}")
     try:
-        with partial.open("w", encoding="utf-8") as out:
+        out = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, before the rename)
+            "w", encoding="utf-8", dir=directory, prefix=f".{path.name}.",
+            suffix=".partial", delete=False)
+    except OSError as error:
+        fail(f"cannot write in {directory}: {error.strerror}")
+    try:
+        with out:
             yield out
-        os.replace(partial, path)
+        os.replace(out.name, path)
     finally:
-        partial.unlink(missing_ok=True)
+        Path(out.name).unlink(missing_ok=True)
