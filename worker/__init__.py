@@ -21,6 +21,7 @@ __all__ = [
     "outcome",
     "recall_tool",
     "runtime",
+    "scrub",
     "sessions",
     "settings",
 ]

@@ -15,8 +15,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from db import MessageRecord, NewMessage, SessionExists, SessionState, ToolCallState
+from db import (
+    MessageRecord,
+    NewMessage,
+    SchemaMissing,
+    SessionExists,
+    SessionState,
+    StoreError,
+    StoreUnavailable,
+    ToolCallState,
+)
 from worker.compaction import (
+    MAX_NESTING_DEPTH,
     Action,
     ChatMessage,
     IntakePolicy,
@@ -28,8 +38,10 @@ from worker.compaction import (
     clean_text,
     dump_message,
     identify_message,
+    measure_depth,
     search_text,
 )
+from worker.contract import MAX_SESSION_ID_CHARS
 from worker.errors import MessagesRejected
 
 RECORD_KEYS = ("session_id", "messages")
@@ -98,7 +110,11 @@ def import_record(
     record: dict[str, Any], *, store: IngestStore, counter: TokenCounter,
     policy: IntakePolicy, now: datetime,
 ) -> SessionReport:
-    """Validate, count and store one session record (all or nothing)."""
+    """Validate, count and store one session record (all or nothing).
+
+    A database error about this record (a value it refuses, a lost connection) rejects
+    the record alone, so an import goes on; only a schema not migrated stops it.
+    """
     session_id, metadata, result = check_record(record, policy)
     if result.rejected:
         raw_messages = record.get("messages")
@@ -111,6 +127,15 @@ def import_record(
         store.import_session(session_id, metadata, new_messages, now)
     except SessionExists:
         status = ImportStatus.EXISTS
+    except (SchemaMissing, StoreUnavailable):
+        # Not this record's fault: the database is not migrated, or not answering. Every
+        # later record would fail the same way, so the import stops and says why.
+        raise
+    except StoreError as error:
+        refused = Problem(ProblemKind.STORE_REFUSED, None,
+                          f"the database refused the record: {error}", Action.REJECT)
+        return SessionReport(session_id, ImportStatus.REJECTED, len(new_messages), 0,
+                             (*result.problems, refused))
     return SessionReport(session_id, status, len(new_messages), tokens, result.problems)
 
 
@@ -120,11 +145,13 @@ def check_record(
     """Split a record into its id, metadata and checked messages (metadata text included)."""
     session_id = record.get("session_id")
     raw_messages = record.get("messages")
-    shape_problem = _find_shape_problem(session_id, raw_messages)
-    if shape_problem is not None or not isinstance(raw_messages, list):
-        problem = Problem(ProblemKind.MALFORMED_SESSION, None, shape_problem or "", Action.REJECT)
-        return str(session_id or ""), {}, IntakeResult((), (problem,), rejected=True)
-    metadata, changed = clean_text({k: v for k, v in record.items() if k not in RECORD_KEYS})
+    metadata = {k: v for k, v in record.items() if k not in RECORD_KEYS}
+    problem = _find_shape_problem(session_id, raw_messages, metadata)
+    if problem is not None or not isinstance(raw_messages, list):
+        rejection = (problem or Problem(ProblemKind.MALFORMED_SESSION, None, "", Action.REJECT),)
+        shown_id = session_id[:MAX_SESSION_ID_CHARS] if isinstance(session_id, str) else ""
+        return shown_id, {}, IntakeResult((), rejection, rejected=True)
+    metadata, changed = clean_text(metadata)
     result = check_session(raw_messages, policy)
     if changed:
         action = policy.action_for(ProblemKind.INVALID_TEXT)
@@ -136,13 +163,25 @@ def check_record(
     return str(session_id), metadata, result
 
 
-def _find_shape_problem(session_id: object, raw_messages: object) -> str | None:
+def _find_shape_problem(
+    session_id: object, raw_messages: object, metadata: dict[str, Any]
+) -> Problem | None:
+    """The record's own problem, if any: checked before anything walks its contents."""
     if not isinstance(session_id, str) or not session_id.strip():
-        return "session_id missing or not a non-empty string"
+        return _rejection(ProblemKind.MALFORMED_SESSION,
+                          "session_id missing or not a non-empty string")
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        # The job message's own limit: a longer id could be stored but never compacted.
+        return _rejection(ProblemKind.TOO_LARGE, f"session_id is {len(session_id):,} "
+                          f"characters; at most {MAX_SESSION_ID_CHARS}")
     if clean_text(session_id)[1]:
-        return "session_id contains a NUL byte or a lone surrogate"
+        return _rejection(ProblemKind.MALFORMED_SESSION,
+                          "session_id contains a NUL byte or a lone surrogate")
     if not isinstance(raw_messages, list):
-        return "messages missing or not a list"
+        return _rejection(ProblemKind.MALFORMED_SESSION, "messages missing or not a list")
+    if measure_depth(metadata) > MAX_NESTING_DEPTH:
+        return _rejection(ProblemKind.TOO_LARGE, "metadata objects and arrays nested deeper "
+                          f"than {MAX_NESTING_DEPTH} levels")
     return None
 
 
@@ -184,6 +223,10 @@ def append_checked(
     seqs, problems = store.append_checked(
         session_id, check, now=now, create=create, metadata=metadata)
     return AppendReport(tuple(seqs), problems)
+
+
+def _rejection(kind: ProblemKind, detail: str) -> Problem:
+    return Problem(kind, None, detail, Action.REJECT)
 
 
 def append_messages(

@@ -199,7 +199,7 @@ class LLMClient:
             )
         except openai.OpenAIError as exc:
             tally.retries += count_retries_taken(exc)
-            raise translate_error(exc) from exc
+            raise translate_error(exc, known_secrets=(self._config.api_key,)) from exc
         return self._read_reply(completion, mode, messages, tally.retries,
                                 time.monotonic() - started)
 

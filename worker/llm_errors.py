@@ -11,7 +11,7 @@ from __future__ import annotations
 import email.utils
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import openai
 
@@ -23,6 +23,7 @@ from worker.errors import (
     ProviderRateLimited,
     SessionFailure,
 )
+from worker.scrub import scrub_secrets
 
 _DETAIL_CHARS = 300
 
@@ -79,25 +80,34 @@ def _seconds_until(http_date: str) -> float | None:
     return max(moment.timestamp() - time.time(), 0.0)
 
 
-def translate_error(exc: openai.OpenAIError) -> CompactionError:
-    """Map an SDK error onto the job error tree (see ``worker/errors.py``)."""
+def translate_error(
+    exc: openai.OpenAIError, *, known_secrets: Iterable[str | None] = ()
+) -> CompactionError:
+    """Map an SDK error onto the job error tree (see ``worker/errors.py``).
+
+    The provider's own text is scrubbed of credentials here, the one place it enters a
+    message, so events, runs rows and logs never carry a key an endpoint echoed;
+    ``known_secrets`` (the configured API key) are removed verbatim.
+    """
+    secrets = tuple(known_secrets)
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError("the LLM request timed out", reason="timeout")
     if isinstance(exc, openai.APIConnectionError):
         return ProviderError("could not reach the LLM endpoint", reason="connection")
     if isinstance(exc, openai.RateLimitError):
-        return ProviderRateLimited(f"the LLM endpoint is rate limiting: {_detail(exc)}",
+        return ProviderRateLimited(f"the LLM endpoint is rate limiting: "
+                                   f"{_detail(exc, secrets)}",
                                    retry_after_s=parse_retry_after_s(exc.response.headers))
     if isinstance(exc, openai.APIStatusError):
-        return _translate_status(exc)
+        return _translate_status(exc, _detail(exc, secrets))
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError("the LLM endpoint answered an unreadable body",
                              reason="invalid_response")
     return ProviderError(f"the OpenAI SDK failed: {type(exc).__name__}", reason="client_error")
 
 
-def _translate_status(exc: openai.APIStatusError) -> CompactionError:
-    status, detail = exc.status_code, _detail(exc)
+def _translate_status(exc: openai.APIStatusError, detail: str) -> CompactionError:
+    status = exc.status_code
     if is_context_overflow(exc):
         return ContextOverflow(f"the prompt exceeds the model's context: {detail}",
                                reason="context_length_exceeded")
@@ -116,7 +126,8 @@ def _translate_status(exc: openai.APIStatusError) -> CompactionError:
                           reason="bad_request")
 
 
-def _detail(exc: openai.APIStatusError) -> str:
+def _detail(exc: openai.APIStatusError, secrets: tuple[str | None, ...]) -> str:
     body = exc.body
     message = body.get("message") if isinstance(body, dict) else None
-    return str(message or exc.message)[:_DETAIL_CHARS]
+    # Scrubbed whole, then cut: a cut first could leave half a key no pattern knows.
+    return scrub_secrets(str(message or exc.message), known=secrets)[:_DETAIL_CHARS]

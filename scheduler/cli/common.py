@@ -30,6 +30,7 @@ from db import (
 )
 from worker.compaction import TokenCounter, load_encoding
 from worker.errors import TokenizerUnavailable
+from worker.scrub import mask_url, mask_urls
 from worker.settings import Settings
 
 P = ParamSpec("P")
@@ -52,8 +53,12 @@ def stderr_console() -> Console:
 
 
 def fail(message: str, *, exit_code: int = 1) -> NoReturn:
-    """Print a one-line error on stderr and exit with ``exit_code``."""
-    stderr_console().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    """Print a one-line error on stderr and exit with ``exit_code``.
+
+    URLs in it have their passwords hidden: a driver's error may quote the URL it got.
+    """
+    stderr_console().print(f"[bold red]error:[/] {escape(mask_urls(message))}",
+                           highlight=False)
     raise typer.Exit(exit_code)
 
 
@@ -97,12 +102,19 @@ def database_url(settings: Settings) -> str:
             f"COMPACTOR_DATABASE_URL {display_url(url)!r} is not a sqlite:/// or "
             "postgresql:// URL"
         )
+    authority_and_path = url.partition("://")[2].partition("?")[0]
+    if "@" in authority_and_path.rpartition("@")[0]:
+        # The driver would read the host from inside the password and fail obscurely.
+        raise InvalidDatabaseUrl(
+            f"COMPACTOR_DATABASE_URL {display_url(url)!r}: an @ in the user name or "
+            "password must be percent-encoded (%40)"
+        )
     return url
 
 
 def display_url(url: str) -> str:
-    """The database URL with its password hidden."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """The URL with its password hidden, however the password is written."""
+    return mask_url(url)
 
 
 def expected_errors(command: Callable[P, R]) -> Callable[P, R]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +30,15 @@ from scheduler.cli.common import (
     stderr_console,
     stdout_console,
 )
-from worker.compaction import Action, IntakePolicy, Problem, ProblemKind
+from worker.compaction import (
+    MAX_NESTING_DEPTH,
+    MAX_RECORD_BYTES,
+    Action,
+    IntakePolicy,
+    Problem,
+    ProblemKind,
+    measure_json_depth,
+)
 from worker.ingest import (
     ExportView,
     ImportStatus,
@@ -132,20 +141,32 @@ def read_jsonl_lines(
         text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
         if not text.strip():
             continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as error:
-            yield line_number, len(raw), line_rejected(
-                f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
-            continue
-        if not isinstance(record, dict):
-            yield line_number, len(raw), line_rejected(f"line {line_number}: not a JSON object")
-            continue
-        yield line_number, len(raw), record
+        yield line_number, len(raw), parse_line(line_number, text, len(raw))
 
 
-def line_rejected(detail: str) -> SessionReport:
-    problem = Problem(ProblemKind.MALFORMED_SESSION, None, detail, Action.REJECT)
+def parse_line(line_number: int, text: str, size_bytes: int) -> dict[str, Any] | SessionReport:
+    """Parse one line into a record, or reject it; the limits are checked first because
+    the JSON parser recurses and would abort the whole import on a deep line."""
+    if size_bytes > MAX_RECORD_BYTES:
+        return line_rejected(f"line {line_number}: {size_bytes:,} bytes; at most "
+                             f"{MAX_RECORD_BYTES:,}", ProblemKind.TOO_LARGE)
+    if measure_json_depth(text) > MAX_NESTING_DEPTH:
+        return line_rejected(f"line {line_number}: objects and arrays nested deeper than "
+                             f"{MAX_NESTING_DEPTH} levels", ProblemKind.TOO_LARGE)
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return line_rejected(
+            f"line {line_number}: invalid JSON: {error.msg} (column {error.colno})")
+    if not isinstance(record, dict):
+        return line_rejected(f"line {line_number}: not a JSON object")
+    return record
+
+
+def line_rejected(
+    detail: str, kind: ProblemKind = ProblemKind.MALFORMED_SESSION
+) -> SessionReport:
+    problem = Problem(kind, None, detail, Action.REJECT)
     return SessionReport("", ImportStatus.REJECTED, 0, 0, (problem,))
 
 
@@ -204,7 +225,11 @@ def export_command(
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", dir_okay=False, help="Write here (default: stdout).")] = None,
 ) -> None:
-    """Export sessions as JSONL, in the format `compactor import` reads."""
+    """Export sessions as JSONL, in the format `compactor import` reads.
+
+    With -o, a new file (mode 0600) is written beside FILE and renamed over it only when
+    complete; nothing already in the directory is followed or overwritten meanwhile.
+    """
     settings = get_settings()
     with open_store(settings) as store:
         for session_id in session or ():
@@ -222,14 +247,27 @@ def export_command(
 
 @contextmanager
 def open_output(path: Path | None) -> Iterator[IO[str]]:
-    """Yield stdout, or a temporary file that replaces ``path`` only when complete."""
+    """Yield stdout, or a new file in ``path``'s directory that replaces ``path`` only
+    when complete.
+
+    The file is created exclusively under a random name (``mkstemp``: ``O_EXCL``, mode
+    0600), so nothing planted in the directory, a symlink included, is ever followed.
+    """
     if path is None:
         yield sys.stdout
         return
-    partial = path.with_name(f".{path.name}.partial")
+    directory = path.parent
+    if not directory.is_dir():
+        fail(f"cannot write {path}: no such directory {directory}")
     try:
-        with partial.open("w", encoding="utf-8") as out:
+        out = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, before the rename)
+            "w", encoding="utf-8", dir=directory, prefix=f".{path.name}.",
+            suffix=".partial", delete=False)
+    except OSError as error:
+        fail(f"cannot write in {directory}: {error.strerror}")
+    try:
+        with out:
             yield out
-        os.replace(partial, path)
+        os.replace(out.name, path)
     finally:
-        partial.unlink(missing_ok=True)
+        Path(out.name).unlink(missing_ok=True)

@@ -19,7 +19,14 @@ from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from db import RunRecord, Store
 from scheduler.cli import demo_report
-from scheduler.cli.common import expected_errors, fail, load_counter, open_store, stdout_console
+from scheduler.cli.common import (
+    display_url,
+    expected_errors,
+    fail,
+    load_counter,
+    open_store,
+    stdout_console,
+)
 from scheduler.cli.data import POLICIES, PolicyName, read_jsonl
 from scheduler.cli.demo_jobs import (
     release_unfinished,
@@ -140,12 +147,13 @@ def import_sessions(store: Store, settings: Settings, path: Path | None, count: 
 def demo_redis(settings: Settings, *, force_embedded: bool) -> Iterator[str]:
     """Yield the Redis URL of this run: the configured one, or a private embedded one."""
     console = stdout_console()
+    shown_url = display_url(settings.redis_url)
     if not force_embedded and is_redis_reachable(settings.redis_url):
-        console.print(f"redis: {settings.redis_url} (queue {settings.queue_name!r}, key prefix "
+        console.print(f"redis: {shown_url} (queue {settings.queue_name!r}, key prefix "
                       f"{settings.redis_key_prefix!r})", highlight=False, soft_wrap=True)
         yield settings.redis_url
         return
-    why = "as asked" if force_embedded else f"no Redis answered at {settings.redis_url}"
+    why = "as asked" if force_embedded else f"no Redis answered at {shown_url}"
     try:
         with embedded_redis(settings.data_dir / "demo-redis") as server:
             console.print(f"redis: {why}; started a private embedded redis-server (pid "

@@ -177,6 +177,59 @@ def test_export_writes_a_file_only_when_complete(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_export_never_follows_a_planted_partial_symlink(
+    compactor: Compactor, mixed_file: Path, tmp_path: Path
+) -> None:
+    compactor("import", str(mixed_file))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    (tmp_path / f".{out.name}.partial").symlink_to(victim)
+
+    result = compactor("export", "--session", "s-good", "-o", str(out))
+
+    assert result.exit_code == 0, result.output
+    assert victim.read_text(encoding="utf-8") == "keep me"
+    assert read_jsonl(out) == [GOOD] and not out.is_symlink()
+    assert oct(out.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_export_into_a_missing_directory_is_a_one_line_error_naming_it(
+    compactor: Compactor, mixed_file: Path, tmp_path: Path
+) -> None:
+    compactor("import", str(mixed_file))
+    missing = tmp_path / "no" / "such"
+
+    result = compactor("export", "-o", str(missing / "out.jsonl"))
+
+    assert_one_line_error(result, f"no such directory {missing}")
+    assert not (tmp_path / "no").exists()
+
+
+def test_db_current_hides_a_password_holding_slashes_colons_and_escapes(
+    migrated_postgres_url: str, tmp_path: Path
+) -> None:
+    # The test server trusts local connections: any password reaches the database.
+    url = migrated_postgres_url.replace("postgres@", "postgres:pa/ss:w%2Frd@", 1)
+    compactor = compactor_for(url, tmp_path)
+
+    shown = compactor.json("db", "current")["database"]
+    text = compactor("db", "current")
+
+    assert shown == migrated_postgres_url.replace("postgres@", "postgres:***@", 1)
+    assert "pa/ss" not in text.output and "w%2Frd" not in text.output
+    assert shown in text.stdout
+
+
+def test_a_password_with_a_raw_at_sign_is_a_one_line_error_without_it(tmp_path: Path) -> None:
+    compactor = compactor_for("postgresql://app:pa@ss@127.0.0.1:1/nowhere", tmp_path)
+
+    result = compactor("db", "current")
+
+    assert_one_line_error(result, "must be percent-encoded (%40)")
+    assert "pa@ss" not in result.output and "app:***@127.0.0.1:1/nowhere" in result.stderr
+
+
 def test_a_database_without_schema_says_to_run_db_upgrade(
     empty_database_url: str, tmp_path: Path
 ) -> None:

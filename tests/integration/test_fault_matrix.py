@@ -95,6 +95,7 @@ MATRIX: dict[Behaviour, Expected] = {
     Behaviour.RATE_LIMIT_429: provider_fault("rate_limited"),
     Behaviour.UNAUTHORIZED_401: configuration_fault("auth_failed"),
     Behaviour.FORBIDDEN_403: configuration_fault("auth_failed"),
+    Behaviour.ECHO_KEY_401: configuration_fault("auth_failed"),
     Behaviour.MALFORMED_JSON: session_fault("malformed_json"),
     Behaviour.WRONG_SCHEMA: session_fault("schema_mismatch"),
     Behaviour.EMPTY_SECTIONS: session_fault("empty_sections"),

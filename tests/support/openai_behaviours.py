@@ -26,6 +26,7 @@ class Behaviour(StrEnum):
     RATE_LIMIT_429 = "rate_limit_429"
     UNAUTHORIZED_401 = "unauthorized_401"
     FORBIDDEN_403 = "forbidden_403"
+    ECHO_KEY_401 = "echo_key_401"  # a 401 whose message quotes ECHOED_API_KEY, as some do
     MALFORMED_JSON = "malformed_json"
     WRONG_SCHEMA = "wrong_schema"
     EMPTY_SECTIONS = "empty_sections"
@@ -38,6 +39,10 @@ class Behaviour(StrEnum):
 _ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429,
             "401": Behaviour.UNAUTHORIZED_401, "403": Behaviour.FORBIDDEN_403}
 RETRY_AFTER_S = 1
+# The key ECHO_KEY_401 quotes: the handler does not pass request headers to a behaviour, so
+# a test configures its client with this key. Shaped like no known provider's key, so only
+# removing the configured key verbatim can catch it.
+ECHOED_API_KEY = "local-proxy-key-7f3a9c41"
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,10 @@ def answer_chat(behaviour: Behaviour, request: ChatRequest, config: ServerConfig
                            headers={"Retry-After": str(RETRY_AFTER_S)})
     if behaviour is Behaviour.UNAUTHORIZED_401:
         return error_reply(401, "Incorrect API key provided.", "invalid_request_error",
+                           code="invalid_api_key")
+    if behaviour is Behaviour.ECHO_KEY_401:
+        return error_reply(401, f"Incorrect API key provided: {ECHOED_API_KEY}. Sent as "
+                           f"'Authorization: Bearer {ECHOED_API_KEY}'.", "invalid_request_error",
                            code="invalid_api_key")
     if behaviour is Behaviour.FORBIDDEN_403:
         return error_reply(403, "You are not allowed to use this model.",

@@ -18,6 +18,7 @@ from worker.compaction.intake import (
     check_session,
     find_open_tool_calls,
 )
+from worker.compaction.limits import MAX_MESSAGES
 from worker.compaction.messages import Role, dump_message, parse_message
 
 DEFAULT = IntakePolicy()
@@ -44,6 +45,14 @@ def missing(call_id: str) -> dict[str, Any]:
 SYSTEM = {"role": "system", "content": "You are an airline agent."}
 USER = {"role": "user", "content": "Change my flight."}
 REPLY = {"role": "assistant", "content": "Done."}
+
+
+def deep_part(depth: int) -> dict[str, Any]:
+    """A content part nested ``depth`` levels, built without recursion."""
+    part: dict[str, Any] = {"type": "text", "text": "inside"}
+    for _ in range(depth):
+        part = {"type": "nested", "part": part}
+    return part
 
 
 def bodies(outcome: IntakeResult) -> list[dict[str, Any]]:
@@ -109,6 +118,9 @@ CASES = [
          ProblemKind.INVALID_TEXT, Action.REJECT, 0, "surrogate", None),
     Case("empty session", [], LENIENT, ProblemKind.EMPTY_SESSION, Action.REJECT, None,
          "no messages", None),
+    Case("content part nested past the limit", [USER, {"role": "user", "content": [
+         deep_part(5_000)]}], LENIENT, ProblemKind.TOO_LARGE, Action.REJECT, 1,
+         "nested deeper than 64 levels", None),
 ]
 
 
@@ -134,7 +146,9 @@ def test_a_session_that_repair_empties_is_rejected() -> None:
 
 
 def test_every_problem_kind_has_a_case() -> None:
-    assert {case.kind for case in CASES} == set(ProblemKind) - {ProblemKind.MALFORMED_SESSION}
+    # The record's own kinds are reported by ingest (tests/integration/test_import_limits.py).
+    record_kinds = {ProblemKind.MALFORMED_SESSION, ProblemKind.STORE_REFUSED}
+    assert {case.kind for case in CASES} == set(ProblemKind) - record_kinds
 
 
 def test_a_valid_session_passes_untouched() -> None:
@@ -297,3 +311,16 @@ def test_a_repaired_session_passes_a_second_check_untouched(raw: list[Any]) -> N
 
     assert second.problems == ()
     assert bodies(second) == repaired
+
+
+def test_a_message_nested_up_to_the_limit_is_taken() -> None:
+    outcome = check_session([{"role": "user", "content": [deep_part(60)]}], STRICT)
+
+    assert not outcome.rejected and outcome.problems == ()
+
+
+def test_more_messages_than_the_limit_are_rejected_without_checking_each() -> None:
+    outcome = check_session([None] * (MAX_MESSAGES + 1), DEFAULT)
+
+    assert outcome.rejected
+    assert [(p.kind, p.index) for p in outcome.problems] == [(ProblemKind.TOO_LARGE, None)]

@@ -105,3 +105,15 @@ def test_retry_after_is_read_in_milliseconds_seconds_or_as_an_http_date() -> Non
     assert 8.0 <= (parse_retry_after_s({"retry-after": in_ten_s}) or 0) <= 10.0
     assert parse_retry_after_s({"retry-after": "soon"}) is None
     assert parse_retry_after_s({}) is None
+
+
+@pytest.mark.parametrize("status", [401, 403, 429, 500, 400])
+def test_provider_text_is_scrubbed_of_the_configured_key_and_of_key_shapes(status: int) -> None:
+    message = ("Incorrect API key provided: my-own-proxy-key-0042 (also sent as "
+               "sk-proj-Ab3dEf6hIj9kLm2nOp5q); header Authorization: Bearer abc.def.ghi-42")
+    error = translate_error(status_error(status, message),
+                            known_secrets=("my-own-proxy-key-0042",))
+
+    for secret in ("my-own-proxy-key-0042", "sk-proj-Ab3dEf6hIj9kLm2nOp5q", "abc.def.ghi-42"):
+        assert secret not in error.message
+    assert "Incorrect API key provided: [redacted]" in error.message

@@ -45,6 +45,13 @@ from worker.compaction.intake import (
     clean_text,
     find_open_tool_calls,
 )
+from worker.compaction.limits import (
+    MAX_MESSAGES,
+    MAX_NESTING_DEPTH,
+    MAX_RECORD_BYTES,
+    measure_depth,
+    measure_json_depth,
+)
 from worker.compaction.merge import merge_summaries
 from worker.compaction.messages import ChatMessage, StoredMessage, dump_message, parse_message
 from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
@@ -61,6 +68,9 @@ from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.compaction.validation import parse_summary, validate_summary
 
 __all__ = [
+    "MAX_MESSAGES",
+    "MAX_NESTING_DEPTH",
+    "MAX_RECORD_BYTES",
     "PROMPT_VERSION",
     "Action",
     "Artifact",
@@ -106,6 +116,8 @@ __all__ = [
     "group_messages",
     "identify_message",
     "load_encoding",
+    "measure_depth",
+    "measure_json_depth",
     "merge_summaries",
     "output_budget_tokens",
     "parse_message",

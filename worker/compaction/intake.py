@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from worker.compaction.limits import MAX_MESSAGES, MAX_NESTING_DEPTH, measure_depth
 from worker.compaction.messages import ChatMessage, Role, dump_message, parse_message
 
 MISSING_RESULT_CONTENT = "[no result recorded]"
@@ -32,6 +33,8 @@ class ProblemKind(StrEnum):
     DUPLICATE_TOOL_CALL_ID = "duplicate_tool_call_id"
     INVALID_TEXT = "invalid_text"
     EMPTY_SESSION = "empty_session"
+    TOO_LARGE = "too_large"  # over a nesting, size or count limit (``limits.py``)
+    STORE_REFUSED = "store_refused"  # the database refused the record; nothing stored
 
 
 class Action(StrEnum):
@@ -132,6 +135,10 @@ def check_session(
         is_append: the messages extend a stored session (an empty list is then no problem).
     """
     intake = _Intake(policy, open_tool_call_ids, seen_tool_call_ids)
+    if len(raw_messages) > MAX_MESSAGES:
+        intake.report(ProblemKind.TOO_LARGE, None,
+                      f"{len(raw_messages):,} messages; at most {MAX_MESSAGES:,} at once")
+        return IntakeResult((), tuple(intake.problems), rejected=True)
     for index, raw in enumerate(raw_messages):
         intake.take(index, raw)
     # Calls still open at the very end are an agent waiting for results: not a problem.
@@ -180,6 +187,11 @@ class _Intake:
         """Check one message; repaired or not, processing goes on so every problem shows."""
         if not isinstance(raw, dict):
             self.report(ProblemKind.MALFORMED_MESSAGE, index, f"not an object ({_kind_of(raw)})")
+            return
+        if measure_depth(raw) > MAX_NESTING_DEPTH:
+            # Checked before anything recursive (cleaning, validation) walks the message.
+            self.report(ProblemKind.TOO_LARGE, index,
+                        f"objects and arrays nested deeper than {MAX_NESTING_DEPTH} levels")
             return
         data, changed = clean_text(raw)
         if changed:
