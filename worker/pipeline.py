@@ -17,6 +17,7 @@ from worker.compaction import (
     Boundary,
     Breaker,
     BreakerState,
+    MergedSummary,
     StoredMessage,
     Summary,
     admit,
@@ -24,12 +25,14 @@ from worker.compaction import (
     breaker_after_failure,
     decide_compaction,
     extract_identifiers,
+    failure_values,
+    find_failures,
     group_messages,
     merge_summaries,
     parse_message,
     plan_boundary,
     prune_groups,
-    render_summary_block,
+    rank_artifacts,
     summary_block_message,
     validate_summary,
 )
@@ -132,7 +135,8 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
         trace.note(**dataclasses.asdict(draft.usage))
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
-                                 budget_tokens=policy.summary_budget_tokens)
+                                 budget_tokens=policy.summary_budget_tokens,
+                                 identifiers=_ranked_identifiers(work))
     with trace.step("validate"):
         revision = _validate(trace, deps, plan, work, draft, merged)
     if admitted.summarizer.uses_provider:
@@ -218,18 +222,25 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     return work
 
 
+def _ranked_identifiers(work: SummaryWork) -> list[str]:
+    """The span's identifiers, most salient first (errors that ended a call lead)."""
+    ranked = rank_artifacts(work.artifacts, featured=failure_values(find_failures(work.span)))
+    return [artifact.value for artifact in ranked if artifact.kind != "tool"]
+
+
 def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
-              draft: SummaryDraft, merged: Summary) -> Revision:
+              draft: SummaryDraft, merged: MergedSummary) -> Revision:
     validated = validate_summary(
         draft.summary, merged,
         span_tokens=work.span_tokens,
-        identifiers=[a.value for a in work.artifacts],
         budget_tokens=work.budget_tokens,
         replaced_tokens=work.span_tokens + plan.prior_summary_tokens,
         counter=deps.counter,
     )
-    block = summary_block_message(render_summary_block(validated.summary))
-    summary_tokens = deps.counter.count_message(parse_message(block))
+    block = summary_block_message(validated.fitted.text)
+    # The block was counted once, at the merge; only the message's framing is added.
+    framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
+    summary_tokens = framing_tokens + validated.fitted.tokens
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
                tokens_after=plan.boundary.projected_tokens(summary_tokens))
     return Revision(validated.summary, block, summary_tokens)

@@ -12,6 +12,7 @@ from worker.compaction.breaker import (
     breaker_after_failure,
     breaker_after_success,
 )
+from worker.compaction.budget import FittedSummary, fit_summary
 from worker.compaction.call_plan import plan_summary_calls
 from worker.compaction.chunking import ChunkPlan, output_budget_tokens
 from worker.compaction.errors import (
@@ -38,11 +39,12 @@ from worker.compaction.intake import (
     clean_text,
     find_open_tool_calls,
 )
-from worker.compaction.merge import merge_summaries
+from worker.compaction.merge import MergedSummary, merge_summaries
 from worker.compaction.messages import ChatMessage, StoredMessage, dump_message, parse_message
 from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
 from worker.compaction.prompts import PROMPT_VERSION, build_merge_messages, build_summarize_messages
 from worker.compaction.pruning import prune_groups
+from worker.compaction.salience import failure_values, find_failures, rank_artifacts
 from worker.compaction.schema import (
     Summary,
     render_summary_block,
@@ -66,9 +68,11 @@ __all__ = [
     "CompactionError",
     "ConfigurationError",
     "ContextOverflow",
+    "FittedSummary",
     "Group",
     "IntakePolicy",
     "IntakeResult",
+    "MergedSummary",
     "Outcome",
     "Problem",
     "ProblemKind",
@@ -93,8 +97,11 @@ __all__ = [
     "decide_compaction",
     "dump_message",
     "extract_identifiers",
+    "failure_values",
     "fallback_summary",
+    "find_failures",
     "find_open_tool_calls",
+    "fit_summary",
     "group_messages",
     "load_encoding",
     "merge_summaries",
@@ -104,6 +111,7 @@ __all__ = [
     "plan_boundary",
     "plan_summary_calls",
     "prune_groups",
+    "rank_artifacts",
     "render_summary_block",
     "summary_block_message",
     "summary_json_schema",
