@@ -136,7 +136,7 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=policy.summary_budget_tokens,
-                                 identifiers=_ranked_identifiers(work))
+                                 identifiers=_ranked_identifiers(plan, work))
     with trace.step("validate"):
         revision = _validate(trace, deps, plan, work, draft, merged)
     if admitted.summarizer.uses_provider:
@@ -222,9 +222,11 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     return work
 
 
-def _ranked_identifiers(work: SummaryWork) -> list[str]:
-    """The span's identifiers, most salient first (errors that ended a call lead)."""
-    ranked = rank_artifacts(work.artifacts, featured=failure_values(find_failures(work.span)))
+def _ranked_identifiers(plan: JobPlan, work: SummaryWork) -> list[str]:
+    """The span's identifiers, most salient first: errors that ended a call lead (read
+    from the span as stored, before pruning shortens old tool outputs)."""
+    failures = find_failures(plan.boundary.span)
+    ranked = rank_artifacts(work.artifacts, featured=failure_values(failures))
     return [artifact.value for artifact in ranked if artifact.kind != "tool"]
 
 

@@ -75,14 +75,14 @@ def test_the_new_spans_items_keep_their_reserved_share_against_a_full_prior() ->
     counter = shared_counter()
     prior = [f"prior_fact_{n}" for n in range(100)]
     fresh = [f"fresh_fact_{n}" for n in range(100)]
-    summary = filled(relevant_artifacts=[*prior, *fresh])
+    summary = filled(relevant_artifacts=[*fresh, *prior])
     budget_tokens = count_summary_tokens(filled(relevant_artifacts=prior[:40]), counter)
     fitted = fit_summary(summary, budget_tokens, counter,
-                         prior_items={"relevant_artifacts": len(prior)}).summary
+                         prior_items={"relevant_artifacts": set(range(100, 200))}).summary
     kept_fresh = [item for item in fitted.relevant_artifacts if item.startswith("fresh")]
     kept_prior = [item for item in fitted.relevant_artifacts if item.startswith("prior")]
     assert kept_fresh == fresh[:len(kept_fresh)]
-    assert kept_prior == prior[-len(kept_prior):]  # the newest prior items stay
+    assert kept_prior == prior[:len(kept_prior)]  # a merge lists the prior's newest first
     share = len(kept_fresh) / (len(kept_fresh) + len(kept_prior))
     assert FRESH_SHARE - 0.1 <= share <= FRESH_SHARE + 0.1
 

@@ -93,13 +93,15 @@ def test_ten_successive_merges_never_exceed_the_budget(
         assert current.fitted.tokens <= budget_tokens
 
 
-def test_identifiers_the_merged_text_lacks_are_reattached_in_salience_order() -> None:
+def test_identifiers_the_merged_state_lacks_are_listed_first_in_salience_order() -> None:
     prior = filled(goal="Book a flight", relevant_artifacts=["HAT170"])
     new = filled(completed_actions=["Cancelled ZFA04Y"])
     merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
                              identifiers=["E3283-SCHEMA", "ZFA04Y", "HAT170", "mia_li_3668"])
-    assert merged.reattached == ("E3283-SCHEMA", "mia_li_3668")
-    assert merged.summary.relevant_artifacts == ["HAT170", "E3283-SCHEMA", "mia_li_3668"]
+    # ZFA04Y is only in history (completed actions), which ages out first: listed too.
+    assert merged.reattached == ("E3283-SCHEMA", "ZFA04Y", "mia_li_3668")
+    assert merged.summary.relevant_artifacts == ["E3283-SCHEMA", "ZFA04Y", "mia_li_3668",
+                                                 "HAT170"]
 
 
 def test_a_full_prior_leaves_the_new_spans_facts_their_reserved_share() -> None:

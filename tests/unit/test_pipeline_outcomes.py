@@ -212,7 +212,12 @@ def test_the_prior_summary_is_context_to_the_summarizer_and_merged_once_after_it
     assert actions[:len(prior.completed_actions)] == prior.completed_actions
     assert len(actions) == len(set(actions)) > len(prior.completed_actions)
     assert merged.goal == prior.goal and "s-1R0" in merged.goal
-    assert {"s-1R0", "NEWR0"} <= set(merged.relevant_artifacts)
+    # The new span's identifiers are listed first, newest first, ahead of the prior's:
+    # its newest exchange's reservation and flight lead.
+    newest = max((a for a in work.artifacts if a.value.startswith("NEWR")),
+                 key=lambda a: a.last_seq)
+    flight = f"HAT{100 + int(newest.value.removeprefix('NEWR'))}"
+    assert set(merged.relevant_artifacts[:2]) == {newest.value, flight}
 
 
 @pytest.mark.parametrize("turns", [LONG_TURNS, SHORT_TURNS, 0])

@@ -6,6 +6,7 @@ the block is rendered and counted once (per-line costs predict, one exact count 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from worker.compaction.tokens import TokenCounter
 SECTION_WEIGHTS: dict[str, int] = {
     "constraints_and_preferences": 2,
     "completed_actions": 3,
-    "key_decisions": 3,
+    "key_decisions": 4,
     "resolved": 1,
     "pending": 3,
     "relevant_artifacts": 4,
@@ -55,14 +56,14 @@ class _Section:
 
 
 def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
-                prior_items: Mapping[str, int] | None = None) -> FittedSummary:
+                prior_items: Mapping[str, AbstractSet[int]] | None = None) -> FittedSummary:
     """Return ``summary`` shrunk to fit ``budget_tokens``, rendered and counted.
 
     Long items are cut to ``ITEM_CAP_TOKENS`` and the goal to ``GOAL_CAP_TOKENS``; then
     each section keeps what fits its share of ``SECTION_WEIGHTS``. ``prior_items`` gives,
-    per section, how many leading items came from the prior summary (a merge puts them
-    first): the others are the new span's and get ``FRESH_SHARE`` of the section first.
-    Inside a share, relevant artifacts are kept in list order (they arrive ranked), other
+    per section, the indexes of the items that came from the prior summary: the others are
+    the new span's and get ``FRESH_SHARE`` of the section first. Inside a share, relevant
+    artifacts are kept in list order (a merge lists them ranked, newest first), other
     sections newest first. The goal is shortened only when no item fits. Deterministic.
 
     Raises:
@@ -96,8 +97,8 @@ def _line_tokens(line: str, counter: TokenCounter) -> int:
     return counter.count_text(f"{line}\n")
 
 
-def _measure(summary: Summary, counter: TokenCounter, prior_items: Mapping[str, int]
-             ) -> tuple[Summary, list[_Section]]:
+def _measure(summary: Summary, counter: TokenCounter,
+             prior_items: Mapping[str, AbstractSet[int]]) -> tuple[Summary, list[_Section]]:
     """Cap long items and the goal; cost every item's line once."""
     goal = summary.goal
     if _line_tokens(goal_line(goal), counter) > GOAL_CAP_TOKENS:
@@ -114,11 +115,12 @@ def _measure(summary: Summary, counter: TokenCounter, prior_items: Mapping[str, 
             items.append(item)
             costs.append(cost)
         capped[name] = items
-        prior_count = min(prior_items.get(name, 0), len(items))
-        fresh = list(range(prior_count, len(items)))
+        earlier = prior_items.get(name, frozenset())
+        indexes = list(range(len(items)))
         if name != "relevant_artifacts":
-            fresh.reverse()
-        order = (*fresh, *reversed(range(prior_count)))
+            indexes.reverse()
+        fresh = [index for index in indexes if index not in earlier]
+        order = (*fresh, *(index for index in indexes if index in earlier))
         sections.append(_Section(name, tuple(costs), order, frozenset(fresh)))
     return Summary.model_validate(capped), sections
 

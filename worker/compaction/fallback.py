@@ -29,7 +29,7 @@ GOAL_TOKENS = 60
 SENTENCE_TOKENS = 48
 RESULT_TOKENS = 20
 MAX_PREFERENCES = 6
-MAX_DECISIONS = 10
+MAX_DECISIONS = 60
 MAX_COMPLETIONS = 8
 MAX_CALL_VALUES = 4
 MAX_ARTIFACTS = 60
@@ -47,7 +47,7 @@ _DECISION = re.compile(
 # What the agent confirmed or refused is a decision too; a user's "can't" is not.
 _AGENT_DECISION = re.compile(
     r"(?i:\bconfirmed\b|\bcannot\b|\bcan't\b|\bunable\b|\bnot eligible\b|\bdenied\b"
-    r"|\bapproved\b)"
+    r"|\bapproved\b|\bunfortunately\b|\bnot (?:possible|allowed|permitted)\b)"
 )
 # A question or a conditional about work is not a report of it.
 _NOT_DONE = re.compile(r"\?\s*\Z|(?i:\b(?:if|whether|could|would|cannot|can't|can be)\b)")
@@ -64,7 +64,8 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 # Tools that only read: many calls, one line.
 _LOOKUP = re.compile(r"(?i:\A(?:get|search|list|find|read|fetch|lookup|view|show|cat|grep|ls|"
                      r"think|calculate|query|check|describe)(?:_|\b|[A-Z]))")
-_VERSION_PIN = re.compile(r"\A([A-Za-z][\w.-]*?)(?:==|>=|<=|~=|@|:)\S")
+# A pinned version as people write it: "sqlalchemy==2.0.1", "node@20.1", "v1 >= 1.4".
+_VERSION_PIN = re.compile(r"\b([A-Za-z][\w.-]*?)\s*(?:==|>=|<=|~=|@)\s*(v?\d[\w.+-]*\w)")
 
 
 def fallback_summary(
@@ -217,14 +218,18 @@ def _draft_actions(messages: Sequence[StoredMessage], counter: TokenCounter) -> 
 
 
 def _digest_result(text: str, counter: TokenCounter) -> str:
-    """A result in a few words: a record's status, or its first line."""
+    """A result in a few words: what failed, a record's status, or how a run ended."""
     stripped = text.strip()
     if not stripped:
         return "(empty)"
+    failed = failing_lines(stripped)
+    if failed:
+        return _clip(" / ".join(failed), SENTENCE_TOKENS, counter)
     try:
         value = json.loads(stripped)
     except ValueError:
-        return _clip(stripped.splitlines()[0], RESULT_TOKENS, counter)
+        # A run or a build reports its outcome on its last line.
+        return _clip(stripped.splitlines()[-1], RESULT_TOKENS, counter)
     status = value.get("status") if isinstance(value, dict) else None
     return f"ok (status: {status})" if isinstance(status, str) else "ok"
 
@@ -272,13 +277,8 @@ def _settled_prior(prior: Summary | None, messages: Sequence[StoredMessage],
 
 
 def _pins(text: str) -> dict[str, str]:
-    """Pinned versions named in ``text``: package stem → the whole pin."""
-    pins: dict[str, str] = {}
-    for value, _ in find_identifiers(text):
-        match = _VERSION_PIN.match(value)
-        if match:
-            pins[match.group(1).casefold()] = value
-    return pins
+    """Pinned versions named in ``text``: package name → version."""
+    return {match.group(1).casefold(): match.group(2) for match in _VERSION_PIN.finditer(text)}
 
 
 def _draft_pending(span: Sequence[Group], ledger: RequestLedger, counter: TokenCounter

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.compaction.budget import FittedSummary, fit_summary
-from worker.compaction.schema import LIST_SECTIONS, Summary, summary_text
+from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
 
 # Prior items a resolved entry can close; resolved and completed work stay as history.
 CLOSABLE_SECTIONS = frozenset({"pending", "remaining_work", "key_decisions"})
+# History ages out first under the budget: an identifier only history mentions is listed
+# in relevant_artifacts too.
+HISTORY_SECTIONS = frozenset({"completed_actions", "resolved", "remaining_work"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,18 +43,23 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
 
     Prior items come first, de-duplicated; prior items of ``CLOSABLE_SECTIONS`` that a
     resolved entry of ``new`` names leave (the resolved entry records them); the goal is
-    the newer non-empty one. ``identifiers`` (most salient first) absent from the merged
-    text join relevant_artifacts as the new span's. The budget is shared by section, the
-    new span's items first up to their reserved share (:func:`fit_summary`).
+    the newer non-empty one. ``identifiers`` (most salient first) that the merged text
+    lacks, or holds only in history that ages out first (``HISTORY_SECTIONS``), join the
+    new span's artifacts. Artifacts list the new span's first, then the prior's, so the
+    list reads newest and most salient first. The budget is shared by section, the new
+    span's items first up to their reserved share (:func:`fit_summary`).
     """
     merged = new if prior is None else _merge_sections(prior, new)
-    known = summary_text(merged)
+    known = "\n".join([merged.goal, *(item for name in LIST_SECTIONS
+                                      if name not in HISTORY_SECTIONS
+                                      for item in merged.items_of(name))])
     wanted = dict.fromkeys(value.strip() for value in identifiers)
     missing = [value for value in wanted if value and value not in known]
-    if missing:
-        artifacts = [*merged.relevant_artifacts, *missing]
-        merged = merged.model_copy(update={"relevant_artifacts": artifacts})
-    prior_items = _prior_counts(prior, merged)
+    earlier = prior.relevant_artifacts if prior else []
+    fresh = _dedupe([*new.relevant_artifacts, *missing])
+    artifacts = _dedupe([*fresh, *earlier])
+    merged = merged.model_copy(update={"relevant_artifacts": artifacts})
+    prior_items = _prior_items(prior, merged, len(fresh))
     fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
     return MergedSummary(fitted, tuple(value for value in missing if value in kept))
@@ -73,17 +81,19 @@ def _merge_sections(prior: Summary, new: Summary) -> Summary:
     return Summary.model_validate(merged)
 
 
-def _prior_counts(prior: Summary | None, merged: Summary) -> dict[str, int]:
-    """How many leading items of each merged section came from the prior summary."""
+def _prior_items(prior: Summary | None, merged: Summary, fresh_artifacts: int
+                 ) -> dict[str, set[int]]:
+    """The indexes of each merged section's items that came from the prior summary (an
+    artifact the new span named again counts as the span's)."""
     if prior is None:
         return {}
-    counts: dict[str, int] = {}
+    items: dict[str, set[int]] = {}
     for name in LIST_SECTIONS:
         earlier = {normalize_item(item) for item in prior.items_of(name)}
-        items = merged.items_of(name)
-        counts[name] = next((i for i, item in enumerate(items)
-                             if normalize_item(item) not in earlier), len(items))
-    return counts
+        items[name] = {index for index, item in enumerate(merged.items_of(name))
+                       if normalize_item(item) in earlier}
+    items["relevant_artifacts"] = set(range(fresh_artifacts, len(merged.relevant_artifacts)))
+    return items
 
 
 def _dedupe(items: Sequence[str]) -> list[str]:

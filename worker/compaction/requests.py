@@ -20,7 +20,7 @@ REQUEST = re.compile(
 # greeting or a finished exchange ("###STOP###") starts one too.
 _BOUNDARY = re.compile(
     r"(?i:conversation has ended|session boundary|new (?:customer|conversation|task)\b"
-    r"|next task\b|change of plan\b)"
+    r"|next task\b)"
 )
 _GREETING = re.compile(r"(?i:\A\W*(?:hi|hello|hey|good (?:morning|afternoon|evening))\b)")
 _STOP = "###STOP###"

@@ -73,8 +73,9 @@ def failing_lines(text: str) -> tuple[str, ...]:
 
 
 def failure_values(failures: Sequence[Failure]) -> frozenset[str]:
-    """Return the identifiers on the lines that ended a failed call."""
-    return frozenset(value for failure in failures for value, _ in _identifiers(failure.lines))
+    """Return the error codes on the lines that ended a failed call."""
+    return frozenset(value for failure in failures
+                     for value, kind in _identifiers(failure.lines) if kind == "error")
 
 
 def _identifiers(lines: Sequence[str]) -> Iterator[tuple[str, str]]:
