@@ -125,10 +125,11 @@ def _measure(summary: Summary, counter: TokenCounter,
     return Summary.model_validate(capped), sections
 
 
-def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, list[int]]:
+def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, dict[int, None]]:
     """Pick each section's items within its fair share, then spend what is left over."""
     shares = _share_out({s.name: sum(s.costs) for s in sections}, max(room_tokens, 0))
-    kept: dict[str, list[int]] = {s.name: [] for s in sections}
+    # Per section, the kept item indexes in the order they were taken (an ordered set).
+    kept: dict[str, dict[int, None]] = {s.name: {} for s in sections}
     used = {s.name: 0 for s in sections}
     for section in sections:
         share = shares[section.name]
@@ -147,14 +148,15 @@ def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, list[in
     return kept
 
 
-def _take(section: _Section, kept: list[int], used: int, cap: int, fresh: bool | None) -> int:
+def _take(section: _Section, kept: dict[int, None], used: int, cap: int, fresh: bool | None
+          ) -> int:
     """Add items in ``section.order`` while they fit ``cap``, only the new span's (``fresh``
     True), only the prior's (False) or any (None); return the tokens used."""
     for index in section.order:
         if index in kept or (fresh is not None and (index in section.fresh) != fresh):
             continue
         if used + section.costs[index] <= cap:
-            kept.append(index)
+            kept[index] = None
             used += section.costs[index]
     return used
 
@@ -178,16 +180,16 @@ def _share_out(demands: Mapping[str, int], room_tokens: int) -> dict[str, int]:
     return shares
 
 
-def _shed_one(kept: dict[str, list[int]], sections: Sequence[_Section]) -> None:
+def _shed_one(kept: dict[str, dict[int, None]], sections: Sequence[_Section]) -> None:
     """Drop the least worth keeping item of the section that holds the most tokens."""
     costs = {s.name: s.costs for s in sections}
     fullest = max((name for name in kept if kept[name]),
                   key=lambda name: (sum(costs[name][i] for i in kept[name]),
                                     -SECTION_WEIGHTS[name]))
-    kept[fullest].pop()
+    kept[fullest].popitem()
 
 
-def _keep(summary: Summary, kept: Mapping[str, Sequence[int]]) -> Summary:
+def _keep(summary: Summary, kept: Mapping[str, Mapping[int, None]]) -> Summary:
     chosen: dict[str, Any] = {"goal": summary.goal}
     for name in LIST_SECTIONS:
         items = summary.items_of(name)

@@ -22,6 +22,7 @@ CLOSABLE_SECTIONS = frozenset({"pending", "remaining_work", "key_decisions"})
 # History ages out first under the budget: an identifier only history mentions is listed
 # in relevant_artifacts too.
 HISTORY_SECTIONS = frozenset({"completed_actions", "resolved", "remaining_work"})
+MIN_ARTIFACT_TOKENS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,9 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
                                       if name not in HISTORY_SECTIONS
                                       for item in merged.items_of(name))])
     wanted = dict.fromkeys(value.strip() for value in identifiers)
-    missing = [value for value in wanted if value and value not in known]
+    # A listed identifier costs at least a few tokens: more than this could never fit.
+    most = budget_tokens // MIN_ARTIFACT_TOKENS
+    missing = [value for value in wanted if value and value not in known][:most]
     earlier = prior.relevant_artifacts if prior else []
     fresh = _dedupe([*new.relevant_artifacts, *missing])
     artifacts = _dedupe([*fresh, *earlier])
