@@ -11,12 +11,17 @@ from typing import Any
 import pytest
 
 from tests.support.corpus import skip_without_corpus
-from tests.unit.session_strategies import shared_counter
+from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import corpus_spans, exchange, summarize
 from tests.unit.test_schema import filled
 from worker.compaction.fallback import fallback_summary
+from worker.compaction.grouping import group_messages
+from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.merge import merge_summaries
+from worker.compaction.salience import failure_values, find_failures, rank_artifacts
 from worker.compaction.schema import Summary
+
+BLOCK_TOKENS = 4_096
 
 CODING_SPAN: list[dict[str, Any]] = [
     {"role": "user", "content": "Please fix the failing import in src/db.py."},
@@ -79,10 +84,6 @@ def test_in_joined_conversations_the_goal_is_the_newest_customers_first_request(
 
 
 def span_summary(span: list[dict[str, Any]], prior: Summary) -> Summary:
-    from tests.unit.session_strategies import to_stored
-    from worker.compaction.grouping import group_messages
-    from worker.compaction.identifiers import extract_identifiers
-
     stored = to_stored(span, shared_counter(), first_seq=40)
     return fallback_summary(group_messages(stored), artifacts=extract_identifiers(stored),
                             budget_tokens=2_000, counter=shared_counter(), prior=prior)
@@ -136,3 +137,24 @@ def test_corpus_sessions_show_their_changes_decisions_and_no_answered_request_as
             assert not any(p.startswith("Unanswered") for p in summary.pending)
         with_decisions += bool(summary.key_decisions)
     assert with_decisions >= 0.9 * len(sessions)
+
+
+@pytest.mark.corpus
+def test_corpus_joined_sessions_up_to_200k_tokens_keep_what_was_said_in_the_block() -> None:
+    skip_without_corpus()
+    counter = shared_counter()
+    for session, groups, artifacts in corpus_spans("dev_long"):
+        text = "\n".join(m.get("content") or "" for m in session["messages"])
+        if counter.count_text(text) > 200_000:
+            continue
+        span = [group for group in groups if not group.is_instruction]
+        drafted = fallback_summary(span, artifacts=artifacts, budget_tokens=BLOCK_TOKENS,
+                                   counter=counter)
+        featured = failure_values(find_failures(span))
+        ranked = [a.value for a in rank_artifacts(artifacts, featured=featured)]
+        block = merge_summaries(None, drafted, budget_tokens=BLOCK_TOKENS, counter=counter,
+                                identifiers=ranked).fitted
+        said = [a.value for a in artifacts
+                if a.kind != "tool" and not a.sources.isdisjoint({"user", "assistant"})]
+        kept = sum(value in block.text for value in said) / len(said)
+        assert kept >= 0.95 and block.tokens <= BLOCK_TOKENS, (session["session_id"], kept)

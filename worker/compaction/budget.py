@@ -28,7 +28,7 @@ SECTION_WEIGHTS: dict[str, int] = {
     "key_decisions": 4,
     "resolved": 1,
     "pending": 3,
-    "relevant_artifacts": 4,
+    "relevant_artifacts": 6,
     "remaining_work": 2,
 }
 ITEM_CAP_TOKENS = 96
