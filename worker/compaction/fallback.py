@@ -21,7 +21,7 @@ from worker.compaction.salience import (
     find_failures,
     rank_artifacts,
 )
-from worker.compaction.schema import Summary
+from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
 
 TIMES = "\u00d7"  # the multiplication sign: "looked up with get_user_details" TIMES "2"
@@ -33,6 +33,9 @@ MAX_DECISIONS = 60
 MAX_COMPLETIONS = 8
 MAX_CALL_VALUES = 4
 MAX_ARTIFACTS = 60
+# Item prefixes a later span's summary recognises when it settles them.
+UNANSWERED = "Unanswered user request: "
+OPEN_ERROR = "Open error: "
 
 _PREFERENCE = re.compile(
     r"(?i:\b(?:prefer|don't want|do not want|don't|do not|must|only|instead|rather|"
@@ -92,27 +95,28 @@ def fallback_summary(
     fixed = _fixed_failures(messages, failures)
     decisions = _draft_decisions(messages, counter)
     open_errors = [_describe_failure(f, counter) for f in failures if f not in fixed]
-    drafted = Summary.model_validate({name: _distinct(items) if isinstance(items, list) else items
-                                      for name, items in dict(
+    drafted = Summary(
         goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
         constraints_and_preferences=_pick_sentences(
             ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter),
         completed_actions=[*_describe_span(messages), *_draft_actions(messages, counter),
                            *_draft_completions(ledger.agent_texts, counter)],
         key_decisions=decisions,
-        resolved=[*_settled_prior(prior, messages, decisions, fixed),
+        resolved=[*_settled_pending(prior, messages), *_superseded(prior, decisions),
                   *(f"Answered: {_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered),
                   *(f"Fixed: {_describe_failure(f, counter)}" for f in fixed)],
         pending=[*_draft_pending(span, ledger, counter),
-                 *(f"Open error: {error}" for error in open_errors)],
+                 *(f"{OPEN_ERROR}{error}" for error in open_errors)],
         relevant_artifacts=_rank_values(artifacts, failures, decisions, ledger),
         remaining_work=[],
-    ).items()})
-    return fit_summary(drafted, budget_tokens, counter).summary
+    )
+    return fit_summary(_without_repeats(drafted), budget_tokens, counter).summary
 
 
-def _distinct(items: list[str]) -> list[str]:
-    return list(dict.fromkeys(items))
+def _without_repeats(summary: Summary) -> Summary:
+    """The same line twice (a retried call, a repeated report) says nothing new."""
+    return summary.model_copy(update={name: list(dict.fromkeys(summary.items_of(name)))
+                                      for name in LIST_SECTIONS})
 
 
 def _rank_values(artifacts: Sequence[Artifact], failures: Sequence[Failure],
@@ -253,27 +257,27 @@ def _succeeded_tools(messages: Sequence[StoredMessage]) -> dict[str, int]:
             if m.message.role is Role.TOOL and not failing_lines(m.message.text)}
 
 
-def _settled_prior(prior: Summary | None, messages: Sequence[StoredMessage],
-                   decisions: Sequence[str], fixed: Sequence[Failure]) -> list[str]:
-    """The prior's pending items and decisions this span settles, copied verbatim."""
+def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage]) -> list[str]:
+    """The prior's pending items this span settles, copied verbatim: a request the agent
+    answered, a call whose result arrived, an error whose tool has since succeeded."""
     if prior is None:
         return []
     answered = any(m.message.role is Role.ASSISTANT and m.message.text.strip()
                    for m in messages)
     result_ids = {m.message.tool_call_id for m in messages if m.message.role is Role.TOOL}
     succeeded = _succeeded_tools(messages)
-    settled = []
-    for item in prior.pending:
-        if ((item.startswith("Unanswered user request:") and answered)
-                or any(f"({call_id})" in item for call_id in result_ids if call_id)
-                or (item.startswith("Open error: ") and item[12:].split(" ", 1)[0] in succeeded)):
-            settled.append(item)
+    return [item for item in prior.pending
+            if (item.startswith(UNANSWERED) and answered)
+            or any(f"({call_id})" in item for call_id in result_ids if call_id)
+            or (item.startswith(OPEN_ERROR)
+                and item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded)]
+
+
+def _superseded(prior: Summary | None, decisions: Sequence[str]) -> list[str]:
+    """The prior's decisions that pin a version this span's decisions pin differently."""
     new_pins = _pins("\n".join(decisions))
-    for item in prior.key_decisions:
-        old_pins = _pins(item)
-        if any(stem in new_pins and new_pins[stem] != value for stem, value in old_pins.items()):
-            settled.append(item)
-    return settled
+    return [item for item in (prior.key_decisions if prior else [])
+            if any(new_pins.get(name, value) != value for name, value in _pins(item).items())]
 
 
 def _pins(text: str) -> dict[str, str]:
@@ -283,7 +287,7 @@ def _pins(text: str) -> dict[str, str]:
 
 def _draft_pending(span: Sequence[Group], ledger: RequestLedger, counter: TokenCounter
                    ) -> list[str]:
-    pending = [f"Unanswered user request: {_clip(text, SENTENCE_TOKENS, counter)}"
+    pending = [f"{UNANSWERED}{_clip(text, SENTENCE_TOKENS, counter)}"
                for text in ledger.open_requests]
     for group in span:
         calls = {c.id: c.function.name for m in group.messages for c in m.message.tool_calls or ()}
