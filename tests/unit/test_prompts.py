@@ -151,11 +151,11 @@ def test_the_prompt_states_the_merge_contract_the_merge_applies() -> None:
     system = build_summarize_messages("", prior=PRIOR, identifiers=[])[0]["content"]
     rules = " ".join(system.split())
     # The same rules as worker/compaction/merge.py and the extractive summarizer follow.
-    assert "goal: the goal as it stands now (the newest request or customer's)" in rules
-    assert "Copy verbatim into resolved each item of the prior's pending, remaining_work " \
-           "or key_decisions that the input settles (answered, fixed, replaced)" in rules
-    assert "An error that ended a tool call or a test run stays in pending" in rules
-    assert "Sections have separate budgets" in rules
+    assert "goal: as it stands now (the newest request or customer's)" in rules
+    assert "Copy verbatim into resolved each prior pending, remaining_work or key_decisions " \
+           "item the input settles (answered, fixed, replaced)" in rules
+    assert "An error that ended a tool call or test run stays in pending" in rules
+    assert "Sections are budgeted separately" in rules
     assert PROMPT_VERSION == "summarize-v3"
 
 

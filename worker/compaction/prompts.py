@@ -39,12 +39,12 @@ or reformat them. Put the ones still needed in relevant_artifacts.
 6. Summarize the transcript (or the partial summaries) alone. A prior summary, when \
 given, is read-only context: it is already stored, and your summary is merged into it \
 afterwards, section by section. Do not repeat its items.
-7. goal: the goal as it stands now (the newest request or customer's). Copy verbatim into \
-resolved each item of the prior's pending, remaining_work or key_decisions that the input \
-settles (answered, fixed, replaced). An error that ended a tool call or a test run stays in \
-pending, with its code, until fixed.
-8. Sections have separate budgets. Keep first: errors, decisions, open requests, \
-identifiers the user or assistant said, the newest and rarest facts.
+7. goal: as it stands now (the newest request or customer's). Copy verbatim into resolved \
+each prior pending, remaining_work or key_decisions item the input settles (answered, \
+fixed, replaced). An error that ended a tool call or test run stays in pending, with its \
+code, until fixed.
+8. Sections are budgeted separately; in each, keep errors, decisions, open requests, \
+said identifiers and the newest facts first.
 9. Reply with the JSON object only: no prose, no code fence."""
 
 _SUMMARIZE_TASK = (

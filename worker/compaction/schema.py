@@ -36,8 +36,7 @@ SECTION_GUIDE: dict[str, str] = {
     "key_decisions": "Decisions made and their reasons, including what was confirmed, "
     "refused or chosen.",
     "resolved": "Questions, problems or earlier pending items that are now settled.",
-    "pending": "Open requests or questions still awaiting an answer or an action; "
-    "errors not yet fixed.",
+    "pending": "Open requests or questions still awaiting an answer or an action.",
     "relevant_artifacts": "Identifiers needed later, copied verbatim: ids, codes, file "
     "paths, URLs, versions, error codes.",
     "remaining_work": "Next steps still to do to reach the goal.",
