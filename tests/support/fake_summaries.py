@@ -119,11 +119,16 @@ def _goal(messages: list[tuple[str, str]], prior: dict[str, Any]) -> str:
     users = [text for role, text in messages if role == "user" and text.strip()]
     starts = [i + 1 for i, text in enumerate(users) if _BOUNDARY.search(text)]
     if starts and starts[-1] < len(users):
-        return users[starts[-1]]
+        return _one_snippet(users[starts[-1]])
     prior_goal = prior.get("goal")
     if isinstance(prior_goal, str) and prior_goal:
         return prior_goal
-    return users[0] if users else ""
+    return _one_snippet(users[0]) if users else ""
+
+
+def _one_snippet(text: str) -> str:
+    # A model restates a request in a sentence; it never pastes a megabyte of it.
+    return " ".join(text.split())[:SNIPPET_CHARS]
 
 
 def _settled(messages: list[tuple[str, str]], prior: dict[str, Any]) -> list[str]:
@@ -138,7 +143,7 @@ def _settled(messages: list[tuple[str, str]], prior: dict[str, Any]) -> list[str
 def _errors(messages: list[tuple[str, str]]) -> list[str]:
     """Errors that ended a tool call, with their lines."""
     failed = (failing_lines(text) for role, text in messages if role == "tool result")
-    return [f"Open error: {' / '.join(lines)}" for lines in failed if lines]
+    return [f"Open error: {_one_snippet(' / '.join(lines))}" for lines in failed if lines]
 
 
 def fit_summary(summary: dict[str, Any], limit_tokens: int,
