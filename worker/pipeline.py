@@ -25,7 +25,7 @@ from worker.compaction import (
     breaker_after_failure,
     decide_compaction,
     extract_identifiers,
-    failure_values,
+    featured_values,
     find_failures,
     group_messages,
     merge_summaries,
@@ -136,7 +136,7 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=policy.summary_budget_tokens,
-                                 identifiers=_ranked_identifiers(plan, work))
+                                 identifiers=_ranked_identifiers(plan, work, draft))
     with trace.step("validate"):
         revision = _validate(trace, deps, plan, work, draft, merged)
     if admitted.summarizer.uses_provider:
@@ -222,11 +222,13 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     return work
 
 
-def _ranked_identifiers(plan: JobPlan, work: SummaryWork) -> list[str]:
-    """The span's identifiers, most salient first: errors that ended a call lead (read
-    from the span as stored, before pruning shortens old tool outputs)."""
+def _ranked_identifiers(plan: JobPlan, work: SummaryWork, draft: SummaryDraft) -> list[str]:
+    """The span's identifiers, most salient first: the error codes that ended a call (read
+    from the span as stored, before pruning shortens old tool outputs) and the values of
+    the draft's decisions and pending items lead."""
     failures = find_failures(plan.boundary.span)
-    ranked = rank_artifacts(work.artifacts, featured=failure_values(failures))
+    texts = [*draft.summary.key_decisions, *draft.summary.pending]
+    ranked = rank_artifacts(work.artifacts, featured=featured_values(failures, texts))
     return [artifact.value for artifact in ranked if artifact.kind != "tool"]
 
 

@@ -18,7 +18,7 @@ from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.merge import merge_summaries
-from worker.compaction.salience import failure_values, find_failures, rank_artifacts
+from worker.compaction.salience import featured_values, find_failures, rank_artifacts
 from worker.compaction.schema import Summary
 
 BLOCK_TOKENS = 4_096
@@ -150,7 +150,8 @@ def test_corpus_joined_sessions_up_to_200k_tokens_keep_what_was_said_in_the_bloc
         span = [group for group in groups if not group.is_instruction]
         drafted = fallback_summary(span, artifacts=artifacts, budget_tokens=BLOCK_TOKENS,
                                    counter=counter)
-        featured = failure_values(find_failures(span))
+        texts = [*drafted.key_decisions, *drafted.pending]  # as the pipeline ranks them
+        featured = featured_values(find_failures(span), texts)
         ranked = [a.value for a in rank_artifacts(artifacts, featured=featured)]
         block = merge_summaries(None, drafted, budget_tokens=BLOCK_TOKENS, counter=counter,
                                 identifiers=ranked).fitted

@@ -10,7 +10,13 @@ from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import exchange
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import Artifact
-from worker.compaction.salience import failing_lines, failure_values, find_failures, rank_artifacts
+from worker.compaction.salience import (
+    failing_lines,
+    failure_values,
+    featured_values,
+    find_failures,
+    rank_artifacts,
+)
 
 
 def artifact(value: str, kind: str = "id", *, count: int = 1, seq: int = 1,
@@ -66,3 +72,5 @@ def test_the_error_codes_on_a_failed_calls_last_lines_are_its_failure_values() -
     [failure] = find_failures(span)
     assert (failure.call_id, failure.tool) == ("c1", "run_tests")
     assert failure_values([failure]) == {"ERR-3283"}
+    decided = ["Decision: pin sqlalchemy==2.0.1 for ticket OPS-12"]
+    assert {"ERR-3283", "OPS-12"} <= featured_values([failure], decided)

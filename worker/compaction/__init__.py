@@ -44,7 +44,12 @@ from worker.compaction.messages import ChatMessage, StoredMessage, dump_message,
 from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
 from worker.compaction.prompts import PROMPT_VERSION, build_merge_messages, build_summarize_messages
 from worker.compaction.pruning import prune_groups
-from worker.compaction.salience import failure_values, find_failures, rank_artifacts
+from worker.compaction.salience import (
+    failure_values,
+    featured_values,
+    find_failures,
+    rank_artifacts,
+)
 from worker.compaction.schema import (
     Summary,
     render_summary_block,
@@ -99,6 +104,7 @@ __all__ = [
     "extract_identifiers",
     "failure_values",
     "fallback_summary",
+    "featured_values",
     "find_failures",
     "find_open_tool_calls",
     "fit_summary",

@@ -17,7 +17,7 @@ from worker.compaction.requests import RequestLedger, read_requests
 from worker.compaction.salience import (
     Failure,
     failing_lines,
-    failure_values,
+    featured_values,
     find_failures,
     rank_artifacts,
 )
@@ -121,8 +121,7 @@ def _without_repeats(summary: Summary) -> Summary:
 
 def _rank_values(artifacts: Sequence[Artifact], failures: Sequence[Failure],
                  decisions: Sequence[str], ledger: RequestLedger) -> list[str]:
-    featured_text = "\n".join([*decisions, *ledger.open_requests])
-    featured = failure_values(failures) | {v for v, _ in find_identifiers(featured_text)}
+    featured = featured_values(failures, [*decisions, *ledger.open_requests])
     ranked = rank_artifacts(artifacts, featured=featured)
     return [a.value for a in ranked if a.kind != "tool"][:MAX_ARTIFACTS]
 

@@ -78,6 +78,12 @@ def failure_values(failures: Sequence[Failure]) -> frozenset[str]:
                      for value, kind in _identifiers(failure.lines) if kind == "error")
 
 
+def featured_values(failures: Sequence[Failure], texts: Sequence[str]) -> frozenset[str]:
+    """Return the values that lead the ranking: the error codes that ended a call, and the
+    identifiers in ``texts`` (a summary's decisions and open requests)."""
+    return failure_values(failures) | {value for value, _ in _identifiers(texts)}
+
+
 def _identifiers(lines: Sequence[str]) -> Iterator[tuple[str, str]]:
     for line in lines:
         yield from find_identifiers(line)

@@ -20,7 +20,7 @@ from worker.compaction import (
     TokenCounter,
     build_merge_messages,
     build_summarize_messages,
-    failure_values,
+    featured_values,
     find_failures,
     output_budget_tokens,
     parse_summary,
@@ -80,7 +80,8 @@ class LLMSummarizer:
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
-        ranked = rank_artifacts(work.artifacts, featured=failure_values(find_failures(work.span)))
+        featured = featured_values(find_failures(work.span), [])
+        ranked = rank_artifacts(work.artifacts, featured=featured)
         identifiers = [a.value for a in ranked if a.kind != "tool"][:PROMPT_IDENTIFIERS]
         output_tokens = output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
         plan = self._plan(work, identifiers, output_tokens, window_tokens)
