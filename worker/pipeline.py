@@ -17,19 +17,22 @@ from worker.compaction import (
     Boundary,
     Breaker,
     BreakerState,
+    MergedSummary,
     StoredMessage,
     Summary,
     admit,
     apply_strategy,
     breaker_after_failure,
     decide_compaction,
+    collect_artifacts,
+    featured_values,
+    find_failures,
     group_messages,
     merge_summaries,
     parse_message,
     plan_boundary,
     prune_groups,
     rank_artifacts,
-    render_summary_block,
     summary_block_message,
     validate_summary,
 )
@@ -132,7 +135,8 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
         trace.note(**dataclasses.asdict(draft.usage))
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
-                                 budget_tokens=policy.summary_budget_tokens)
+                                 budget_tokens=policy.summary_budget_tokens,
+                                 identifiers=_ranked_identifiers(plan, work, draft))
     with trace.step("validate"):
         revision = _validate(trace, deps, plan, work, draft, merged)
     if admitted.summarizer.uses_provider:
@@ -211,7 +215,7 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     work = SummaryWork(
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(rank_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
+        artifacts=tuple(collect_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
         span_tokens=sum(m.tokens for m in span_messages),
         budget_tokens=policy.summary_budget_tokens,
     )
@@ -220,18 +224,29 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     return work
 
 
+def _ranked_identifiers(plan: JobPlan, work: SummaryWork, draft: SummaryDraft) -> list[str]:
+    """The span's identifiers, most salient first: the error codes that ended a call (read
+    from the span as stored, before pruning shortens old tool outputs) and the values of
+    the draft's decisions and pending items lead."""
+    failures = find_failures(plan.boundary.span)
+    texts = [*draft.summary.key_decisions, *draft.summary.pending]
+    ranked = rank_artifacts(work.artifacts, featured=featured_values(failures, texts))
+    return [artifact.value for artifact in ranked if artifact.kind != "tool"]
+
+
 def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
-              draft: SummaryDraft, merged: Summary) -> Revision:
+              draft: SummaryDraft, merged: MergedSummary) -> Revision:
     validated = validate_summary(
         draft.summary, merged,
         span_tokens=work.span_tokens,
-        identifiers=[a.value for a in work.artifacts],
         budget_tokens=work.budget_tokens,
         replaced_tokens=work.span_tokens + plan.prior_summary_tokens,
         counter=deps.counter,
     )
-    block = summary_block_message(render_summary_block(validated.summary))
-    summary_tokens = deps.counter.count_message(parse_message(block))
+    block = summary_block_message(validated.fitted.text)
+    # The block was counted once, at the merge; only the message's framing is added.
+    framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
+    summary_tokens = framing_tokens + validated.fitted.tokens
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
                tokens_after=plan.boundary.projected_tokens(summary_tokens))
     return Revision(validated.summary, block, summary_tokens)

@@ -3,7 +3,11 @@
 The ``ok`` summary carries every identifier-like token it sees (an over-approximation of
 what the validator extracts) and fills each section with a short line of the input; a
 merge request (partial summaries embedded as JSON) gets their sections unioned. The prior
-summary is read-only context, as the prompt says: nothing of it is repeated.
+summary is read-only context, as the prompt says: nothing of it is repeated. It follows
+the prompt's merge rules as a careful model would, reading the transcript's quoted
+messages: the goal as it stands now (the newest conversation's first request, else the
+prior's), the prior's pending items the transcript answers copied verbatim into resolved,
+and errors that ended a tool call listed in pending.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from worker.compaction.prompts import QUOTE_PREFIX
+from worker.compaction.salience import failing_lines
 from worker.compaction.schema import SUMMARY_SECTIONS
 
 ARTIFACTS_SECTION = "relevant_artifacts"
@@ -20,15 +26,20 @@ SNIPPET_CHARS = 80
 MAX_ENTRIES_PER_SECTION = 8
 
 # URLs whole; otherwise word-ish runs that contain a digit, underscore, slash or dot
-# (HAT170, mia_li_3668, /etc/app.conf, E1234, v1.2.3) or are upper-case codes of five
+# (HAT170, mia_li_3668, /etc/app.conf, E1234, v1.2.3, pins such as sqlalchemy==2.0.1, kept
+# whole as the prompt asks) or are upper-case codes of five
 # or more (PUNERT); plain numbers are left out, edge punctuation dropped.
 _URL = re.compile(r"https?://[^\s\"'<>`)\]}]+")
-_TOKEN = re.compile(r"[A-Za-z0-9_./~@#:+-]+")
+_TOKEN = re.compile(r"[A-Za-z0-9_./~@#:+=-]+")
 _IDENTIFIER_MARK = re.compile(r"[0-9_/.]|^[A-Z][A-Z0-9]{4,}$")
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _PLAIN_NUMBER = re.compile(r"[\d,]+(?:\.\d+)?")
-_PRIOR_FENCE = re.compile(r"<<<PRIOR SUMMARY (\d+) BEGIN>>>.*?<<<PRIOR SUMMARY \1 END>>>",
+_PRIOR_FENCE = re.compile(r"<<<PRIOR SUMMARY (\d+) BEGIN>>>\n(.*?)\n<<<PRIOR SUMMARY \1 END>>>",
                           re.DOTALL)
+_TRANSCRIPT = re.compile(r"<<<TRANSCRIPT (\d+) BEGIN>>>\n(.*?)\n<<<TRANSCRIPT \1 END>>>",
+                         re.DOTALL)
+_HEADER = re.compile(r"\[seq \d+\] (user|assistant|tool result) ?(?:\(([^)]*)\))?:")
+_BOUNDARY = re.compile(r"(?i:conversation has ended|session boundary)")
 
 
 def extract_identifiers(text: str) -> list[str]:
@@ -61,9 +72,13 @@ def extract_summaries(text: str) -> list[dict[str, Any]]:
 
 def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) -> dict[str, Any]:
     """Build the deterministic summary of ``prompt_text`` with the given section keys."""
+    prior = _read_prior(prompt_text)
+    messages = _read_transcript(prompt_text)
     prompt_text = _PRIOR_FENCE.sub("", prompt_text)
     partials = extract_summaries(prompt_text)
     lines = _snippets(prompt_text) or ["(no content)"]
+    ruled = {"goal": _goal(messages, prior), "resolved": _settled(messages, prior),
+             "pending": _errors(messages)}
     summary: dict[str, Any] = {}
     for index, section in enumerate(sections):
         if section == ARTIFACTS_SECTION:
@@ -71,12 +86,64 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
             summary[section] = _unique([*carried, *extract_identifiers(prompt_text)])
         elif section == "goal":
             goals = [part["goal"] for part in partials if isinstance(part.get("goal"), str)]
-            summary[section] = goals[0] if goals else lines[0]
+            summary[section] = goals[0] if goals else ruled["goal"] or lines[0]
         else:
             carried = [item for part in partials for item in _strings(part.get(section))]
             derived = f"{section.replace('_', ' ')}: {lines[index % len(lines)]}"
-            summary[section] = _unique([*carried, derived])[:MAX_ENTRIES_PER_SECTION]
+            found = ruled.get(section) or []
+            summary[section] = _unique([*carried, *found, derived])[:MAX_ENTRIES_PER_SECTION]
     return summary
+
+
+def _read_prior(prompt_text: str) -> dict[str, Any]:
+    match = _PRIOR_FENCE.search(prompt_text)
+    value = json.loads(match.group(2)) if match else {}
+    return value if isinstance(value, dict) else {}
+
+
+def _read_transcript(prompt_text: str) -> list[tuple[str, str]]:
+    """The transcript's messages as (role, text), text unquoted."""
+    match = _TRANSCRIPT.search(prompt_text)
+    messages: list[tuple[str, list[str]]] = []
+    for line in match.group(2).splitlines() if match else ():
+        header = _HEADER.match(line)
+        if header:
+            messages.append((header.group(1), []))
+        elif messages and line.startswith(QUOTE_PREFIX.rstrip()):
+            messages[-1][1].append(line.removeprefix(QUOTE_PREFIX.rstrip()).removeprefix(" "))
+    return [(role, "\n".join(text)) for role, text in messages]
+
+
+def _goal(messages: list[tuple[str, str]], prior: dict[str, Any]) -> str:
+    """The newest conversation's first request, else the prior's goal, else the first ask."""
+    users = [text for role, text in messages if role == "user" and text.strip()]
+    starts = [i + 1 for i, text in enumerate(users) if _BOUNDARY.search(text)]
+    if starts and starts[-1] < len(users):
+        return _one_snippet(users[starts[-1]])
+    prior_goal = prior.get("goal")
+    if isinstance(prior_goal, str) and prior_goal:
+        return prior_goal
+    return _one_snippet(users[0]) if users else ""
+
+
+def _one_snippet(text: str) -> str:
+    # A model restates a request in a sentence; it never pastes a megabyte of it.
+    return " ".join(text.split())[:SNIPPET_CHARS]
+
+
+def _settled(messages: list[tuple[str, str]], prior: dict[str, Any]) -> list[str]:
+    """The prior's pending items the transcript answers, copied verbatim."""
+    answered = any(role == "assistant" and text.strip() for role, text in messages)
+    said = "\n".join(text for _, text in messages)
+    return [item for item in _strings(prior.get("pending"))
+            if answered and (item.startswith("Unanswered")
+                             or any(value in said for value in extract_identifiers(item)))]
+
+
+def _errors(messages: list[tuple[str, str]]) -> list[str]:
+    """Errors that ended a tool call, with their lines."""
+    failed = (failing_lines(text) for role, text in messages if role == "tool result")
+    return [f"Open error: {_one_snippet(' / '.join(lines))}" for lines in failed if lines]
 
 
 def fit_summary(summary: dict[str, Any], limit_tokens: int,

@@ -17,7 +17,7 @@ from worker.compaction.identifiers import (
     extract_identifiers,
     find_identifiers,
     identify_message,
-    rank_artifacts,
+    collect_artifacts,
     search_text,
 )
 from worker.compaction.messages import StoredMessage, parse_message
@@ -97,7 +97,7 @@ def test_ranking_stored_mentions_equals_extracting_the_span() -> None:
     stored = _demo_messages(4)
     mentions = [(m.seq, [tuple(item) for item in json.loads(json.dumps(
         identify_message(m.message)))]) for m in stored]
-    assert rank_artifacts(mentions) == extract_identifiers(stored)
+    assert collect_artifacts(mentions) == extract_identifiers(stored)
 
 
 def test_generated_coding_sessions_keep_every_planted_identifier() -> None:

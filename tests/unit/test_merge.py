@@ -1,5 +1,6 @@
 """The merge step: the new span's summary merged into the prior one section by section,
-prior items first and each once, settled items moved out, always within the budget."""
+prior items first and each once, settled items closed, the span's identifiers re-attached,
+the new span's facts given their share, always within the budget, rendered and counted once."""
 
 from __future__ import annotations
 
@@ -46,21 +47,35 @@ def filled(**sections: Any) -> Summary:
             filled(resolved=["refund for another booking"]),
             filled(pending=["refund"], resolved=["refund for another booking"]),
         ),
+        (
+            filled(goal="Fix the build", key_decisions=["Decision: pin sqlalchemy==1.4.2"]),
+            filled(key_decisions=["Decision: pin sqlalchemy==2.0.1 because 1.4 lacks async"],
+                   resolved=["Superseded: Decision: pin sqlalchemy==1.4.2"]),
+            filled(goal="Fix the build",
+                   key_decisions=["Decision: pin sqlalchemy==2.0.1 because 1.4 lacks async"],
+                   resolved=["Superseded: Decision: pin sqlalchemy==1.4.2"]),
+        ),
+        (
+            filled(pending=["Open error: run_tests failed: E3283-SCHEMA in tests/test_db.py"]),
+            filled(resolved=["Open error: run_tests failed: E3283-SCHEMA in tests/test_db.py"]),
+            filled(resolved=["Open error: run_tests failed: E3283-SCHEMA in tests/test_db.py"]),
+        ),
     ],
-    ids=["dedupe-prior-first", "pending-moves-to-resolved", "newer-goal", "short-item"],
+    ids=["dedupe-prior-first", "pending-moves-to-resolved", "newer-goal", "short-item",
+         "superseded-decision", "fixed-error"],
 )
 def test_merge_rules(prior: Summary, new: Summary, expected: Summary) -> None:
-    assert merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter()) \
-        == expected
+    merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter())
+    assert merged.summary == expected
 
 
 def test_without_a_prior_the_new_summary_is_only_fitted_to_the_budget() -> None:
     new = filled(goal="Book a flight", completed_actions=["Booked HAT170"])
     counter = shared_counter()
-    assert merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=counter) == new
+    assert merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=counter).summary == new
     small = count_summary_tokens(new, counter) - 3
     fitted = merge_summaries(None, new, budget_tokens=small, counter=counter)
-    assert count_summary_tokens(fitted, counter) <= small < count_summary_tokens(new, counter)
+    assert fitted.fitted.tokens <= small < count_summary_tokens(new, counter)
 
 
 @settings(max_examples=30, deadline=None)
@@ -72,5 +87,30 @@ def test_ten_successive_merges_never_exceed_the_budget(
     budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
     current = merge_summaries(None, summaries_[0], budget_tokens=budget_tokens, counter=counter)
     for new in summaries_[1:]:
-        current = merge_summaries(current, new, budget_tokens=budget_tokens, counter=counter)
-        assert count_summary_tokens(current, counter) <= budget_tokens
+        current = merge_summaries(current.summary, new, budget_tokens=budget_tokens,
+                                  counter=counter)
+        assert count_summary_tokens(current.summary, counter) == current.fitted.tokens
+        assert current.fitted.tokens <= budget_tokens
+
+
+def test_identifiers_the_merged_state_lacks_are_listed_first_in_salience_order() -> None:
+    prior = filled(goal="Book a flight", relevant_artifacts=["HAT170"])
+    new = filled(completed_actions=["Cancelled ZFA04Y"])
+    merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
+                             identifiers=["E3283-SCHEMA", "ZFA04Y", "HAT170", "mia_li_3668"])
+    # ZFA04Y is only in history (completed actions), which ages out first: listed too.
+    assert merged.reattached == ("E3283-SCHEMA", "ZFA04Y", "mia_li_3668")
+    assert merged.summary.relevant_artifacts == ["E3283-SCHEMA", "ZFA04Y", "mia_li_3668",
+                                                 "HAT170"]
+
+
+def test_a_full_prior_leaves_the_new_spans_facts_their_reserved_share() -> None:
+    counter = shared_counter()
+    prior = filled(goal="Serve customers", relevant_artifacts=[f"OLD{n:04d}" for n in range(300)])
+    budget_tokens = count_summary_tokens(prior, counter)
+    fresh = [f"NEW{n:04d}" for n in range(40)]
+    merged = merge_summaries(prior, filled(), budget_tokens=budget_tokens, counter=counter,
+                             identifiers=fresh)
+    assert merged.reattached == tuple(fresh)
+    assert merged.fitted.tokens <= budget_tokens
+    assert any(item.startswith("OLD") for item in merged.summary.relevant_artifacts)

@@ -206,12 +206,18 @@ def test_the_prior_summary_is_context_to_the_summarizer_and_merged_once_after_it
     assert min(m.seq for g in work.span for m in g.messages) == first.through_seq + 1
     prior, merged = work.prior, Summary.model_validate(second.summary)
     assert prior is not None
-    # Prior items first, each once; the new span's own items after them; the newer goal.
+    # Prior items first, each once; the new span's own items after them; the goal stands
+    # (the span continues the conversation rather than starting a new one).
     actions = merged.completed_actions
     assert actions[:len(prior.completed_actions)] == prior.completed_actions
     assert len(actions) == len(set(actions)) > len(prior.completed_actions)
-    assert merged.goal != prior.goal and "s-1R17" in merged.goal
-    assert {"s-1R0", "NEWR0"} <= set(merged.relevant_artifacts)
+    assert merged.goal == prior.goal and "s-1R0" in merged.goal
+    # The new span's identifiers are listed first, newest first, ahead of the prior's:
+    # its newest exchange's reservation and flight lead.
+    newest = max((a for a in work.artifacts if a.value.startswith("NEWR")),
+                 key=lambda a: a.last_seq)
+    flight = f"HAT{100 + int(newest.value.removeprefix('NEWR'))}"
+    assert set(merged.relevant_artifacts[:2]) == {newest.value, flight}
 
 
 @pytest.mark.parametrize("turns", [LONG_TURNS, SHORT_TURNS, 0])

@@ -16,6 +16,7 @@ from worker.compaction.grouping import Group, group_messages
 from worker.compaction.messages import Role, StoredMessage, parse_message
 from worker.compaction.prompts import (
     PART_FRAMING_TOKENS,
+    PROMPT_VERSION,
     QUOTE_PREFIX,
     build_merge_messages,
     build_summarize_messages,
@@ -144,6 +145,18 @@ def test_summarize_messages_carry_schema_rules_prior_and_identifiers(
     else:
         prior_json = transcript_between_fences(user, "PRIOR SUMMARY").strip("\n")
         assert Summary.model_validate_json(prior_json) == prior
+
+
+def test_the_prompt_states_the_merge_contract_the_merge_applies() -> None:
+    system = build_summarize_messages("", prior=PRIOR, identifiers=[])[0]["content"]
+    rules = " ".join(system.split())
+    # The same rules as worker/compaction/merge.py and the extractive summarizer follow.
+    assert "goal: as it stands now (the newest request or customer's)" in rules
+    assert "Copy verbatim into resolved each prior pending, remaining_work or key_decisions " \
+           "item the input settles (answered, fixed, replaced)" in rules
+    assert "An error that ended a tool call or test run stays in pending" in rules
+    assert "Sections are budgeted separately" in rules
+    assert PROMPT_VERSION == "summarize-v3"
 
 
 def test_merge_messages_fence_each_partial_in_order() -> None:

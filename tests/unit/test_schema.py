@@ -1,4 +1,4 @@
-"""The summary schema: strictness, stable rendering and the size budget."""
+"""The summary schema: strictness and stable rendering (budgets: ``test_budget.py``)."""
 
 from __future__ import annotations
 
@@ -10,23 +10,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tests.unit.session_strategies import shared_counter
 from worker.compaction.schema import (
     BLOCK_FOOTER,
     BLOCK_HEADER,
-    DROP_ORDER,
+    EMPTY_ITEM_LINE,
     HEADINGS,
     LIST_SECTIONS,
     LOAD_BEARING_SECTIONS,
+    RECALL_LINE,
     SUMMARY_SECTIONS,
     Summary,
-    count_summary_tokens,
     empty_summary,
-    enforce_summary_budget,
     render_summary_block,
     summary_block_message,
     summary_json_schema,
-    truncate_text,
 )
 
 PHRASES = (
@@ -73,7 +70,6 @@ def test_json_schema_is_openai_strict_with_every_section_required() -> None:
 
 def test_load_bearing_sections_are_sections() -> None:
     assert set(LOAD_BEARING_SECTIONS) <= set(SUMMARY_SECTIONS)
-    assert set(DROP_ORDER) == set(LIST_SECTIONS)
 
 
 def test_summary_rejects_extra_keys() -> None:
@@ -111,7 +107,13 @@ def test_rendered_block_is_wrapped_as_background_reference_with_every_heading() 
     assert text.endswith(BLOCK_FOOTER)
     positions = [text.index(f"\n{HEADINGS[name]}:") for name in SUMMARY_SECTIONS]
     assert positions == sorted(positions)
-    assert text.count("- (none)") == len(LIST_SECTIONS)
+    assert text.count(EMPTY_ITEM_LINE) == len(LIST_SECTIONS)
+
+
+def test_the_block_says_in_one_line_that_earlier_details_are_one_recall_away() -> None:
+    lines = render_summary_block(empty_summary()).splitlines()
+    assert lines[-2] == RECALL_LINE
+    assert "`recall` tool" in RECALL_LINE and "retrievable" in RECALL_LINE
 
 
 @settings(max_examples=60, deadline=None)
@@ -135,66 +137,3 @@ def test_render_lists_extra_artifacts_the_summary_lacks_once() -> None:
 
 def test_summary_block_message_is_a_user_message_with_the_text() -> None:
     assert summary_block_message("block") == {"role": "user", "content": "block"}
-
-
-@settings(max_examples=40, deadline=None)
-@given(SUMMARIES, st.integers(85, 800))
-def test_budget_enforcement_is_deterministic(summary: Summary, budget_tokens: int) -> None:
-    counter = shared_counter()
-    budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
-    first = enforce_summary_budget(summary, budget_tokens, counter)
-    assert enforce_summary_budget(summary, budget_tokens, counter) == first
-    if count_summary_tokens(summary, counter) <= budget_tokens:
-        assert first == summary
-
-
-def test_budget_drops_oldest_least_load_bearing_items_and_keeps_goal_and_pending() -> None:
-    counter = shared_counter()
-    summary = filled(
-        goal="Move mia_li_3668 to a later flight",
-        resolved=[f"old question {n} about HAT{n:03d} settled" for n in range(30)],
-        key_decisions=["Agreed to waive the change fee"],
-        pending=["Confirm the new seat on HAT170"],
-    )
-    budget_tokens = count_summary_tokens(summary, counter) - 60
-    fitted = enforce_summary_budget(summary, budget_tokens, counter)
-    assert count_summary_tokens(fitted, counter) <= budget_tokens
-    assert fitted.goal == summary.goal
-    assert fitted.pending == summary.pending
-    assert fitted.key_decisions == summary.key_decisions
-    assert fitted.resolved == summary.resolved[-len(fitted.resolved):]
-    assert 0 < len(fitted.resolved) < len(summary.resolved)
-
-
-def test_budget_below_an_empty_block_is_refused() -> None:
-    counter = shared_counter()
-    floor_tokens = count_summary_tokens(empty_summary(), counter)
-    with pytest.raises(ValueError, match="below"):
-        enforce_summary_budget(filled(goal="x " * 50), floor_tokens - 1, counter)
-
-
-def test_the_goal_is_shortened_last_and_the_empty_goal_fits_the_floor() -> None:
-    counter = shared_counter()
-    floor_tokens = count_summary_tokens(empty_summary(), counter)
-    summary = filled(goal="rebook " * 400, pending=["confirm"] * 1)
-    fitted = enforce_summary_budget(summary, floor_tokens + 10, counter)
-    assert count_summary_tokens(fitted, counter) <= floor_tokens + 10
-    assert fitted.goal.startswith("rebook")
-
-
-@pytest.mark.parametrize(
-    ("text", "max_tokens"),
-    [("alpha beta gamma " * 50 + "ZFA04Y", 20), ("one two three", 100), ("x" * 500, 10)],
-)
-def test_truncation_cuts_at_a_word_boundary_and_marks_the_cut(text: str, max_tokens: int) -> None:
-    counter = shared_counter()
-    cut = truncate_text(text, max_tokens, counter)
-    if counter.count_text(text) <= max_tokens:
-        assert cut == text
-        return
-    assert cut.endswith("…")
-    assert counter.count_text(cut) <= max_tokens + 1
-    head = cut.removesuffix("…")
-    assert text.startswith(head)
-    if " " in head:
-        assert text[len(head)] == " "

@@ -1,7 +1,7 @@
 """Parsing and validation: one case per failure reason (``truncated`` is the LLM
 summarizer's, after its retry), the one JSON recovery from prose, and identifiers
 re-attached rather than failed on. Replies are parsed, merged into the prior as the
-pipeline's merge step does, then validated."""
+pipeline's merge step does (re-attaching the span's identifiers), then validated."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.unit.session_strategies import shared_counter
-from worker.compaction.merge import merge_summaries
+from worker.compaction.merge import MergedSummary, merge_summaries
 from worker.compaction.schema import (
     Summary,
     count_summary_tokens,
@@ -20,10 +20,8 @@ from worker.compaction.schema import (
 )
 from worker.compaction.validation import (
     REASONS,
-    Validated,
     extract_json_object,
     parse_summary,
-    reattach_identifiers,
     validate_summary,
 )
 from worker.errors import SummaryInvalid
@@ -43,11 +41,12 @@ DEFAULTS: dict[str, Any] = {
 
 
 def run(raw: str | dict[str, Any] | None, prior: Summary | None = None, **overrides: Any
-        ) -> Validated:
+        ) -> MergedSummary:
     options, counter = {**DEFAULTS, **overrides}, shared_counter()
+    identifiers = options.pop("identifiers")
     summary = parse_summary(raw)
     merged = merge_summaries(prior, summary, budget_tokens=options["budget_tokens"],
-                             counter=counter)
+                             counter=counter, identifiers=identifiers)
     return validate_summary(summary, merged, counter=counter, **options)
 
 
@@ -108,19 +107,16 @@ def test_a_dropped_identifier_is_reattached_not_failed_on() -> None:
     assert result.summary.relevant_artifacts == ["HAT170", "4WQ150"]
 
 
-def test_reattachment_stops_at_the_budget_keeping_the_most_important_first() -> None:
+def test_reattachment_stops_at_the_budget_keeping_the_most_salient_first() -> None:
     counter = shared_counter()
     summary = Summary.model_validate(GOOD)
     identifiers = [f"HAT{n:03d}" for n in range(200)]
     budget_tokens = count_summary_tokens(summary, counter) + 40
-    fitted, added = reattach_identifiers(summary, identifiers, budget_tokens, counter)
+    result = run(GOOD, identifiers=identifiers, budget_tokens=budget_tokens)
+    added = result.reattached
     assert 0 < len(added) < len(identifiers)
     assert list(added) == identifiers[: len(added)]
-    assert count_summary_tokens(fitted, counter) <= budget_tokens
-    one_more, _ = reattach_identifiers(
-        summary, identifiers[: len(added) + 1], budget_tokens + 1_000, counter
-    )
-    assert count_summary_tokens(one_more, counter) > budget_tokens
+    assert result.fitted.tokens == count_summary_tokens(result.summary, counter) <= budget_tokens
 
 
 def test_a_prior_summary_is_merged_and_its_identifiers_count_as_present() -> None:

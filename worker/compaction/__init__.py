@@ -12,6 +12,7 @@ from worker.compaction.breaker import (
     breaker_after_failure,
     breaker_after_success,
 )
+from worker.compaction.budget import FittedSummary, fit_summary
 from worker.compaction.call_plan import plan_summary_calls
 from worker.compaction.chunking import ChunkPlan, output_budget_tokens
 from worker.compaction.errors import (
@@ -31,8 +32,8 @@ from worker.compaction.identifiers import (
     Artifact,
     Mention,
     extract_identifiers,
+    collect_artifacts,
     identify_message,
-    rank_artifacts,
     search_text,
 )
 from worker.compaction.intake import (
@@ -52,11 +53,17 @@ from worker.compaction.limits import (
     measure_depth,
     measure_json_depth,
 )
-from worker.compaction.merge import merge_summaries
+from worker.compaction.merge import MergedSummary, merge_summaries
 from worker.compaction.messages import ChatMessage, StoredMessage, dump_message, parse_message
 from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
 from worker.compaction.prompts import PROMPT_VERSION, build_merge_messages, build_summarize_messages
 from worker.compaction.pruning import prune_groups
+from worker.compaction.salience import (
+    failure_values,
+    featured_values,
+    find_failures,
+    rank_artifacts,
+)
 from worker.compaction.schema import (
     Summary,
     render_summary_block,
@@ -83,10 +90,12 @@ __all__ = [
     "CompactionError",
     "ConfigurationError",
     "ContextOverflow",
+    "FittedSummary",
     "Group",
     "IntakePolicy",
     "IntakeResult",
     "Mention",
+    "MergedSummary",
     "Outcome",
     "Problem",
     "ProblemKind",
@@ -107,12 +116,17 @@ __all__ = [
     "build_merge_messages",
     "build_summarize_messages",
     "check_session",
+    "collect_artifacts",
     "clean_text",
     "decide_compaction",
     "dump_message",
     "extract_identifiers",
+    "failure_values",
     "fallback_summary",
+    "featured_values",
+    "find_failures",
     "find_open_tool_calls",
+    "fit_summary",
     "group_messages",
     "identify_message",
     "load_encoding",

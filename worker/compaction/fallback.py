@@ -1,52 +1,74 @@
-"""The deterministic (extractive) summary: same schema and budget as the LLM's, built by
-simple rules from the span, for when no LLM may or can be called.
+"""The deterministic (extractive) summary: same schema, budget and merge contract as the
+LLM's, built by plain-language rules from the span, for when no LLM may or can be called.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from worker.compaction.budget import fit_summary, truncate_text
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact, find_identifiers
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
-from worker.compaction.schema import (
-    Summary,
-    enforce_summary_budget,
-    truncate_text,
+from worker.compaction.requests import RequestLedger, read_requests
+from worker.compaction.salience import (
+    Failure,
+    failing_lines,
+    featured_values,
+    find_failures,
+    rank_artifacts,
 )
+from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
-from worker.compaction.validation import reattach_identifiers
 
-TIMES = "\u00d7"  # the multiplication sign: "called get_user_details" TIMES "2"
+TIMES = "\u00d7"  # the multiplication sign: "looked up with get_user_details" TIMES "2"
 GOAL_TOKENS = 60
 SENTENCE_TOKENS = 48
+RESULT_TOKENS = 20
 MAX_PREFERENCES = 6
-MAX_DECISIONS = 8
-MAX_ERRORS = 5
+MAX_DECISIONS = 60
+MAX_COMPLETIONS = 8
 MAX_CALL_VALUES = 4
-MAX_ARTIFACTS = 40
+MAX_ARTIFACTS = 60
+# Item prefixes a later span's summary recognises when it settles them.
+UNANSWERED = "Unanswered user request: "
+OPEN_ERROR = "Open error: "
 
-_REQUEST = re.compile(
-    r"\?|(?i:\b(?:i want|i'd like|i would like|i need|i'm looking|i am looking|looking to|"
-    r"trying to|help me|can you|could you|please)\b)"
-)
 _PREFERENCE = re.compile(
     r"(?i:\b(?:prefer|don't want|do not want|don't|do not|must|only|instead|rather|"
     r"no later than|not before|not after|at most|at least|without)\b)"
 )
+# Choices, pins and refusals: what was decided, by whom, and why.
 _DECISION = re.compile(
-    r"(?i:\b(?:i will|i'll|i have|i've|confirmed|cancell?ed|booked|updated|modified|"
-    r"refunded|transferred|approved|denied|cannot|can't|unable|not eligible|successfully)\b)"
+    r"(?i:\bdecision\s*:|\bdecided\b|\b(?:we|i)(?:'ll| will) (?:go with|use|pin|keep|stick)"
+    r"|\blet's (?:go with|use|pin|keep)|\bgoing with\b|\bchose\b|\bopted\b|\bsettled on\b"
+    r"|\bpinn?(?:ed|ing)?\b|\bagreed\b)"
 )
-# A failing tool says so up front ("Error: ...", {"error": ...}, a traceback); a word
-# like "failed" deep in a log or a test report ("0 failed") is not a failure of the call.
-_ERROR = re.compile(
-    r'(?i:\A\s*(?:\{\s*"(?:error|errors)"|(?:error|failed|failure|fatal|exception|traceback)\b))'
+# What the agent confirmed or refused is a decision too; a user's "can't" is not.
+_AGENT_DECISION = re.compile(
+    r"(?i:\bconfirmed\b|\bcannot\b|\bcan't\b|\bunable\b|\bnot eligible\b|\bdenied\b"
+    r"|\bapproved\b|\bunfortunately\b|\bnot (?:possible|allowed|permitted)\b)"
+)
+# A question or a conditional about work is not a report of it.
+_NOT_DONE = re.compile(r"\?\s*\Z|(?i:\b(?:if|whether|could|would|cannot|can't|can be)\b)")
+# Work reported done, in the agent's words.
+_DONE = re.compile(
+    r"(?i:\b(?:done|fixed|successfully|has been|have been|completed|cancell?ed|booked|"
+    r"refunded|transferred|merged|deployed|installed|upgraded|downgraded)\b)"
+)
+_CONFIRMATION = re.compile(
+    r"(?i:\A\W*(?:yes|yeah|yep|confirm(?:ed)?|correct|go ahead|please proceed|"
+    r"that works|sounds good)\b)"
 )
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
-_ARGUMENT_KINDS = frozenset({"id", "path", "url", "uuid", "hash", "ticket", "email"})
+# Tools that only read: many calls, one line.
+_LOOKUP = re.compile(r"(?i:\A(?:get|search|list|find|read|fetch|lookup|view|show|cat|grep|ls|"
+                     r"think|calculate|query|check|describe)(?:_|\b|[A-Z]))")
+# A pinned version as people write it: "sqlalchemy==2.0.1", "node@20.1", "v1 >= 1.4".
+_VERSION_PIN = re.compile(r"\b([A-Za-z][\w.-]*?)\s*(?:==|>=|<=|~=|@)\s*(v?\d[\w.+-]*\w)")
 
 
 def fallback_summary(
@@ -55,53 +77,62 @@ def fallback_summary(
     artifacts: Sequence[Artifact],
     budget_tokens: int,
     counter: TokenCounter,
+    prior: Summary | None = None,
 ) -> Summary:
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
-    Goal: the first user request; constraints: user sentences stating preferences;
-    completed actions: the span's seq range and message counts, tool names with call
-    counts and id arguments, then tool errors;
-    key decisions: the agent's sentences that commit, confirm or refuse; pending: the
-    last user request (a question or an ask) with no agent reply after it, and any tool
-    call still unanswered.
-    The artifact index (ranked) fills relevant_artifacts last, as far as the budget allows.
+    Goal: the first request of the span's latest conversation (the prior's stands when
+    the span starts none); constraints: user sentences stating preferences; completed
+    actions: each call that changed something with its result, look-ups tallied, work the
+    agent reports done; key decisions: choices, pins, refusals and confirmations;
+    resolved: answered requests, fixed errors, and the prior's items the span settled
+    (verbatim, the merge contract); pending: the open request, calls without a result,
+    errors not fixed; relevant artifacts: the span's identifiers by salience.
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
-    user_texts = [m.message.text for m in messages if m.message.role is Role.USER]
-    agent_texts = [m.message.text for m in messages if m.message.role is Role.ASSISTANT]
+    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal))
+    failures = find_failures(span)
+    fixed = _fixed_failures(messages, failures)
+    decisions = _draft_decisions(messages, counter)
+    open_errors = [_describe_failure(f, counter) for f in failures if f not in fixed]
     drafted = Summary(
-        goal=_draft_goal(user_texts, agent_texts, counter),
+        goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
         constraints_and_preferences=_pick_sentences(
-            user_texts, _PREFERENCE, MAX_PREFERENCES, counter
-        ),
-        completed_actions=[*_describe_span(messages), *_draft_actions(messages, counter)],
-        key_decisions=_pick_sentences(agent_texts, _DECISION, MAX_DECISIONS, counter),
-        resolved=[],
-        pending=_draft_pending(span, messages, counter),
-        relevant_artifacts=[],
+            ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter),
+        completed_actions=[*_describe_span(messages), *_draft_actions(messages, counter),
+                           *_draft_completions(ledger.agent_texts, counter)],
+        key_decisions=decisions,
+        resolved=[*_settled_pending(prior, messages), *_superseded(prior, decisions),
+                  *(f"Answered: {_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered),
+                  *(f"Fixed: {_describe_failure(f, counter)}" for f in fixed)],
+        pending=[*_draft_pending(span, ledger, counter),
+                 *(f"{OPEN_ERROR}{error}" for error in open_errors)],
+        relevant_artifacts=_rank_values(artifacts, failures, decisions, ledger),
         remaining_work=[],
     )
-    fitted = enforce_summary_budget(drafted, budget_tokens, counter)
-    values = [a.value for a in artifacts if a.kind != "tool"][:MAX_ARTIFACTS]
-    listed = "\n".join(fitted.relevant_artifacts)
-    return reattach_identifiers(fitted, values, budget_tokens, counter, known_text=listed)[0]
+    return fit_summary(_without_repeats(drafted), budget_tokens, counter).summary
 
 
-def _is_substantive(text: str, min_words: int) -> bool:
-    return len(text.split()) >= min_words
+def _without_repeats(summary: Summary) -> Summary:
+    """The same line twice (a retried call, a repeated report) says nothing new."""
+    return summary.model_copy(update={name: list(dict.fromkeys(summary.items_of(name)))
+                                      for name in LIST_SECTIONS})
 
 
-def _draft_goal(
-    user_texts: Sequence[str], agent_texts: Sequence[str], counter: TokenCounter
-) -> str:
-    substantive = [text for text in user_texts if _is_substantive(text, 3)]
-    requests = [text for text in substantive if _REQUEST.search(text)]
-    said = [text for text in user_texts if text.strip()]
-    chosen = (requests or substantive or said or [""])[0]
-    if chosen:
-        return f"User request: {_clip(chosen, GOAL_TOKENS, counter)}"
+def _rank_values(artifacts: Sequence[Artifact], failures: Sequence[Failure],
+                 decisions: Sequence[str], ledger: RequestLedger) -> list[str]:
+    featured = featured_values(failures, [*decisions, *ledger.open_requests])
+    ranked = rank_artifacts(artifacts, featured=featured)
+    return [a.value for a in ranked if a.kind != "tool"][:MAX_ARTIFACTS]
+
+
+def _draft_goal(ledger: RequestLedger, *, has_prior_goal: bool, counter: TokenCounter) -> str:
+    if ledger.goal:
+        return f"User request: {_clip(ledger.goal, GOAL_TOKENS, counter)}"
+    if has_prior_goal or any(text.strip() for text in ledger.user_texts):
+        return ""
     # No user words in the span: the agent's first words are the best available topic.
-    topic = next((text for text in agent_texts if text.strip()), "")
+    topic = next((text for text in ledger.agent_texts if text.strip()), "")
     return f"Agent topic: {_clip(topic, GOAL_TOKENS, counter)}" if topic else ""
 
 
@@ -118,61 +149,145 @@ def _clip(text: str, max_tokens: int, counter: TokenCounter) -> str:
     return truncate_text(re.sub(r"\s+", " ", text).strip(), max_tokens, counter)
 
 
+def _sentences(texts: Sequence[str]) -> list[str]:
+    return [s.strip() for text in texts for s in _SENTENCE_BREAK.split(text) if s.strip()]
+
+
 def _pick_sentences(
     texts: Sequence[str], cue: re.Pattern[str], limit: int, counter: TokenCounter
 ) -> list[str]:
     """Return the last ``limit`` distinct sentences matching ``cue``, in order."""
-    sentences = (s.strip() for text in texts for s in _SENTENCE_BREAK.split(text))
-    matching = dict.fromkeys(s for s in sentences if s and cue.search(s))
+    matching = dict.fromkeys(s for s in _sentences(texts) if cue.search(s))
     return [_clip(sentence, SENTENCE_TOKENS, counter) for sentence in list(matching)[-limit:]]
 
 
+def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter) -> list[str]:
+    """The agent's last reports of work done (not questions or conditionals about it)."""
+    done = [s for s in _sentences(agent_texts) if _DONE.search(s) and not _NOT_DONE.search(s)]
+    latest = list(dict.fromkeys(done))[-MAX_COMPLETIONS:]
+    return [_clip(sentence, SENTENCE_TOKENS, counter) for sentence in latest]
+
+
+def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter) -> list[str]:
+    """Decision sentences of either side, and user confirmations with what they confirm."""
+    decisions: list[str] = []
+    asked = ""
+    for stored in messages:
+        message, text = stored.message, stored.message.text
+        if message.role is Role.ASSISTANT and text.strip():
+            questions = [s for s in _sentences([text]) if s.endswith("?")]
+            asked = questions[-1] if questions else asked
+        if message.role is Role.USER and _CONFIRMATION.match(text):
+            context = f" (to: {_clip(asked, SENTENCE_TOKENS // 2, counter)})" if asked else ""
+            decisions.append(f"User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
+            continue
+        if message.role in (Role.USER, Role.ASSISTANT):
+            agent = message.role is Role.ASSISTANT
+            decisions.extend(
+                _clip(s, SENTENCE_TOKENS, counter) for s in _sentences([text])
+                if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
+    return list(dict.fromkeys(decisions))[-MAX_DECISIONS:]
+
+
 @dataclass
-class _ToolTally:
-    calls: int = 0
-    values: dict[str, None] = field(default_factory=dict)  # distinct, in first-seen order
+class _Lookups:
+    calls: int
+    values: dict[str, None]  # distinct, in first-seen order
 
 
 def _draft_actions(messages: Sequence[StoredMessage], counter: TokenCounter) -> list[str]:
-    tallies: dict[str, _ToolTally] = {}
-    names: dict[str, str] = {}
-    errors: list[str] = []
+    """Each call that changed something, with its result; look-ups tallied per tool."""
+    results = {m.message.tool_call_id: m.message.text for m in messages
+               if m.message.role is Role.TOOL and m.message.tool_call_id}
+    lookups: dict[str, _Lookups] = {}
+    actions: list[str] = []
     for stored in messages:
-        message = stored.message
-        for call in message.tool_calls or ():
-            names[call.id] = call.function.name
-            tally = tallies.setdefault(call.function.name, _ToolTally())
-            tally.calls += 1
-            if len(tally.values) < MAX_CALL_VALUES:
-                found = find_identifiers(call.function.arguments)
-                tally.values.update((v, None) for v, kind in found if kind in _ARGUMENT_KINDS)
-        if message.role is Role.TOOL and _ERROR.match(message.text):
-            name = names.get(message.tool_call_id or "", "a tool")
-            errors.append(f"{name} failed: {_clip(message.text, SENTENCE_TOKENS, counter)}")
-    actions = [_describe_calls(name, tally) for name, tally in tallies.items()]
-    return actions + list(dict.fromkeys(errors))[-MAX_ERRORS:]
+        for call in stored.message.tool_calls or ():
+            name = call.function.name
+            values = [v for v, kind in find_identifiers(call.function.arguments) if kind != "tool"]
+            if _LOOKUP.match(name):
+                tally = lookups.setdefault(name, _Lookups(0, {}))
+                tally.calls += 1
+                tally.values.update((v, None) for v in values[:MAX_CALL_VALUES])
+                continue
+            shown = ", ".join(values[:MAX_CALL_VALUES])
+            outcome = results.get(call.id)
+            result = "no result yet" if outcome is None else _digest_result(outcome, counter)
+            actions.append(f"called {name}({shown}) → {result}")
+    looked = [f"looked up with {name} {TIMES}{t.calls}"
+              + (f" ({', '.join(list(t.values)[:MAX_CALL_VALUES])})" if t.values else "")
+              for name, t in lookups.items()]
+    return looked + actions
 
 
-def _describe_calls(name: str, tally: _ToolTally) -> str:
-    values = list(tally.values)[:MAX_CALL_VALUES]
-    suffix = f" ({', '.join(values)})" if values else ""
-    return f"called {name} {TIMES}{tally.calls}{suffix}"
+def _digest_result(text: str, counter: TokenCounter) -> str:
+    """A result in a few words: what failed, a record's status, or how a run ended."""
+    stripped = text.strip()
+    if not stripped:
+        return "(empty)"
+    failed = failing_lines(stripped)
+    if failed:
+        return _clip(" / ".join(failed), SENTENCE_TOKENS, counter)
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        # A run or a build reports its outcome on its last line.
+        return _clip(stripped.splitlines()[-1], RESULT_TOKENS, counter)
+    status = value.get("status") if isinstance(value, dict) else None
+    return f"ok (status: {status})" if isinstance(status, str) else "ok"
 
 
-def _draft_pending(
-    span: Sequence[Group], messages: Sequence[StoredMessage], counter: TokenCounter
-) -> list[str]:
-    pending: list[str] = []
-    last_request: str | None = None
-    for stored in messages:
-        message = stored.message
-        if message.role is Role.USER and _REQUEST.search(message.text):
-            last_request = message.text
-        elif message.role is Role.ASSISTANT and message.text.strip():
-            last_request = None  # the agent answered
-    if last_request is not None:
-        request = _clip(last_request, SENTENCE_TOKENS, counter)
-        pending.append(f"Unanswered user request: {request}")
+def _describe_failure(failure: Failure, counter: TokenCounter) -> str:
+    return f"{failure.tool} failed: {_clip(' / '.join(failure.lines), SENTENCE_TOKENS, counter)}"
+
+
+def _fixed_failures(messages: Sequence[StoredMessage], failures: Sequence[Failure]
+                    ) -> list[Failure]:
+    """Failures followed later in the span by a result of the same tool that did not fail."""
+    last_success = _succeeded_tools(messages)
+    return [f for f in failures if last_success.get(f.tool, -1) > f.seq]
+
+
+def _succeeded_tools(messages: Sequence[StoredMessage]) -> dict[str, int]:
+    """Each tool's last result in the span that did not fail: tool name → seq."""
+    names = {c.id: c.function.name for m in messages for c in m.message.tool_calls or ()}
+    return {m.message.name or names.get(m.message.tool_call_id or "", ""): m.seq
+            for m in messages
+            if m.message.role is Role.TOOL and not failing_lines(m.message.text)}
+
+
+def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage]) -> list[str]:
+    """The prior's pending items this span settles, copied verbatim: a request the agent
+    answered, a call whose result arrived, an error whose tool has since succeeded."""
+    if prior is None:
+        return []
+    answered = any(m.message.role is Role.ASSISTANT and m.message.text.strip()
+                   for m in messages)
+    result_ids = {m.message.tool_call_id for m in messages if m.message.role is Role.TOOL}
+    succeeded = _succeeded_tools(messages)
+    return [item for item in prior.pending
+            if (item.startswith(UNANSWERED) and answered)
+            or any(f"({call_id})" in item for call_id in result_ids if call_id)
+            or (item.startswith(OPEN_ERROR)
+                and item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded)]
+
+
+def _superseded(prior: Summary | None, decisions: Sequence[str]) -> list[str]:
+    """The prior's decisions that pin a version this span's decisions pin differently."""
+    new_pins = _pins("\n".join(decisions))
+    return [item for item in (prior.key_decisions if prior else [])
+            if any(new_pins.get(name, value) != value for name, value in _pins(item).items())]
+
+
+def _pins(text: str) -> dict[str, str]:
+    """Pinned versions named in ``text``: package name → version."""
+    return {match.group(1).casefold(): match.group(2) for match in _VERSION_PIN.finditer(text)}
+
+
+def _draft_pending(span: Sequence[Group], ledger: RequestLedger, counter: TokenCounter
+                   ) -> list[str]:
+    pending = [f"{UNANSWERED}{_clip(text, SENTENCE_TOKENS, counter)}"
+               for text in ledger.open_requests]
     for group in span:
         calls = {c.id: c.function.name for m in group.messages for c in m.message.tool_calls or ()}
         for call_id in group.unanswered_call_ids:

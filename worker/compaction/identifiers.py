@@ -1,6 +1,6 @@
 """Verbatim identifiers (paths, error codes, ids, hashes, versions, URLs, tickets, tool
 names): found once per message when it is stored (``identify_message``), then ranked
-into a span's artifact index from those stored mentions (``rank_artifacts``).
+into a span's artifact index from those stored mentions (``collect_artifacts``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = [
     "extract_identifiers",
     "find_identifiers",
     "identify_message",
-    "rank_artifacts",
+    "collect_artifacts",
     "search_text",
 ]
 
@@ -121,9 +121,9 @@ class _Tally:
 StoredMention = tuple[str, str, str, int]  # a Mention as the store hands it back
 
 
-def rank_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -> list[Artifact]:
-    """Rank the stored mentions of a span, ``(seq, mentions)`` in seq order, most
-    important first.
+def collect_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -> list[Artifact]:
+    """Collect the stored mentions of a span, ``(seq, mentions)`` in seq order, into its
+    artifacts, most important first.
 
     Rank: kind weight times (occurrences + occurrences outside tool results), so an id the
     user or agent spoke outranks one only listed in a search result; ties go to the
@@ -163,4 +163,4 @@ def _score(tally: _Tally) -> int:
 def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
     """Find and rank the identifiers of messages that were never stored (tests, tools);
     a job ranks the mentions stored at ingest instead."""
-    return rank_artifacts((m.seq, identify_message(m.message)) for m in messages)
+    return collect_artifacts((m.seq, identify_message(m.message)) for m in messages)

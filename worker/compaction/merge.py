@@ -1,26 +1,71 @@
 """Merging the new span's summary into the prior one: the pipeline's merge step, once per
-job, after the summarizer (which summarizes the span alone) and before validation."""
+job, after the summarizer (which summarizes the span alone) and before validation.
+
+The contract both summarizers write to (the LLM prompt states it, the extractive
+summarizer follows it): the span's summary names, verbatim in ``resolved``, each prior
+item the span settled (an answered request, a fixed error, a superseded decision or
+goal), and its goal is the goal as it stands now.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from worker.compaction.schema import LIST_SECTIONS, Summary, enforce_summary_budget
+from worker.compaction.budget import FittedSummary, fit_summary
+from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
+
+# Prior items a resolved entry can close; resolved and completed work stay as history.
+CLOSABLE_SECTIONS = frozenset({"pending", "remaining_work", "key_decisions"})
+# History ages out first under the budget: an identifier only history mentions is listed
+# in relevant_artifacts too.
+HISTORY_SECTIONS = frozenset({"completed_actions", "resolved", "remaining_work"})
+MIN_ARTIFACT_TOKENS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class MergedSummary:
+    """The merged summary within budget, rendered and counted, and the identifiers the
+    merge re-attached to relevant_artifacts."""
+
+    fitted: FittedSummary
+    reattached: tuple[str, ...]
+
+    @property
+    def summary(self) -> Summary:
+        return self.fitted.summary
 
 
 def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
-                    counter: TokenCounter) -> Summary:
+                    counter: TokenCounter, identifiers: Sequence[str] = ()) -> MergedSummary:
     """Merge ``new`` into ``prior`` section by section, then fit ``budget_tokens``.
 
-    Prior items come first, de-duplicated; pending items and remaining work that ``new``
-    lists as resolved leave those sections (the resolved entry records them); the goal
-    is the newer non-empty one. Over budget, the oldest items go first
-    (:func:`enforce_summary_budget`). Without a prior, ``new`` is only fitted.
+    Prior items come first, de-duplicated; prior items of ``CLOSABLE_SECTIONS`` that a
+    resolved entry of ``new`` names leave (the resolved entry records them); the goal is
+    the newer non-empty one. ``identifiers`` (most salient first) that the merged text
+    lacks, or holds only in history that ages out first (``HISTORY_SECTIONS``), join the
+    new span's artifacts. Artifacts list the new span's first, then the prior's, so the
+    list reads newest and most salient first. The budget is shared by section, the new
+    span's items first up to their reserved share (:func:`fit_summary`).
     """
     merged = new if prior is None else _merge_sections(prior, new)
-    return enforce_summary_budget(merged, budget_tokens, counter)
+    known = "\n".join([merged.goal, *(item for name in LIST_SECTIONS
+                                      if name not in HISTORY_SECTIONS
+                                      for item in merged.items_of(name))])
+    wanted = dict.fromkeys(value.strip() for value in identifiers)
+    # A listed identifier costs at least a few tokens: more than this could never fit.
+    most = budget_tokens // MIN_ARTIFACT_TOKENS
+    missing = [value for value in wanted if value and value not in known][:most]
+    earlier = prior.relevant_artifacts if prior else []
+    fresh = _dedupe([*new.relevant_artifacts, *missing])
+    artifacts = _dedupe([*fresh, *earlier])
+    merged = merged.model_copy(update={"relevant_artifacts": artifacts})
+    prior_items = _prior_items(prior, merged, len(fresh))
+    fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
+    kept = set(fitted.summary.relevant_artifacts)
+    return MergedSummary(fitted, tuple(value for value in missing if value in kept))
 
 
 def normalize_item(text: str) -> str:
@@ -32,11 +77,26 @@ def _merge_sections(prior: Summary, new: Summary) -> Summary:
     merged: dict[str, Any] = {"goal": new.goal or prior.goal}
     resolved_keys = [normalize_item(done) for done in new.resolved]
     for name in LIST_SECTIONS:
-        items = _dedupe([*prior.items_of(name), *new.items_of(name)])
-        if name in ("pending", "remaining_work"):
-            items = [item for item in items if not _is_settled_by(item, resolved_keys)]
-        merged[name] = items
+        earlier = prior.items_of(name)
+        if name in CLOSABLE_SECTIONS:
+            earlier = [item for item in earlier if not _is_settled_by(item, resolved_keys)]
+        merged[name] = _dedupe([*earlier, *new.items_of(name)])
     return Summary.model_validate(merged)
+
+
+def _prior_items(prior: Summary | None, merged: Summary, fresh_artifacts: int
+                 ) -> dict[str, set[int]]:
+    """The indexes of each merged section's items that came from the prior summary (an
+    artifact the new span named again counts as the span's)."""
+    if prior is None:
+        return {}
+    items: dict[str, set[int]] = {}
+    for name in LIST_SECTIONS:
+        earlier = {normalize_item(item) for item in prior.items_of(name)}
+        items[name] = {index for index, item in enumerate(merged.items_of(name))
+                       if normalize_item(item) in earlier}
+    items["relevant_artifacts"] = set(range(fresh_artifacts, len(merged.relevant_artifacts)))
+    return items
 
 
 def _dedupe(items: Sequence[str]) -> list[str]:
@@ -51,7 +111,7 @@ def _dedupe(items: Sequence[str]) -> list[str]:
 
 
 def _is_settled_by(item: str, resolved_keys: Sequence[str]) -> bool:
-    """Tell whether a pending item is named by a resolved one (same text, or contained)."""
+    """Tell whether a prior item is named by a resolved one (same text, or contained)."""
     key = normalize_item(item)
     # Containment needs some length: a short item like "refund" is inside too much.
     return any(key == done or (len(key) >= 12 and key in done) for done in resolved_keys)

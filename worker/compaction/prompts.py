@@ -17,7 +17,7 @@ from worker.compaction.messages import ChatMessage, Role, StoredMessage, parse_m
 from worker.compaction.schema import SECTION_GUIDE, Summary, empty_summary, summary_json_schema
 from worker.compaction.tokens import TokenCounter
 
-PROMPT_VERSION = "summarize-v2"
+PROMPT_VERSION = "summarize-v3"
 QUOTE_PREFIX = "    | "
 # Upper bound of what one partial summary adds to a merge prompt besides its JSON.
 PART_FRAMING_TOKENS = 32
@@ -38,10 +38,14 @@ or reformat them. Put the ones still needed in relevant_artifacts.
 5. One fact per item, short and specific; completed actions in past tense, oldest first.
 6. Summarize the transcript (or the partial summaries) alone. A prior summary, when \
 given, is read-only context: it is already stored, and your summary is merged into it \
-afterwards, section by section. Do not repeat its items. Restate the goal as it stands \
-now. When the input settles an item of its pending or remaining_work, copy that item \
-verbatim into resolved.
-7. Reply with the JSON object only: no prose, no code fence."""
+afterwards, section by section. Do not repeat its items.
+7. goal: as it stands now (the newest request or customer's). Copy verbatim into resolved \
+each prior pending, remaining_work or key_decisions item the input settles (answered, \
+fixed, replaced). An error that ended a tool call or test run stays in pending, with its \
+code, until fixed.
+8. Sections are budgeted separately; in each, keep errors, decisions, open requests, \
+said identifiers and the newest facts first.
+9. Reply with the JSON object only: no prose, no code fence."""
 
 _SUMMARIZE_TASK = (
     "You compact the earlier part of a conversation between a user and an AI agent (with "
@@ -51,7 +55,8 @@ _SUMMARIZE_TASK = (
 _MERGE_TASK = (
     "You merge partial summaries of consecutive parts of one conversation, earliest part "
     "first, into one summary of the whole. Later parts win where they conflict; items a "
-    "later part settles move from pending or remaining_work to resolved; drop duplicates."
+    "later part settles (answered, fixed, replaced) move from pending, remaining_work or "
+    "key_decisions to resolved; drop duplicates."
 )
 
 

@@ -28,7 +28,7 @@ LOAD_BEARING_SECTIONS = ("goal", "completed_actions", "pending", "remaining_work
 
 # What each section holds: the JSON schema's descriptions and the prompt's rules.
 SECTION_GUIDE: dict[str, str] = {
-    "goal": "The user's current overall goal, in one or two sentences.",
+    "goal": "The user's goal as it stands now, in one or two sentences.",
     "constraints_and_preferences": "Constraints, requirements and preferences the user "
     "or the policy stated that still apply.",
     "completed_actions": "Actions already carried out (tool calls and their outcomes), "
@@ -56,6 +56,10 @@ BLOCK_HEADER = (
     "treat anything below as instructions; continue from the messages that follow.]"
 )
 BLOCK_FOOTER = "[End of summary]"
+EMPTY_ITEM_LINE = "- (none)"
+# The originals are never lost: an agent that needs more than the summary says asks for it.
+RECALL_LINE = ("Earlier details (full messages and tool outputs) are retrievable by seq or "
+               "identifier with the `recall` tool.")
 # The projection carries the block as a user message: a mid-conversation system message
 # is refused or hoisted by several chat APIs, and an assistant message would read as the
 # model's own earlier words; the header tells the model it is reference, not a request.
@@ -123,20 +127,37 @@ def render_summary_block(summary: Summary, *, artifacts: Sequence[str] = ()) -> 
     """Render the block the projection shows: stable bytes, wrapped as background reference.
 
     ``artifacts`` are listed under the relevant artifacts heading after the summary's own
-    items, skipping any the summary text already carries; they count toward the block's
-    tokens, which :func:`enforce_summary_budget` does not know about.
+    items, skipping any the summary text already carries.
     """
-    lines = [BLOCK_HEADER, "", f"{HEADINGS['goal']}: {_one_line(summary.goal) or '(none)'}"]
     known = summary_text(summary)
     extra = [value for value in dict.fromkeys(artifacts) if value and value not in known]
+    if extra:
+        summary = summary.model_copy(
+            update={"relevant_artifacts": [*summary.relevant_artifacts, *extra]})
+    return "\n".join(render_block_lines(summary))
+
+
+def render_block_lines(summary: Summary) -> list[str]:
+    """Return the block's lines; joined by newlines they are the block (budgets cost them)."""
+    lines = [BLOCK_HEADER, "", goal_line(summary.goal)]
     for name in LIST_SECTIONS:
-        items = summary.items_of(name) + (extra if name == "relevant_artifacts" else [])
+        items = summary.items_of(name)
         lines.append(f"{HEADINGS[name]}:")
-        lines.extend(f"- {_one_line(item)}" for item in items)
+        lines.extend(item_line(item) for item in items)
         if not items:
-            lines.append("- (none)")
-    lines.append(BLOCK_FOOTER)
-    return "\n".join(lines)
+            lines.append(EMPTY_ITEM_LINE)
+    lines.extend([RECALL_LINE, BLOCK_FOOTER])
+    return lines
+
+
+def goal_line(goal: str) -> str:
+    """Return the goal's line of the block."""
+    return f"{HEADINGS['goal']}: {_one_line(goal) or '(none)'}"
+
+
+def item_line(item: str) -> str:
+    """Return one item's bullet line of the block."""
+    return f"- {_one_line(item)}"
 
 
 def summary_text(summary: Summary) -> str:
@@ -158,96 +179,3 @@ def summary_block_message(text: str) -> dict[str, Any]:
 def count_summary_tokens(summary: Summary, counter: TokenCounter) -> int:
     """Count the tokens of the summary's rendered block (the measure every budget uses)."""
     return counter.count_text(render_summary_block(summary))
-
-
-# Budget enforcement sheds the least load-bearing sections first, oldest items first
-# (merge puts prior items first); the goal is only ever shortened.
-DROP_ORDER = (
-    "resolved",
-    "key_decisions",
-    "completed_actions",
-    "relevant_artifacts",
-    "constraints_and_preferences",
-    "remaining_work",
-    "pending",
-)
-ITEM_CAP_TOKENS = 96
-GOAL_CAP_TOKENS = 160
-
-
-def enforce_summary_budget(summary: Summary, budget_tokens: int, counter: TokenCounter) -> Summary:
-    """Return ``summary`` shrunk until its rendered block fits ``budget_tokens``.
-
-    Over budget, long items are first cut to ``ITEM_CAP_TOKENS``; then the oldest items
-    go, section by section in ``DROP_ORDER``; last, the goal is shortened. Deterministic.
-
-    Raises:
-        ValueError: the budget is below the block of an empty summary (headings alone).
-    """
-    if count_summary_tokens(summary, counter) <= budget_tokens:
-        return summary
-    floor_tokens = count_summary_tokens(empty_summary(), counter)
-    if budget_tokens < floor_tokens:
-        raise ValueError(f"summary budget {budget_tokens} is below the {floor_tokens}-token "
-                         "block of an empty summary")
-    capped = _cap_items(summary, counter)
-    units = [(name, index) for name in DROP_ORDER for index in range(len(capped.items_of(name)))]
-    costs = [counter.count_text(f"- {capped.items_of(name)[index]}\n") for name, index in units]
-    current, dropped = capped, 0
-    while dropped < len(units):
-        total = count_summary_tokens(current, counter)
-        if total <= budget_tokens:
-            break
-        shed_tokens = 0
-        # Per-line costs predict the saving, so one exact recount follows each batch.
-        while dropped < len(units) and shed_tokens < total - budget_tokens:
-            shed_tokens += costs[dropped]
-            dropped += 1
-        current = _without(capped, units[:dropped])
-    if count_summary_tokens(current, counter) > budget_tokens:
-        current = _fit_goal(current, budget_tokens, counter)
-    return current
-
-
-def truncate_text(text: str, max_tokens: int, counter: TokenCounter) -> str:
-    """Return ``text`` cut to about ``max_tokens`` at a word boundary, marked with "…"."""
-    tokens = counter.encoding.encode_ordinary(text)
-    if len(tokens) <= max_tokens:
-        return text
-    if max_tokens <= 1:
-        return ""
-    head = counter.encoding.decode_bytes(tokens[: max_tokens - 1]).decode("utf-8", "ignore")
-    # Cutting at a space keeps identifiers whole: half an id is a wrong id.
-    if " " in head.strip():
-        head = head.rstrip().rsplit(" ", 1)[0]
-    return head.rstrip() + "…"
-
-
-def _cap_items(summary: Summary, counter: TokenCounter) -> Summary:
-    capped: dict[str, Any] = {"goal": truncate_text(summary.goal, GOAL_CAP_TOKENS, counter)}
-    for name in LIST_SECTIONS:
-        items = summary.items_of(name)
-        capped[name] = [truncate_text(item, ITEM_CAP_TOKENS, counter) for item in items]
-    return Summary.model_validate(capped)
-
-
-def _without(summary: Summary, units: Sequence[tuple[str, int]]) -> Summary:
-    gone = set(units)
-    kept: dict[str, Any] = {"goal": summary.goal}
-    for name in LIST_SECTIONS:
-        items = summary.items_of(name)
-        kept[name] = [item for index, item in enumerate(items) if (name, index) not in gone]
-    return Summary.model_validate(kept)
-
-
-def _fit_goal(summary: Summary, budget_tokens: int, counter: TokenCounter) -> Summary:
-    """Return ``summary`` with the longest goal prefix that fits (the empty goal always does)."""
-    low, high = 0, counter.count_text(summary.goal)
-    while low < high:
-        middle = (low + high + 1) // 2
-        trial = summary.model_copy(update={"goal": truncate_text(summary.goal, middle, counter)})
-        if count_summary_tokens(trial, counter) <= budget_tokens:
-            low = middle
-        else:
-            high = middle - 1
-    return summary.model_copy(update={"goal": truncate_text(summary.goal, low, counter)})

@@ -1,25 +1,24 @@
-"""Summary validation with typed failure reasons, and identifier re-attachment.
+"""Summary validation with typed failure reasons, and the one JSON-from-prose reader.
 
 Every failure is a ``SummaryInvalid`` whose ``reason`` is one of ``REASONS``; a missing
-identifier is never a failure by itself: it is re-attached to relevant_artifacts.
+identifier is never a failure by itself: the merge re-attaches it to relevant_artifacts.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import ValidationError
 
 from worker.compaction.errors import SummaryInvalid
+from worker.compaction.merge import MergedSummary
 from worker.compaction.schema import (
     LOAD_BEARING_SECTIONS,
     Summary,
     count_summary_tokens,
-    summary_text,
 )
 from worker.compaction.tokens import TokenCounter
 
@@ -36,54 +35,43 @@ _FENCED = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
 _MAX_ERRORS_SHOWN = 5
 
 
-@dataclass(frozen=True, slots=True)
-class Validated:
-    """A summary that passed validation, and the identifiers re-attached to it."""
-
-    summary: Summary
-    reattached: tuple[str, ...]
-
-
 def validate_summary(
     span_summary: Summary,
-    merged: Summary,
+    merged: MergedSummary,
     *,
     span_tokens: int,
-    identifiers: Sequence[str],
     budget_tokens: int,
     replaced_tokens: int,
     counter: TokenCounter,
     min_span_tokens_for_content: int = 500,
-) -> Validated:
-    """Check the span's summary and the merged one, and return the summary to store.
+) -> MergedSummary:
+    """Check the span's summary and the merged one; return the merged one to store.
 
     For a span of ``min_span_tokens_for_content`` tokens or more, the merged summary needs
-    a goal and the span's own summary some progress (the other load-bearing sections);
-    the span's summary must fit ``budget_tokens``. The
-    merged summary gets the identifiers (most important first) absent from its text
-    re-attached while they fit; its block must then be smaller than ``replaced_tokens``
-    (prior block plus span).
+    a goal and the span's own summary some progress (the other load-bearing sections).
+    The span's summary must fit ``budget_tokens``, and so must the merged block (the
+    merge fitted it; its count is carried, not redone), which must also be smaller than
+    ``replaced_tokens`` (prior block plus span).
 
     Raises:
         SummaryInvalid: with ``reason`` one of ``REASONS``.
     """
     if span_tokens >= min_span_tokens_for_content:
-        _check_load_bearing(span_summary, merged)
+        _check_load_bearing(span_summary, merged.summary)
     reply_tokens = count_summary_tokens(span_summary, counter)
-    if reply_tokens > budget_tokens:
+    for name, tokens in (("summary", reply_tokens), ("merged summary", merged.fitted.tokens)):
+        if tokens > budget_tokens:
+            raise SummaryInvalid(
+                f"{name} renders to {tokens} tokens, over the {budget_tokens}-token budget",
+                reason="over_budget",
+            )
+    if merged.fitted.tokens >= replaced_tokens:
         raise SummaryInvalid(
-            f"summary renders to {reply_tokens} tokens, over the {budget_tokens}-token budget",
-            reason="over_budget",
-        )
-    final, reattached = reattach_identifiers(merged, identifiers, budget_tokens, counter)
-    final_tokens = count_summary_tokens(final, counter)
-    if final_tokens >= replaced_tokens:
-        raise SummaryInvalid(
-            f"summary renders to {final_tokens} tokens, not fewer than the "
+            f"summary renders to {merged.fitted.tokens} tokens, not fewer than the "
             f"{replaced_tokens} tokens it replaces",
             reason="not_smaller",
         )
-    return Validated(final, reattached)
+    return merged
 
 
 def parse_summary(raw: str | dict[str, Any] | None) -> Summary:
@@ -167,39 +155,3 @@ def _balanced_objects(text: str) -> Iterator[str]:
             depth -= 1
             if depth == 0:
                 yield text[start : index + 1]
-
-
-def reattach_identifiers(
-    summary: Summary,
-    identifiers: Sequence[str],
-    budget_tokens: int,
-    counter: TokenCounter,
-    *,
-    known_text: str | None = None,
-) -> tuple[Summary, tuple[str, ...]]:
-    """Append the identifiers absent from ``known_text`` (default: the whole summary text)
-    to relevant_artifacts, in the given order, as many as fit ``budget_tokens``.
-
-    Returns the summary and the identifiers appended.
-    """
-    known = summary_text(summary) if known_text is None else known_text
-    wanted = dict.fromkeys(value.strip() for value in identifiers)
-    missing = [value for value in wanted if value and value not in known]
-    low, high = 0, len(missing)
-    # More identifiers never render shorter, so the longest prefix that fits is found by
-    # bisection.
-    while low < high:
-        middle = (low + high + 1) // 2
-        trial = _with_artifacts(summary, missing[:middle])
-        if count_summary_tokens(trial, counter) <= budget_tokens:
-            low = middle
-        else:
-            high = middle - 1
-    return _with_artifacts(summary, missing[:low]), tuple(missing[:low])
-
-
-def _with_artifacts(summary: Summary, values: Sequence[str]) -> Summary:
-    if not values:
-        return summary
-    artifacts = [*summary.relevant_artifacts, *values]
-    return summary.model_copy(update={"relevant_artifacts": artifacts})

@@ -7,7 +7,7 @@ from worker.compaction import TokenCounter, fallback_summary
 from worker.summarizers.base import SummaryDraft, SummaryWork
 
 # Stored as the revision's prompt_version, so a changed extraction is traceable too.
-EXTRACTIVE_VERSION = "extractive-v1"
+EXTRACTIVE_VERSION = "extractive-v2"
 
 
 class ExtractiveSummarizer:
@@ -26,6 +26,7 @@ class ExtractiveSummarizer:
             artifacts=work.artifacts,
             budget_tokens=work.budget_tokens,
             counter=self._counter,
+            prior=work.prior,
         )
         return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
                             prompt_version=EXTRACTIVE_VERSION)

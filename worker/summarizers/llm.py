@@ -20,9 +20,12 @@ from worker.compaction import (
     TokenCounter,
     build_merge_messages,
     build_summarize_messages,
+    featured_values,
+    find_failures,
     output_budget_tokens,
     parse_summary,
     plan_summary_calls,
+    rank_artifacts,
     summary_json_schema,
 )
 from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
@@ -77,7 +80,9 @@ class LLMSummarizer:
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
-        identifiers = [a.value for a in work.artifacts[:PROMPT_IDENTIFIERS]]
+        featured = featured_values(find_failures(work.span), [])
+        ranked = rank_artifacts(work.artifacts, featured=featured)
+        identifiers = [a.value for a in ranked if a.kind != "tool"][:PROMPT_IDENTIFIERS]
         output_tokens = output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
         plan = self._plan(work, identifiers, output_tokens, window_tokens)
         single = len(plan.chunks) == 1

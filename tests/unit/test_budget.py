@@ -1,0 +1,122 @@
+"""Fitting a summary to its budget: by section, so no section starves another; the new
+span's items first up to their reserved share; rendered and counted once."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.session_strategies import shared_counter
+from tests.unit.test_schema import SUMMARIES, filled
+from worker.compaction.budget import FRESH_SHARE, fit_summary, truncate_text
+from worker.compaction.schema import (
+    LIST_SECTIONS,
+    Summary,
+    count_summary_tokens,
+    empty_summary,
+    item_line,
+    render_summary_block,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(SUMMARIES, st.integers(85, 800))
+def test_fitting_is_deterministic_within_budget_and_carries_its_rendering_and_count(
+    summary: Summary, budget_tokens: int
+) -> None:
+    counter = shared_counter()
+    budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
+    fitted = fit_summary(summary, budget_tokens, counter)
+    assert fit_summary(summary, budget_tokens, counter) == fitted
+    assert fitted.text == render_summary_block(fitted.summary)
+    assert fitted.tokens == counter.count_text(fitted.text) <= budget_tokens
+    if count_summary_tokens(summary, counter) <= budget_tokens and not _has_long_items(summary):
+        assert fitted.summary == summary
+
+
+def _has_long_items(summary: Summary) -> bool:
+    counter = shared_counter()
+    items = [item for name in LIST_SECTIONS for item in summary.items_of(name)]
+    return any(counter.count_text(item_line(item)) > 90 for item in items)
+
+
+def test_a_flooded_section_cannot_starve_the_others() -> None:
+    counter = shared_counter()
+    summary = filled(
+        goal="Move mia_li_3668 to a later flight",
+        resolved=[f"old question {n} about HAT{n:03d} settled" for n in range(40)],
+        relevant_artifacts=[f"gift_card_{n:07d}" for n in range(80)],
+        key_decisions=["Agreed to waive the change fee"],
+        pending=["Confirm the new seat on HAT170"],
+        completed_actions=["Cancelled ZFA04Y", "Booked HAT170"],
+    )
+    budget_tokens = count_summary_tokens(summary, counter) // 2
+    fitted = fit_summary(summary, budget_tokens, counter).summary
+    assert fitted.goal == summary.goal
+    for name in ("key_decisions", "pending", "completed_actions"):
+        assert fitted.items_of(name) == summary.items_of(name)
+    assert 0 < len(fitted.resolved) < len(summary.resolved)
+    assert 0 < len(fitted.relevant_artifacts) < len(summary.relevant_artifacts)
+
+
+def test_inside_a_section_the_newest_items_stay_and_artifacts_keep_their_rank() -> None:
+    counter = shared_counter()
+    summary = filled(completed_actions=[f"step {n} on HAT{n:03d} done" for n in range(60)],
+                     relevant_artifacts=[f"ranked_id_{n}" for n in range(60)])
+    budget_tokens = count_summary_tokens(summary, counter) // 2
+    fitted = fit_summary(summary, budget_tokens, counter).summary
+    actions, artifacts = fitted.completed_actions, fitted.relevant_artifacts
+    assert actions == summary.completed_actions[-len(actions):]
+    assert artifacts == summary.relevant_artifacts[:len(artifacts)]
+
+
+def test_the_new_spans_items_keep_their_reserved_share_against_a_full_prior() -> None:
+    counter = shared_counter()
+    prior = [f"prior_fact_{n}" for n in range(100)]
+    fresh = [f"fresh_fact_{n}" for n in range(100)]
+    summary = filled(relevant_artifacts=[*fresh, *prior])
+    budget_tokens = count_summary_tokens(filled(relevant_artifacts=prior[:40]), counter)
+    fitted = fit_summary(summary, budget_tokens, counter,
+                         prior_items={"relevant_artifacts": set(range(100, 200))}).summary
+    kept_fresh = [item for item in fitted.relevant_artifacts if item.startswith("fresh")]
+    kept_prior = [item for item in fitted.relevant_artifacts if item.startswith("prior")]
+    assert kept_fresh == fresh[:len(kept_fresh)]
+    assert kept_prior == prior[:len(kept_prior)]  # a merge lists the prior's newest first
+    share = len(kept_fresh) / (len(kept_fresh) + len(kept_prior))
+    assert FRESH_SHARE - 0.1 <= share <= FRESH_SHARE + 0.1
+
+
+def test_a_budget_below_an_empty_block_is_refused() -> None:
+    counter = shared_counter()
+    floor_tokens = count_summary_tokens(empty_summary(), counter)
+    with pytest.raises(ValueError, match="below"):
+        fit_summary(filled(goal="x " * 50), floor_tokens - 1, counter)
+
+
+def test_the_goal_is_shortened_last_and_the_empty_goal_fits_the_floor() -> None:
+    counter = shared_counter()
+    floor_tokens = count_summary_tokens(empty_summary(), counter)
+    summary = filled(goal="rebook " * 400, pending=["confirm"])
+    fitted = fit_summary(summary, floor_tokens + 10, counter)
+    assert fitted.tokens <= floor_tokens + 10
+    assert fitted.summary.goal.startswith("rebook")
+
+
+@pytest.mark.parametrize(
+    ("text", "max_tokens"),
+    [("alpha beta gamma " * 50 + "ZFA04Y", 20), ("one two three", 100), ("x" * 500, 10)],
+)
+def test_truncation_cuts_at_a_word_boundary_and_marks_the_cut(text: str, max_tokens: int) -> None:
+    counter = shared_counter()
+    cut = truncate_text(text, max_tokens, counter)
+    if counter.count_text(text) <= max_tokens:
+        assert cut == text
+        return
+    assert cut.endswith("…")
+    assert counter.count_text(cut) <= max_tokens + 1
+    head = cut.removesuffix("…")
+    assert text.startswith(head)
+    if " " in head:
+        assert text[len(head)] == " "
+

@@ -1,0 +1,68 @@
+"""The summary block is rendered and counted once per job: the merge costs each line once
+and counts the block once, validation carries that count (a re-render would show here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import tiktoken
+
+from tests.unit.session_strategies import shared_counter
+from tests.unit.test_schema import filled
+from worker.compaction.merge import merge_summaries
+from worker.compaction.schema import count_summary_tokens, render_summary_block
+from worker.compaction.tokens import TokenCounter
+from worker.compaction.validation import validate_summary
+
+BUDGET_TOKENS = 4_096
+
+
+@dataclass
+class CountingEncoding:
+    """Wraps the real encoding and tallies what is encoded."""
+
+    inner: tiktoken.Encoding
+    calls: int = 0
+    encoded_tokens: int = 0
+    texts: list[str] = field(default_factory=list)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        tokens = self.inner.encode_ordinary(text)
+        self.calls += 1
+        self.encoded_tokens += len(tokens)
+        self.texts.append(text)
+        return tokens
+
+    def decode_bytes(self, tokens: list[int]) -> bytes:
+        return self.inner.decode_bytes(tokens)
+
+
+def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -> None:
+    plain = shared_counter()
+    prior = filled(
+        goal="Keep the airline customer's bookings in order",
+        completed_actions=[f"called cancel_reservation(R{n:05d}) → ok (status: cancelled)"
+                           for n in range(20)],
+        key_decisions=[f"User confirmed: yes, cancel R{n:05d}" for n in range(10)],
+        relevant_artifacts=[f"gift_card_{n:07d}" for n in range(60)],
+    )
+    new = filled(completed_actions=["called update_reservation_flights(R99999) → ok"],
+                 pending=["Unanswered user request: can you add a bag to R99999?"])
+    block_tokens = count_summary_tokens(prior, plain)
+    assert 900 <= block_tokens <= 1_300
+    reply_tokens = count_summary_tokens(new, plain)
+    encoding = CountingEncoding(plain.encoding)
+    counter = TokenCounter(cast(Any, encoding))
+
+    merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=counter,
+                             identifiers=["R99999", "E3283-SCHEMA"])
+    validated = validate_summary(new, merged, span_tokens=5_000, budget_tokens=BUDGET_TOKENS,
+                                 replaced_tokens=6_000, counter=counter)
+
+    final_tokens = validated.fitted.tokens
+    assert validated.fitted.text == render_summary_block(validated.summary)
+    renders = sum(text.startswith("[Summary of earlier") for text in encoding.texts)
+    assert renders == 3  # the empty block's floor, the merged block, the span's reply
+    # Lines once, the block once, the floor and the reply: no bisection re-renders.
+    assert encoding.encoded_tokens <= 2 * final_tokens + reply_tokens + 200

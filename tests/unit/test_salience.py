@@ -1,0 +1,76 @@
+"""Salience: what the summary shows first. Errors that ended a call and featured values
+lead, then values a user or the assistant said, then tool-only ones, tool names last;
+within a tier an error code, then the newest, then the rarer value."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.session_strategies import shared_counter, to_stored
+from tests.unit.test_fallback import exchange
+from worker.compaction.grouping import group_messages
+from worker.compaction.identifiers import Artifact
+from worker.compaction.salience import (
+    failing_lines,
+    failure_values,
+    featured_values,
+    find_failures,
+    rank_artifacts,
+)
+
+
+def artifact(value: str, kind: str = "id", *, count: int = 1, seq: int = 1,
+             sources: tuple[str, ...] = ("user",)) -> Artifact:
+    return Artifact(value, kind, count, seq, seq, frozenset(sources))
+
+
+def test_said_values_outrank_tool_only_ones_however_often_a_tool_repeats_them() -> None:
+    listed = artifact("HAT001", count=50, seq=9, sources=("tool_output",))
+    said = artifact("ZFA04Y", count=1, seq=2)
+    tool = artifact("get_user_details", "tool", count=9, sources=("tool_argument",))
+    assert rank_artifacts([tool, listed, said]) == (said, listed, tool)
+
+
+def test_featured_values_lead_and_error_codes_lead_their_tier() -> None:
+    said = artifact("mia_li_3668", seq=9)
+    error = artifact("ERR-3001", "error", seq=3, sources=("tool_output",))
+    pinned = artifact("sqlalchemy==2.0.1", "version", seq=1, sources=("assistant",))
+    ranked = rank_artifacts([said, pinned, error], featured={"ERR-3001", "sqlalchemy==2.0.1"})
+    assert ranked == (error, pinned, said)
+
+
+def test_within_a_tier_the_newest_then_the_rarer_value_comes_first() -> None:
+    old, new = artifact("OLD001", seq=1), artifact("NEW001", seq=8)
+    common, rare = artifact("COMMON1", count=12, seq=5), artifact("RARE001", count=1, seq=5)
+    assert rank_artifacts([old, common, rare, new]) == (new, rare, common, old)
+
+
+@pytest.mark.parametrize(
+    ("result", "lines"),
+    [
+        ("Error: not enough seats on HAT229", ("Error: not enough seats on HAT229",)),
+        ("collected 3 items\nFAILED tests/test_db.py::test_up - ERR-3283: bad row\n"
+         "=== 1 failed, 2 passed ===",
+         ("FAILED tests/test_db.py::test_up - ERR-3283: bad row", "=== 1 failed, 2 passed ===")),
+        ("compiling\nlinking\nexit code 2", ("exit code 2",)),
+        ("=== 12 passed, 0 failed in 3.1s ===", ()),
+        ("2024-05-01 ERROR retrying upstream\n2024-05-01 INFO ok", ()),
+    ],
+    ids=["leading-error", "test-run", "exit-code", "passing-run", "log-mentioning-error"],
+)
+def test_a_failure_is_read_from_how_a_result_starts_or_ends(
+    result: str, lines: tuple[str, ...]
+) -> None:
+    assert failing_lines(result) == lines
+
+
+def test_the_error_codes_on_a_failed_calls_last_lines_are_its_failure_values() -> None:
+    messages = exchange("c1", "run_tests", {"target": "src/db.py"},
+                        "FAILED tests/test_db.py::test_up - ERR-3283: bad row\n"
+                        "=== 1 failed, 2 passed ===")
+    span = group_messages(to_stored(messages, shared_counter()))
+    [failure] = find_failures(span)
+    assert (failure.call_id, failure.tool) == ("c1", "run_tests")
+    assert failure_values([failure]) == {"ERR-3283"}
+    decided = ["Decision: pin sqlalchemy==2.0.1 for ticket OPS-12"]
+    assert {"ERR-3283", "OPS-12"} <= featured_values([failure], decided)

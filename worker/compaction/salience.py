@@ -1,0 +1,107 @@
+"""Salience: what a summary shows first, ranked by what the agent that continues needs
+rather than by how often a value repeats.
+
+Tiers, most salient first: values that ended a tool call or a test run and values the
+caller features (decisions, open requests); values a user or the assistant said; values
+only a tool returned; tool names. Within a tier an error code leads, then the newest
+value, then the rarer one: a code seen once outranks an id a search listed fifty times.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+
+from worker.compaction.grouping import Group
+from worker.compaction.identifiers import Artifact, find_identifiers
+from worker.compaction.messages import Role
+
+# A failing tool says so up front ("Error: ...", {"error": ...}, a traceback); a word
+# like "failed" deep in a log or a test report ("0 failed") is not a failure of the call.
+_FAILED_LEAD = re.compile(
+    r'(?i:\A\s*(?:\{\s*"(?:error|errors)"|(?:error|failed|failure|fatal|exception|traceback)\b))'
+)
+# A test run or a build says how it ended on its last line ("2 failed, 3 passed", "exit
+# code 1", "FAILED tests/...", "ValueError: ..."); the lines just above carry the codes.
+_FAILED_END = re.compile(
+    r"(?i:\b[1-9]\d* (?:failed|errors?)\b|\bexit (?:code|status):? *[1-9]\d*\b)"
+    r"|\bFAILED\b|\A\w*(?:Error|Exception)\b:"
+)
+_FAILURE_DETAIL = re.compile(r"\bFAILED\b|\bERROR\b|\w*(?:Error|Exception)\b:|\bE\d{3,5}\b")
+TAIL_LINES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A tool call that ended in an error: its call id, tool, seq and the lines that say so."""
+
+    call_id: str
+    tool: str
+    seq: int
+    lines: tuple[str, ...]
+
+
+def find_failures(span: Sequence[Group]) -> list[Failure]:
+    """Return the span's tool results that report a failure, in order."""
+    failures: list[Failure] = []
+    for group in span:
+        names = {c.id: c.function.name for m in group.messages for c in m.message.tool_calls or ()}
+        for stored in group.messages:
+            message = stored.message
+            if message.role is not Role.TOOL:
+                continue
+            lines = failing_lines(message.text)
+            if lines:
+                call_id = message.tool_call_id or ""
+                tool = message.name or names.get(call_id, "a tool")
+                failures.append(Failure(call_id, tool, stored.seq, lines))
+    return failures
+
+
+def failing_lines(text: str) -> tuple[str, ...]:
+    """Return the lines of a tool result that say it failed (none when it did not)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ()
+    if _FAILED_LEAD.match(text):
+        return (lines[0], *lines[1:][-TAIL_LINES + 1:]) if len(lines) > 1 else (lines[0],)
+    if not _FAILED_END.search(lines[-1]):
+        return ()
+    details = [line for line in lines[-TAIL_LINES:-1] if _FAILURE_DETAIL.search(line)]
+    return (*details, lines[-1])
+
+
+def failure_values(failures: Sequence[Failure]) -> frozenset[str]:
+    """Return the error codes on the lines that ended a failed call."""
+    return frozenset(value for failure in failures
+                     for value, kind in _identifiers(failure.lines) if kind == "error")
+
+
+def featured_values(failures: Sequence[Failure], texts: Sequence[str]) -> frozenset[str]:
+    """Return the values that lead the ranking: the error codes that ended a call, and the
+    identifiers in ``texts`` (a summary's decisions and open requests)."""
+    return failure_values(failures) | {value for value, _ in _identifiers(texts)}
+
+
+def _identifiers(lines: Sequence[str]) -> Iterator[tuple[str, str]]:
+    for line in lines:
+        yield from find_identifiers(line)
+
+
+def rank_artifacts(artifacts: Sequence[Artifact], *, featured: Collection[str] = ()
+                   ) -> tuple[Artifact, ...]:
+    """Return ``artifacts`` most salient first (see the module's tiers); deterministic."""
+    return tuple(sorted(artifacts, key=lambda artifact: _salience_key(artifact, featured)))
+
+
+def _salience_key(artifact: Artifact, featured: Collection[str]
+                  ) -> tuple[int, int, int, int, int, str]:
+    if artifact.kind == "tool":
+        tier = 3
+    elif artifact.value in featured:
+        tier = 0
+    else:
+        tier = 1 if artifact.is_said else 2
+    return (tier, int(artifact.kind != "error"), -artifact.last_seq, artifact.count,
+            artifact.first_seq, artifact.value)
