@@ -23,8 +23,8 @@ from worker.compaction import (
     admit,
     apply_strategy,
     breaker_after_failure,
-    decide_compaction,
     collect_artifacts,
+    decide_compaction,
     featured_values,
     find_failures,
     group_messages,
@@ -230,7 +230,8 @@ def _ranked_identifiers(plan: JobPlan, work: SummaryWork, draft: SummaryDraft) -
     the draft's decisions and pending items lead."""
     failures = find_failures(plan.boundary.span)
     texts = [*draft.summary.key_decisions, *draft.summary.pending]
-    ranked = rank_artifacts(work.artifacts, featured=featured_values(failures, texts))
+    featured = featured_values(failures, texts, work.artifacts)
+    ranked = rank_artifacts(work.artifacts, featured=featured)
     return [artifact.value for artifact in ranked if artifact.kind != "tool"]
 
 

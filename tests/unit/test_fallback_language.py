@@ -151,7 +151,7 @@ def test_corpus_joined_sessions_up_to_200k_tokens_keep_what_was_said_in_the_bloc
         drafted = fallback_summary(span, artifacts=artifacts, budget_tokens=BLOCK_TOKENS,
                                    counter=counter)
         texts = [*drafted.key_decisions, *drafted.pending]  # as the pipeline ranks them
-        featured = featured_values(find_failures(span), texts)
+        featured = featured_values(find_failures(span), texts, artifacts)
         ranked = [a.value for a in rank_artifacts(artifacts, featured=featured)]
         block = merge_summaries(None, drafted, budget_tokens=BLOCK_TOKENS, counter=counter,
                                 identifiers=ranked).fitted

@@ -14,10 +14,10 @@ from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.corpus import load_corpus, skip_without_corpus
 from worker.compaction.identifiers import (
     Mention,
+    collect_artifacts,
     extract_identifiers,
     find_identifiers,
     identify_message,
-    collect_artifacts,
     search_text,
 )
 from worker.compaction.messages import StoredMessage, parse_message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.schema import Summary
 from worker.errors import Outcome
+from worker.summarizers import ExtractiveSummarizer
 
 SESSION = "s-ids"
 LONG_TURNS = 20
@@ -53,3 +55,29 @@ def test_a_job_ranks_stored_identifiers_without_scanning_the_span(
     expected = [a.value for a in extract_identifiers(span)]
     assert [a["value"] for a in revision.artifacts] == expected
     assert "HAT100" in expected
+
+
+def test_the_extractive_summary_of_a_job_scans_no_text_for_identifiers_either(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    harness = JobHarness(shared_counter())
+    harness.add_session(SESSION, LONG_TURNS)
+    harness.deps = dataclasses.replace(harness.deps,
+                                       summarizer=ExtractiveSummarizer(harness.counter))
+    calls: list[str] = []
+    labelled = identifier_rules._find_labelled
+
+    def counting_labelled(*args: Any, **kwargs: Any) -> Any:
+        calls.append("_find_labelled")  # every scan goes through it
+        return labelled(*args, **kwargs)
+
+    monkeypatch.setattr(identifier_rules, "_find_labelled", counting_labelled)
+
+    result = harness.run(SESSION)
+
+    assert (result.outcome, result.summarizer) == (Outcome.COMPACTED, "extractive")
+    assert calls == []
+    [revision] = harness.store.revisions(SESSION)
+    # The calls' values still reach the summary, from the stored index.
+    actions = "\n".join(revision.summary["completed_actions"])
+    assert "get_reservation_details ×17 (s-idsR0, s-idsR1, s-idsR2, s-idsR3)" in actions

@@ -9,7 +9,7 @@ import pytest
 from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import exchange
 from worker.compaction.grouping import group_messages
-from worker.compaction.identifiers import Artifact
+from worker.compaction.identifiers import Artifact, extract_identifiers
 from worker.compaction.salience import (
     failing_lines,
     failure_values,
@@ -68,9 +68,14 @@ def test_the_error_codes_on_a_failed_calls_last_lines_are_its_failure_values() -
     messages = exchange("c1", "run_tests", {"target": "src/db.py"},
                         "FAILED tests/test_db.py::test_up - ERR-3283: bad row\n"
                         "=== 1 failed, 2 passed ===")
-    span = group_messages(to_stored(messages, shared_counter()))
-    [failure] = find_failures(span)
-    assert (failure.call_id, failure.tool) == ("c1", "run_tests")
-    assert failure_values([failure]) == {"ERR-3283"}
     decided = ["Decision: pin sqlalchemy==2.0.1 for ticket OPS-12"]
-    assert {"ERR-3283", "OPS-12"} <= featured_values([failure], decided)
+    stored = to_stored([*messages, {"role": "assistant", "content": decided[0]}],
+                       shared_counter())
+    artifacts = extract_identifiers(stored)
+    [failure] = find_failures(group_messages(stored))
+    assert (failure.call_id, failure.tool) == ("c1", "run_tests")
+    # The span's index says which values are error codes: the lines are not scanned again.
+    assert failure_values([failure], artifacts) == {"ERR-3283"}
+    assert {"ERR-3283", "OPS-12", "sqlalchemy==2.0.1"} <= featured_values(
+        [failure], decided, artifacts)
+    assert "src/db.py" not in featured_values([failure], decided, artifacts)

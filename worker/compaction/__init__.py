@@ -31,8 +31,8 @@ from worker.compaction.grouping import Group, group_messages
 from worker.compaction.identifiers import (
     Artifact,
     Mention,
-    extract_identifiers,
     collect_artifacts,
+    extract_identifiers,
     identify_message,
     search_text,
 )
@@ -116,8 +116,8 @@ __all__ = [
     "build_merge_messages",
     "build_summarize_messages",
     "check_session",
-    "collect_artifacts",
     "clean_text",
+    "collect_artifacts",
     "decide_compaction",
     "dump_message",
     "extract_identifiers",

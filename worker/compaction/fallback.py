@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from worker.compaction.budget import fit_summary, truncate_text
 from worker.compaction.grouping import Group
-from worker.compaction.identifiers import Artifact, find_identifiers
+from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.requests import RequestLedger, read_requests
 from worker.compaction.salience import (
@@ -99,7 +99,8 @@ def fallback_summary(
         goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
         constraints_and_preferences=_pick_sentences(
             ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter),
-        completed_actions=[*_describe_span(messages), *_draft_actions(messages, counter),
+        completed_actions=[*_describe_span(messages),
+                           *_draft_actions(messages, artifacts, counter),
                            *_draft_completions(ledger.agent_texts, counter)],
         key_decisions=decisions,
         resolved=[*_settled_pending(prior, messages), *_superseded(prior, decisions),
@@ -121,7 +122,7 @@ def _without_repeats(summary: Summary) -> Summary:
 
 def _rank_values(artifacts: Sequence[Artifact], failures: Sequence[Failure],
                  decisions: Sequence[str], ledger: RequestLedger) -> list[str]:
-    featured = featured_values(failures, [*decisions, *ledger.open_requests])
+    featured = featured_values(failures, [*decisions, *ledger.open_requests], artifacts)
     ranked = rank_artifacts(artifacts, featured=featured)
     return [a.value for a in ranked if a.kind != "tool"][:MAX_ARTIFACTS]
 
@@ -195,16 +196,18 @@ class _Lookups:
     values: dict[str, None]  # distinct, in first-seen order
 
 
-def _draft_actions(messages: Sequence[StoredMessage], counter: TokenCounter) -> list[str]:
+def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifact],
+                   counter: TokenCounter) -> list[str]:
     """Each call that changed something, with its result; look-ups tallied per tool."""
     results = {m.message.tool_call_id: m.message.text for m in messages
                if m.message.role is Role.TOOL and m.message.tool_call_id}
+    passed = [a for a in artifacts if a.kind != "tool" and "tool_argument" in a.sources]
     lookups: dict[str, _Lookups] = {}
     actions: list[str] = []
     for stored in messages:
         for call in stored.message.tool_calls or ():
             name = call.function.name
-            values = [v for v, kind in find_identifiers(call.function.arguments) if kind != "tool"]
+            values = _call_values(call.function.arguments, stored.seq, passed)
             if _LOOKUP.match(name):
                 tally = lookups.setdefault(name, _Lookups(0, {}))
                 tally.calls += 1
@@ -218,6 +221,14 @@ def _draft_actions(messages: Sequence[StoredMessage], counter: TokenCounter) -> 
               + (f" ({', '.join(list(t.values)[:MAX_CALL_VALUES])})" if t.values else "")
               for name, t in lookups.items()]
     return looked + actions
+
+
+def _call_values(arguments: str, seq: int, passed: Sequence[Artifact]) -> list[str]:
+    """The identifiers a call passed, in argument order, from the span's stored index (the
+    arguments are not scanned again)."""
+    found = [(arguments.find(a.value), a.value) for a in passed
+             if a.first_seq <= seq <= a.last_seq and a.value in arguments]
+    return [value for _, value in sorted(found)]
 
 
 def _digest_result(text: str, counter: TokenCounter) -> str:

@@ -21,10 +21,10 @@ __all__ = [
     "Artifact",
     "Mention",
     "StoredMention",
+    "collect_artifacts",
     "extract_identifiers",
     "find_identifiers",
     "identify_message",
-    "collect_artifacts",
     "search_text",
 ]
 

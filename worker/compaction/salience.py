@@ -10,11 +10,11 @@ value, then the rarer one: a code seen once outranks an id a search listed fifty
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from worker.compaction.grouping import Group
-from worker.compaction.identifiers import Artifact, find_identifiers
+from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import Role
 
 # A failing tool says so up front ("Error: ...", {"error": ...}, a traceback); a word
@@ -72,21 +72,20 @@ def failing_lines(text: str) -> tuple[str, ...]:
     return (*details, lines[-1])
 
 
-def failure_values(failures: Sequence[Failure]) -> frozenset[str]:
-    """Return the error codes on the lines that ended a failed call."""
-    return frozenset(value for failure in failures
-                     for value, kind in _identifiers(failure.lines) if kind == "error")
+def failure_values(failures: Sequence[Failure], artifacts: Sequence[Artifact]) -> frozenset[str]:
+    """Return the span's error codes on the lines that ended a failed call: the stored
+    index says which values are codes, so no line is scanned for identifiers again."""
+    lines = "\n".join(line for failure in failures for line in failure.lines)
+    return frozenset(a.value for a in artifacts if a.kind == "error" and a.value in lines)
 
 
-def featured_values(failures: Sequence[Failure], texts: Sequence[str]) -> frozenset[str]:
+def featured_values(failures: Sequence[Failure], texts: Sequence[str],
+                    artifacts: Sequence[Artifact]) -> frozenset[str]:
     """Return the values that lead the ranking: the error codes that ended a call, and the
-    identifiers in ``texts`` (a summary's decisions and open requests)."""
-    return failure_values(failures) | {value for value, _ in _identifiers(texts)}
-
-
-def _identifiers(lines: Sequence[str]) -> Iterator[tuple[str, str]]:
-    for line in lines:
-        yield from find_identifiers(line)
+    span's identifiers that ``texts`` (a summary's decisions and open requests) name."""
+    named = "\n".join(texts)
+    return failure_values(failures, artifacts) | {
+        a.value for a in artifacts if a.kind != "tool" and a.value in named}
 
 
 def rank_artifacts(artifacts: Sequence[Artifact], *, featured: Collection[str] = ()

@@ -80,7 +80,7 @@ class LLMSummarizer:
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
-        featured = featured_values(find_failures(work.span), [])
+        featured = featured_values(find_failures(work.span), [], work.artifacts)
         ranked = rank_artifacts(work.artifacts, featured=featured)
         identifiers = [a.value for a in ranked if a.kind != "tool"][:PROMPT_IDENTIFIERS]
         output_tokens = output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
