@@ -28,7 +28,8 @@ class JobFigures:
     artifacts: int | None = _figure("identifiers indexed from the span (paths, error codes, "
                                     "ids, versions, URLs)")
     identifiers_reattached: int | None = _figure(
-        "identifiers the summary dropped and validation put back verbatim")
+        "the span's identifiers the summary left out that the merge put back verbatim, most "
+        "salient first, as far as the budget allows")
     llm_calls: int | None = _figure("LLM requests made (0 for the extractive summarizer)")
     prompt_tokens: int | None = _figure("prompt tokens the endpoint reported, summed over "
                                         "the calls")
