@@ -30,6 +30,9 @@ class JobFigures:
     identifiers_reattached: int | None = _figure(
         "the span's identifiers the summary left out that the merge put back verbatim, most "
         "salient first, as far as the budget allows")
+    identifiers_recall_only: int | None = _figure(
+        "the span's identifiers (tool names aside) the block does not carry: each one "
+        "recall away (`compactor recall`), never lost")
     llm_calls: int | None = _figure("LLM requests made (0 for the extractive summarizer)")
     prompt_tokens: int | None = _figure("prompt tokens the endpoint reported, summed over "
                                         "the calls")

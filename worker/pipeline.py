@@ -248,7 +248,10 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     # The block was counted once, at the merge; only the message's framing is added.
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens
+    block_text = validated.fitted.text
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
+               identifiers_recall_only=sum(a.kind != "tool" and a.value not in block_text
+                                           for a in work.artifacts),
                tokens_after=plan.boundary.projected_tokens(summary_tokens))
     return Revision(validated.summary, block, summary_tokens)
 

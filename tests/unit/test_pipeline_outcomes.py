@@ -60,9 +60,13 @@ def test_a_session_over_the_trigger_is_compacted_into_its_run_and_a_smaller_proj
     assert figures.tokens_after == after.projection_tokens < harness.policy.trigger.trigger_tokens
     assert figures.summary_tokens == revision.summary_tokens == revision.block_tokens
     assert (figures.span_tokens, figures.llm_calls) == (revision.span_tokens, 1)
+    out_of_block = [a["value"] for a in revision.artifacts
+                    if a["kind"] != "tool" and a["value"] not in revision.block["content"]]
+    assert figures.identifiers_recall_only == len(out_of_block)
     [run] = harness.store.runs(session_id=SESSION)
     assert (run.outcome, run.revision_id, run.figures["outcome_reason"]) == \
         ("compacted", revision.id, "over_trigger")
+    assert run.figures["identifiers_recall_only"] == figures.identifiers_recall_only
     assert after.lease_owner is None and harness.store.messages(SESSION) == history
 
 
