@@ -87,7 +87,8 @@ class JobHarness:
 
     def __post_init__(self) -> None:
         self.summarizer = ScriptedSummarizer(self.counter)
-        self.provider = ProviderBreaker(InMemoryBreakerState(), threshold=PROVIDER_THRESHOLD,
+        self.provider_state = InMemoryBreakerState()
+        self.provider = ProviderBreaker(self.provider_state, threshold=PROVIDER_THRESHOLD,
                                         cooldown_s=COOLDOWN_S, clock=self.clock)
         self.deps = JobDeps(store=self.store, summarizer=self.summarizer,
                             fallback=ExtractiveSummarizer(self.counter, kind="fallback"),
