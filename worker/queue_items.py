@@ -20,6 +20,19 @@ from worker.settings import Settings
 
 MAX_NESTING_DEPTH = 32  # a task message nests 4 deep; Celery's decoder recurses per level
 JSON_CONTENT_TYPE = "application/json"
+# The types kombu and Celery assume when they read these fields (null always allowed):
+# another type raises inside the consumer, where an AttributeError or KeyError reads as a
+# lost connection and the message goes back on the queue for ever.
+HEADER_TYPES: dict[str, type | tuple[type, ...]] = {
+    "lang": str, "shadow": str, "group": str, "group_index": int, "retries": int,
+    "root_id": str, "parent_id": str, "argsrepr": str, "kwargsrepr": str, "origin": str,
+    "ignore_result": bool, "replaced_task_nesting": int, "stamped_headers": list,
+    "stamps": dict,
+}
+PROPERTY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "correlation_id": str, "reply_to": str, "delivery_mode": int, "delivery_info": dict,
+    "priority": int, "body_encoding": str,
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,8 @@ def admit_item(raw: bytes, limits: ItemLimits, now: datetime) -> dict[str, Any]:
         raise ItemRejected("invalid_headers", f"headers are a {type(headers).__name__}, "
                            "not an object")
     task_id = _read_task_id(headers)
+    _check_types(headers, HEADER_TYPES, "invalid_headers", task_id)
+    _check_properties(envelope["properties"], task_id)
     _check_task_name(headers, task_id)
     _check_body(envelope, task_id)
     envelope["headers"] = neutralize_headers(headers, limits, now)
@@ -107,6 +122,28 @@ def _read_task_id(headers: dict[str, Any]) -> str:
         raise ItemRejected("oversized_header", f"the headers are {size} characters of "
                            f"JSON, over {MAX_HEADERS_CHARS}", task_id)
     return task_id
+
+
+def _check_types(fields: dict[str, Any], types: dict[str, type | tuple[type, ...]],
+                 reason: str, task_id: str) -> None:
+    for name, expected in types.items():
+        value = fields.get(name)
+        # bool is an int to isinstance; no field here takes one for the other.
+        if value is not None and (not isinstance(value, expected)
+                                  or isinstance(value, bool) is not (expected is bool)):
+            raise ItemRejected(reason, f"{name} is a {type(value).__name__}", task_id)
+
+
+def _check_properties(properties: dict[str, Any], task_id: str) -> None:
+    tag = properties.get("delivery_tag")
+    if not isinstance(tag, str) or not tag or len(tag) > MAX_TASK_ID_CHARS:
+        raise ItemRejected("invalid_properties", "delivery_tag is missing, not a string or "
+                           f"over {MAX_TASK_ID_CHARS} characters", task_id)
+    _check_types(properties, PROPERTY_TYPES, "invalid_properties", task_id)
+    size = len(json.dumps(properties))
+    if size > MAX_HEADERS_CHARS:
+        raise ItemRejected("oversized_header", f"the properties are {size} characters of "
+                           f"JSON, over {MAX_HEADERS_CHARS}", task_id)
 
 
 def _check_task_name(headers: dict[str, Any], task_id: str) -> None:

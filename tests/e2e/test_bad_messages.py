@@ -81,6 +81,13 @@ def bad_messages(queue: str) -> list[BadMessage]:
             del message["headers"][header]
         return BadMessage(name, encoded(message), reason, key=key)
 
+    def with_properties(name: str, reason: str, **properties: Any) -> BadMessage:
+        message = envelope(name, valid_kwargs(), queue)
+        message["properties"].update(properties)
+        for key in [k for k, value in properties.items() if value is DROP]:
+            del message["properties"][key]
+        return BadMessage(name, encoded(message), reason)
+
     deep = "[" * 100_000 + "]" * 100_000
     pickled = base64.b64encode(pickle.dumps(((), valid_kwargs(), EMBED))).decode()
     return [
@@ -103,6 +110,9 @@ def bad_messages(queue: str) -> list[BadMessage]:
         rejected("pickle-content", None, "undecodable_message", body=pickled,
                  **{"content-type": "application/x-python-serialize",
                     "content-encoding": "binary"}),
+        with_headers("retries-a-string", "invalid_headers", retries="0"),
+        with_properties("no-delivery-tag", "invalid_properties", delivery_tag=DROP),
+        with_properties("delivery-info-a-string", "invalid_properties", delivery_info="q"),
         with_headers("forged-accumulate", "unknown_task", task="celery.accumulate"),
         with_headers("unknown-task", "unknown_task", task="compactor.not_a_task"),
         with_headers("no-task-header", "unknown_task", task=DROP),

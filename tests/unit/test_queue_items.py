@@ -45,6 +45,12 @@ def with_headers(**headers: Any) -> bytes:
     return raw(message)
 
 
+def with_properties(**properties: Any) -> bytes:
+    message = valid()
+    message["properties"].update(properties)
+    return raw(message)
+
+
 def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
@@ -62,6 +68,12 @@ def nested(depth: int) -> str:
     (with_headers(id=None), "invalid_headers"),
     (with_headers(id="i" * 5_000), "oversized_header"),
     (with_headers(origin="o" * 50_000), "oversized_header"),
+    (with_headers(retries="1"), "invalid_headers"),
+    (with_headers(retries=True), "invalid_headers"),
+    (with_headers(stamps=[]), "invalid_headers"),
+    (with_properties(delivery_tag=None), "invalid_properties"),
+    (with_properties(delivery_info="q"), "invalid_properties"),
+    (with_properties(correlation_id="c" * 50_000), "oversized_header"),
     (with_headers(task="celery.accumulate"), "unknown_task"),
     (with_headers(task=None), "unknown_task"),
     (changed(**{"content-type": "application/x-python-serialize"}), "undecodable_message"),
@@ -98,7 +110,7 @@ def test_a_valid_message_passes_with_producer_scheduling_headers_dropped() -> No
 
 
 @pytest.mark.parametrize(("retries", "ahead_s", "kept"), [
-    (1, 30, True), (1, 60, True), (1, 61, False), (0, 30, False), ("1", 30, False),
+    (1, 30, True), (1, 60, True), (1, 61, False), (0, 30, False), (None, 30, False),
 ])
 def test_only_a_retry_due_within_the_horizon_keeps_its_eta(
     retries: Any, ahead_s: int, kept: bool,
