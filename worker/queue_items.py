@@ -170,7 +170,15 @@ def _check_body(envelope: dict[str, Any], task_id: str) -> None:
         decoded = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ItemRejected("bad_base64", f"the body is not base64 ({exc})", task_id) from exc
-    _load_json(decoded, "undecodable_message", "the JSON body", task_id)
+    args_kwargs_embed = _load_json(decoded, "undecodable_message", "the JSON body", task_id)
+    if not _is_task_body(args_kwargs_embed):
+        # Celery unpacks it in the pool child, where a failure leaves no outcome event.
+        raise ItemRejected("bad_body", "the body is not [args, kwargs, embed]", task_id)
+
+
+def _is_task_body(body: Any) -> bool:
+    return (isinstance(body, list) and len(body) == 3 and isinstance(body[0], list)
+            and isinstance(body[1], dict) and isinstance(body[2], dict | None))
 
 
 def _load_json(raw: bytes, reason: str, what: str, task_id: str | None = None) -> Any:

@@ -95,6 +95,8 @@ def bad_messages(queue: str) -> list[BadMessage]:
         rejected("null-body", None, "bad_body", body=None),
         rejected("number-body", None, "bad_body", body=12),
         rejected("bad-base64", None, "bad_base64", body="!!! not base64 !!!"),
+        rejected("body-a-string", None, "bad_body",
+                 body=base64.b64encode(b'"compact everything"').decode()),
         rejected("body-not-json", None, "undecodable_message",
                  body=base64.b64encode(b"this is not JSON {").decode()),
         rejected("deep-body", None, "nested_too_deep",

@@ -80,6 +80,9 @@ def nested(depth: int) -> str:
     (changed(body=None), "bad_body"),
     (changed(body=12), "bad_body"),
     (changed(body="!!! not base64"), "bad_base64"),
+    (changed(body=base64.b64encode(b'"just a string"').decode()), "bad_body"),
+    (changed(body=base64.b64encode(b'[[], {}]').decode()), "bad_body"),
+    (changed(body=base64.b64encode(b'[{}, [], null]').decode()), "bad_body"),
     (changed(body=base64.b64encode(b"not JSON {").decode()), "undecodable_message"),
     (changed(body=base64.b64encode(nested(10_000).encode()).decode()), "nested_too_deep"),
 ])
