@@ -120,6 +120,7 @@ def bad_messages(queue: str) -> list[BadMessage]:
         with_headers("no-task-header", "unknown_task", task=DROP),
         with_headers("no-id-header", "invalid_headers", key="None", id=DROP),
         with_headers("huge-id", "oversized_header", key="None", id=HUGE_ID),
+        with_headers("five-megabyte-id", "oversized_item", key="None", id="m" * 5 * MEGABYTE),
         with_headers("huge-origin", "oversized_header", origin="o" * 100_000),
         BadMessage("json-not-an-envelope", b'{"hello": "world"}', "not_an_envelope", key="None"),
         BadMessage("json-list", b"[1, 2, 3]", "not_an_envelope", key="None"),
@@ -174,7 +175,9 @@ def test_no_queue_item_stops_the_worker_and_refused_items_are_dead_lettered(
                for e in worker.events("compaction.job") if e["outcome"] == "rejected")
     assert redis_client.llen(f"{job_env.prefix}{job_env.queue}") == 0, "an item came back"
     assert_dead_lettered(redis_client, job_env, messages)
-    assert HUGE_ID not in worker.log_text() and HUGE_ID[:1_000] not in worker.log_text()
+    assert "i" * 1_000 not in worker.log_text() and "m" * 1_000 not in worker.log_text()
+    assert not [key for key in redis_client.scan_iter(match=f"{job_env.prefix}*")
+                if len(key) > 1_000]
     assert_nothing_written_but_run_records(pg_store, history, valid_id)
 
 
