@@ -1,15 +1,20 @@
 """The inspection of raw queue items: each defect is named, a valid message passes with
-the scheduling headers producers may not set dropped, and the service's task names are
-exactly the tasks the app registers."""
+the scheduling headers producers may not set dropped, the service's task names are
+exactly the tasks the app registers, and the kombu method the transport re-implements is
+the one it was copied from."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import inspect
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kombu
 import pytest
+from kombu.transport import redis as kombu_redis
 
 from tests.support.raw_producer import build_raw_message
 from worker.contract import SERVICE_TASK_NAMES, job_kwargs
@@ -21,6 +26,7 @@ from worker.queue_items import (
     nesting_depth,
 )
 
+KOMBU_BRPOP_READ_SHA256 = "c42518699709f2df90f55a048fe6346612ae5527e5c4a6819f2c0920dc62088f"
 LIMITS = ItemLimits(max_item_bytes=100_000, max_eta_s=60)
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -138,3 +144,11 @@ def test_the_service_task_names_are_the_tasks_the_app_registers() -> None:
     app.loader.import_default_modules()
     registered = {name for name in app.tasks if not name.startswith("celery.")}
     assert registered == SERVICE_TASK_NAMES
+
+
+def test_the_transport_overrides_the_brpop_read_of_the_kombu_it_was_copied_from() -> None:
+    """worker/transport.py re-implements kombu's private ``Channel._brpop_read`` (5.7.0)
+    to inspect the item before ``loads``; a kombu that changes it must be read again."""
+    source = inspect.getsource(kombu_redis.Channel._brpop_read)
+    assert hashlib.sha256(source.encode()).hexdigest() == KOMBU_BRPOP_READ_SHA256, \
+        f"kombu {kombu.__version__} changed Channel._brpop_read: update worker/transport.py"
