@@ -16,13 +16,13 @@ import redis
 
 from tests.support.e2e import redis_under_prefix
 from worker.compaction import Breaker, BreakerState
-from worker.fleet import (
+from worker.keys import RedisKeys
+from worker.provider_breaker import (
     InMemoryBreakerState,
     ProviderAdmission,
     ProviderBreaker,
     ProviderBreakerStore,
 )
-from worker.keys import RedisKeys
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ from worker.compaction.intake import IntakePolicy
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.schema import Summary
 from worker.compaction.tokens import TokenCounter
-from worker.fleet import InMemoryBreakerState, ProviderBreaker
 from worker.ingest import ImportStatus, import_sessions
 from worker.job import JobDeps, JobPolicy, JobRequest, JobResult
+from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryUsage, SummaryWork
 
 COOLDOWN_S = 600
