@@ -52,10 +52,10 @@ class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
             try:
                 return handle(message)
             except BAD_HEADER_ERRORS as exc:
-                # A header Celery needs is missing or mistyped (no ``id``, an ``eta`` or
-                # ``timelimit`` it cannot read) and the request cannot be built. Left to
-                # Celery, a KeyError reads as a lost connection, which puts the message
-                # back for ever, and a ValueError stops the worker.
+                # A header Celery needs is missing or mistyped in a way the transport
+                # does not check, and the request cannot be built. Left to Celery, a
+                # KeyError reads as a lost connection, which puts the message back for
+                # ever, and a ValueError stops the worker.
                 invalid = InvalidTaskError(f"unreadable task headers ({exc!r})")
                 return self.on_invalid_task(None, message, invalid)
 
