@@ -29,6 +29,7 @@ from structlog.contextvars import bind_contextvars, clear_contextvars
 from worker.contract import SCAN_TASK_NAME, TASK_NAME
 from worker.logging import configure_logging, get_logger
 from worker.settings import Settings, get_settings
+from worker.transport import ITEM_POLICY_OPTION, item_policy
 
 
 def create_app(settings: Settings) -> Celery:
@@ -47,7 +48,9 @@ def create_app(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
-        # Reports undecodable messages (pickle, broken JSON) as rejected jobs.
+        # Inspects every queue item before kombu reads it; refused ones are dead-lettered.
+        broker_transport="worker.transport:InspectingTransport",
+        # Reports messages Celery still cannot turn into a request as rejected jobs.
         worker_consumer="worker.consumer:JobConsumer",
         task_soft_time_limit=settings.task_soft_time_limit_s,
         task_time_limit=settings.task_hard_time_limit_s,
@@ -57,6 +60,7 @@ def create_app(settings: Settings) -> Celery:
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout_s,
             "global_keyprefix": settings.redis_key_prefix,
+            ITEM_POLICY_OPTION: item_policy(settings),
         },
         broker_connection_retry_on_startup=True,
         # configure_process_logging owns logging; these two are moot while it is connected

@@ -1,6 +1,6 @@
-"""Celery's consumer, hardened: a queue item that never becomes a task (undecodable,
-refused content, broken headers, not even a JSON object) ends as a ``rejected``
-``compaction.job`` event instead of a loop or a dead worker.
+"""Celery's consumer, hardened: a message that passed the transport's inspection
+(``worker/transport.py``) but still never becomes a task (headers Celery cannot read)
+ends as a ``rejected`` ``compaction.job`` event instead of a loop or a dead worker.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from celery.exceptions import InvalidTaskError
 from celery.worker.consumer import Consumer
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-from worker.logging import JOB_EVENT, get_logger
-from worker.outcome import rejected_message_fields
+from worker.logging import get_logger
+from worker.queue_items import ItemRejected
 
-# Raised by kombu's Redis transport for a queue item that is not a JSON object.
-UNREADABLE_ITEM_ERRORS = (json.JSONDecodeError, TypeError)
 # Raised by Celery while it builds a request from a message whose headers are broken.
 BAD_HEADER_ERRORS = (KeyError, ValueError, TypeError)
 # Raised by kombu (5.7) when a channel of a connection lost while Redis was down is used
@@ -26,31 +24,26 @@ DETACHED_TRANSPORT_ERRORS = (AttributeError,)
 
 
 class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
-    """Celery's consumer, reporting messages that never become a task (a body that is not
-    JSON, a refused content type such as pickle) as ``rejected`` jobs before it drops them.
+    """Celery's consumer, reporting messages that never become a task as ``rejected``
+    jobs before it drops them.
 
-    Such a message fails while its request is built, in the consumer, so no task or
-    request hook ever sees it.
-
-    So does a message whose headers Celery cannot read (reported as ``invalid_message``).
-    A queue item that is not even a JSON object fails earlier, in kombu's Redis transport
-    (``loads`` of the item, then ``payload["properties"]``), which counts a JSONDecodeError
-    or TypeError there as fatal: one stray item would make the worker exit. The item is
-    already popped, so it is handled like kombu's own KeyError for an object without the
-    envelope's fields: logged, then the consumer reconnects and goes on.
+    The transport refuses what it can see from the item alone (it is never delivered);
+    what is left fails while Celery builds the request, in the consumer, so no task or
+    request hook ever sees it: a refused content type, a body that does not decode, and
+    headers Celery cannot read (reported as ``invalid_message``).
 
     A Redis restart while a job runs trips kombu over its detached transport twice (see
     DETACHED_TRANSPORT_ERRORS); both would stop the worker. Counted as connection errors,
     the late ack fails loudly ("Couldn't ack") and the job is redelivered, or re-sent by
-    the scan when the restart lost it.
+    the scan when the restart lost it. Nothing else is: a ``TypeError`` counted as a lost
+    connection put a null-bodied message back on the queue for ever.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         kombu_errors: tuple[type[Exception], ...] = self.conninfo.connection_errors
         # Requests built later take this tuple as the errors their ack may log and skip.
-        self.connection_errors = (*kombu_errors, *UNREADABLE_ITEM_ERRORS,
-                                  *DETACHED_TRANSPORT_ERRORS)
+        self.connection_errors = (*kombu_errors, *DETACHED_TRANSPORT_ERRORS)
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         handle = super().create_task_handler(*args, **kwargs)
@@ -59,19 +52,16 @@ class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
             try:
                 return handle(message)
             except BAD_HEADER_ERRORS as exc:
-                # A header Celery needs is missing or mistyped (no ``id``, an ``eta`` or
-                # ``timelimit`` it cannot read) and the request cannot be built. Left to
-                # Celery, a KeyError reads as a lost connection, which puts the message
-                # back for ever, and a ValueError stops the worker.
+                # A header Celery needs is missing or mistyped in a way the transport
+                # does not check, and the request cannot be built. Left to Celery, a
+                # KeyError reads as a lost connection, which puts the message back for
+                # ever, and a ValueError stops the worker.
                 invalid = InvalidTaskError(f"unreadable task headers ({exc!r})")
                 return self.on_invalid_task(None, message, invalid)
 
         return on_task_received
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
-        if isinstance(exc, UNREADABLE_ITEM_ERRORS):
-            get_logger().error("broker.unreadable_item", failure_class=type(exc).__name__,
-                               failure_message="a queue item is not a task message; dropped")
         try:
             super().on_connection_error_after_connected(exc)
         except DETACHED_TRANSPORT_ERRORS as close_error:
@@ -81,16 +71,17 @@ class JobConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
                                  failure_message=str(close_error))
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        report_unreadable_message(message, exc)
+        refuse_message(message, exc, self.app.conf.task_default_queue)
         super().on_decode_error(message, exc)
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
-        report_unreadable_message(message, exc)
+        refuse_message(message, exc, self.app.conf.task_default_queue)
         super().on_invalid_task(body, message, exc)
 
 
-def report_unreadable_message(message: Any, exc: Exception) -> None:
-    """Log the ``rejected`` outcome event of a message that could not be read."""
+def refuse_message(message: Any, exc: Exception, queue: str) -> None:
+    """Log the ``rejected`` outcome event of a message from ``queue`` that could not be
+    read, and keep it on the dead-letter list."""
     headers = message.headers if isinstance(message.headers, dict) else {}
     content_type = message.content_type
     reason = "undecodable_message"
@@ -101,5 +92,6 @@ def report_unreadable_message(message: Any, exc: Exception) -> None:
     else:
         reason, detail = "invalid_message", f"not a valid task message: {exc}"
     task_id = headers.get("id")
-    get_logger().error(JOB_EVENT, **rejected_message_fields(
-        task_id if isinstance(task_id, str) else None, reason, type(exc).__name__, detail))
+    rejected = ItemRejected(reason, detail, task_id if isinstance(task_id, str) else None)
+    raw = json.dumps(message._raw).encode()  # the envelope as the transport delivered it
+    message.channel.refuse_item(raw, queue, rejected)

@@ -1,30 +1,21 @@
 """State shared by every worker of the fleet, kept in Redis: the delivery counter behind
-the redelivery cap, the fleet-wide LLM rate limit, and the provider-wide breaker.
+the redelivery cap and the fleet-wide LLM rate limit (the provider-wide breaker has its
+own module, ``worker/provider_breaker.py``).
 
 Celery's own ``rate_limit`` is per worker, and Celery no longer caps the redeliveries of
 a task whose worker died; both need a view across workers, which only Redis has here.
 While Redis is unreachable (a restart) each of them fails open, loudly: an uncounted
-delivery, an unspaced call or a breaker read as closed wrongs no session, whereas an
+delivery or an unspaced call wrongs no session, whereas an
 error there would end the job without its outcome event or blame the session.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any
 
 import redis
 
-from worker.compaction import (
-    Breaker,
-    BreakerState,
-    admit,
-    breaker_after_failure,
-    breaker_after_success,
-)
 from worker.errors import ProviderError
 from worker.keys import RedisKeys
 from worker.logging import get_logger
@@ -102,85 +93,6 @@ class FleetRateLimiter:
         if wait_s > 0:
             self._sleep(wait_s)
         return wait_s
-
-
-class ProviderBreakerStore:
-    """The provider-wide breaker, shared by every worker through one Redis key."""
-
-    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
-        self._client = client
-        self._key = keys.provider_breaker()
-
-    def load(self) -> Breaker:
-        try:
-            raw = self._client.get(self._key)
-        except redis.RedisError as exc:
-            log_redis_unavailable("provider_breaker", exc)
-            raw = None  # read as closed
-        if raw is None:
-            return Breaker(state=BreakerState.CLOSED, failures=0, opened_at=None)
-        data: dict[str, Any] = json.loads(raw)
-        opened_at = data.get("opened_at")
-        return Breaker(
-            state=BreakerState(data["state"]),
-            failures=int(data["failures"]),
-            opened_at=datetime.fromisoformat(opened_at) if opened_at else None,
-        )
-
-    def save(self, breaker: Breaker) -> None:
-        opened_at = breaker.opened_at.astimezone(UTC).isoformat() if breaker.opened_at else None
-        payload = {"state": breaker.state.value, "failures": breaker.failures,
-                   "opened_at": opened_at}
-        try:
-            self._client.set(self._key, json.dumps(payload))
-        except redis.RedisError as exc:
-            log_redis_unavailable("provider_breaker", exc)
-
-
-class ProviderBreaker:
-    """The provider breaker's policy over its shared state (Redis, or memory inline)."""
-
-    def __init__(
-        self,
-        state: ProviderBreakerStore | InMemoryBreakerState,
-        *,
-        threshold: int,
-        cooldown_s: int,
-        clock: Callable[[], datetime],
-    ) -> None:
-        self._state = state
-        self._threshold = threshold
-        self._cooldown_s = cooldown_s
-        self._clock = clock
-
-    def admit(self) -> bool:
-        breaker = self._state.load()
-        admission = admit(breaker, self._clock(), self._cooldown_s)
-        if admission.breaker != breaker:
-            self._state.save(admission.breaker)
-        return admission.allowed
-
-    def record_success(self) -> None:
-        breaker = self._state.load()
-        if breaker.state is not BreakerState.CLOSED or breaker.failures:
-            self._state.save(breaker_after_success(breaker))
-
-    def record_failure(self) -> None:
-        breaker = self._state.load()
-        self._state.save(breaker_after_failure(breaker, self._clock(), self._threshold))
-
-
-class InMemoryBreakerState:
-    """Provider breaker state for one process (``compactor compact --inline``)."""
-
-    def __init__(self) -> None:
-        self._breaker = Breaker(state=BreakerState.CLOSED, failures=0, opened_at=None)
-
-    def load(self) -> Breaker:
-        return self._breaker
-
-    def save(self, breaker: Breaker) -> None:
-        self._breaker = breaker
 
 
 def log_redis_unavailable(component: str, exc: redis.RedisError) -> None:

@@ -30,3 +30,7 @@ class RedisKeys:
     def scan_lock(self) -> str:
         """Held while a scan runs, so two beat processes never enqueue twice."""
         return f"{self.prefix}scan-lock"
+
+    def dead_letters(self) -> str:
+        """The dead-letter list: queue items the worker refused, newest first."""
+        return f"{self.prefix}dead"

@@ -299,8 +299,12 @@ def _fail(trace: JobTrace, deps: JobDeps, policy: JobPolicy, exc: CompactionErro
     breaker_update = None
     if exc.counts_on is BreakerScope.SESSION:
         breaker_update = _failed_breaker(trace, deps, policy)
-    elif exc.counts_on is BreakerScope.PROVIDER:
+    if exc.counts_on is BreakerScope.PROVIDER:
         deps.provider_breaker.record_failure()
+    else:
+        # A provider trial that ended any other way (an invalid summary) proved nothing:
+        # it fails as a trial, and the provider breaker reopens instead of staying half-open.
+        deps.provider_breaker.fail_trial()
     return _finish(trace, deps, exc.outcome, exc.reason, exc, breaker_update)
 
 

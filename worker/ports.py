@@ -1,6 +1,7 @@
 """The ports a job talks through: the store as the job needs it, and the provider-wide
-breaker. ``db.Store`` and ``worker.fleet.ProviderBreaker`` implement them in production;
-``tests/support/fake_store.py`` implements the store in memory for the unit suite."""
+breaker. ``db.Store`` and ``worker.provider_breaker.ProviderBreaker`` implement them in
+production; ``tests/support/fake_store.py`` implements the store in memory for the unit
+suite."""
 
 from __future__ import annotations
 
@@ -44,3 +45,4 @@ class ProviderBreakerPort(Protocol):
     def admit(self) -> bool: ...
     def record_success(self) -> None: ...
     def record_failure(self) -> None: ...
+    def fail_trial(self) -> None: ...

@@ -12,16 +12,11 @@ import redis
 
 from db import Store, create_db_engine
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy, load_encoding
-from worker.fleet import (
-    DeliveryCounter,
-    FleetRateLimiter,
-    InMemoryBreakerState,
-    ProviderBreaker,
-    ProviderBreakerStore,
-)
+from worker.fleet import DeliveryCounter, FleetRateLimiter
 from worker.job import JobDeps, JobPolicy
 from worker.keys import RedisKeys
 from worker.ports import JobStore
+from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker, ProviderBreakerStore
 from worker.settings import BreakerOpenPolicy, Settings, SummarizerKind
 from worker.summarizers import ExtractiveSummarizer, Summarizer
 

@@ -208,6 +208,14 @@ class Settings(BaseSettings):
     retry_backoff_max_s: int = Field(
         600, gt=0, description="Longest backoff between retries of a transient failure (s)."
     )
+    max_queue_item_bytes: int = Field(
+        1_048_576, ge=4_096, description="Largest queue item a worker accepts; a larger one "
+        "is refused and dead-lettered (bytes)."
+    )
+    dead_letter_max_items: int = Field(
+        1_000, ge=1, description="Refused queue items kept on the dead-letter list, newest "
+        "first (count)."
+    )
     max_transient_retries: int = Field(
         5, ge=0, description="Retries of a job after a transient failure; its last "
         "attempt is this + 1 (count)."
@@ -278,6 +286,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "task_soft_time_limit_s must be below broker_visibility_timeout_s, or Redis "
                 "redelivers a job that is still running"
+            )
+        if self.retry_backoff_max_s >= self.broker_visibility_timeout_s:
+            raise ValueError(
+                "retry_backoff_max_s must be below broker_visibility_timeout_s, or Redis "
+                "delivers a waiting retry twice"
             )
         if self.worst_case_llm_s > self.task_soft_time_limit_s:
             raise ValueError(

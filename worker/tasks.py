@@ -2,9 +2,10 @@
 
 It parses the message, counts the delivery, runs the pipeline, emits the one outcome
 event, and maps a transient failure to a Celery retry (at most ``max_transient_retries``);
-whatever ends the job clears the session's queue marker. Messages that cannot even be
-decoded (pickle, garbage) never become a task: ``worker/consumer.py`` reports them as a
-``rejected`` event.
+whatever ends the job clears the session's queue marker. Queue items that cannot even be
+read (pickle, garbage, forged task names) never become a task: the transport
+(``worker/transport.py``) and the consumer (``worker/consumer.py``) report them as a
+``rejected`` event and dead-letter them.
 """
 
 from __future__ import annotations

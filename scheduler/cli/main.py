@@ -14,6 +14,7 @@ import typer
 
 from scheduler.cli import data, demo, jobs, lifecycle, platform, recall, schedule, sessions
 from scheduler.cli.db import db_app
+from scheduler.cli.dead import dead_app
 from worker.logging import configure_logging
 from worker.settings import get_settings
 
@@ -45,6 +46,7 @@ def _configure_logging() -> None:
 
 
 app.add_typer(db_app, name="db")
+app.add_typer(dead_app, name="dead")
 app.command("import")(data.import_command)
 app.command("export")(data.export_command)
 app.command("append")(platform.append_command)

@@ -118,7 +118,7 @@ def test_a_pickled_trigger_is_refused_with_an_event_and_the_worker_keeps_serving
 
     refused = event_of(worker, pickled)
     assert (refused["outcome"], refused["reason"]) == ("rejected", "undecodable_message")
-    assert refused["failure_class"] == "ContentDisallowed"
+    assert refused["failure_class"] == "ItemRejected"  # refused by the transport, unread
     assert "application/x-python-serialize" in refused["failure_message"]
     assert refused["session_id"] is None  # the body is never unpickled to find out
     assert event_of(worker, good)["outcome"] == "compacted"

@@ -33,11 +33,11 @@ from worker import pipeline
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
 from worker.errors import Outcome
-from worker.fleet import InMemoryBreakerState, ProviderBreaker
 from worker.job import JobDeps, JobPolicy, JobRequest, JobResult
 from worker.keys import RedisKeys
 from worker.logging import JOB_EVENT, get_logger
 from worker.outcome import emit_job_event, event_field_docs
+from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.runtime import build_summarizer, job_policy
 from worker.settings import Settings
 from worker.summarizers import ExtractiveSummarizer, Summarizer, SummaryDraft, SummaryWork

@@ -22,8 +22,8 @@ from db import Store
 from tests.support.chat_rules import find_chat_violations
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import BLOCK_HEADER
-from worker.fleet import InMemoryBreakerState, ProviderBreaker
 from worker.keys import RedisKeys
+from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.runtime import Runtime, build_runtime, build_summarizer, utc_now
 from worker.settings import Settings
 

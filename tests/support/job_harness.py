@@ -18,9 +18,9 @@ from worker.compaction.intake import IntakePolicy
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.schema import Summary
 from worker.compaction.tokens import TokenCounter
-from worker.fleet import InMemoryBreakerState, ProviderBreaker
 from worker.ingest import ImportStatus, import_sessions
 from worker.job import JobDeps, JobPolicy, JobRequest, JobResult
+from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryUsage, SummaryWork
 
 COOLDOWN_S = 600
@@ -87,7 +87,8 @@ class JobHarness:
 
     def __post_init__(self) -> None:
         self.summarizer = ScriptedSummarizer(self.counter)
-        self.provider = ProviderBreaker(InMemoryBreakerState(), threshold=PROVIDER_THRESHOLD,
+        self.provider_state = InMemoryBreakerState()
+        self.provider = ProviderBreaker(self.provider_state, threshold=PROVIDER_THRESHOLD,
                                         cooldown_s=COOLDOWN_S, clock=self.clock)
         self.deps = JobDeps(store=self.store, summarizer=self.summarizer,
                             fallback=ExtractiveSummarizer(self.counter, kind="fallback"),

@@ -15,6 +15,7 @@ from tests.support.job_harness import (
     JobHarness,
 )
 from tests.unit.session_strategies import shared_counter
+from worker.compaction import BreakerState
 from worker.compaction.errors import SummaryInvalid
 from worker.errors import Outcome, ProviderError
 
@@ -153,3 +154,23 @@ def test_a_success_through_the_provider_closes_its_breaker(harness: JobHarness) 
     for _ in range(PROVIDER_THRESHOLD - 1):
         harness.provider.record_failure()
     assert harness.provider.admit()  # the success reset the count
+
+
+def test_a_provider_trial_ending_in_an_invalid_summary_reopens_both_breakers(
+    harness: JobHarness,
+) -> None:
+    harness.add_session(SESSION, LONG_TURNS)
+    open_the_breaker(harness)
+    for _ in range(PROVIDER_THRESHOLD):
+        harness.provider.record_failure()
+    harness.clock.advance(COOLDOWN_S)
+
+    trial = harness.run(SESSION)  # the trial of both breakers, and an invalid summary
+
+    assert (trial.outcome, trial.reason, trial.breaker_state) == \
+        (Outcome.FAILED, "malformed_json", "open")
+    assert breaker_of(harness) == ("open", BREAKER_THRESHOLD + 1)
+    provider = harness.provider_state.load()
+    assert (provider.state, provider.failures, provider.opened_at) == \
+        (BreakerState.OPEN, PROVIDER_THRESHOLD + 1, harness.clock())
+    assert not harness.provider.admit()

@@ -1,0 +1,157 @@
+"""`compactor dead list|show|retry|purge`: the queue items the workers refused
+(docs/RUNBOOK.md, "Dead-lettered queue items")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import wraps
+from typing import Annotated, ParamSpec, TypeVar
+
+import redis
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from scheduler.cli.common import expected_errors, fail, print_json, stdout_console
+from worker.dead_letters import DeadLetter, DeadLetters, RetryRefused
+from worker.keys import RedisKeys
+from worker.logging import configure_logging
+from worker.queue_items import item_limits
+from worker.settings import Settings, get_settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Exit status of an entry that does not exist (apart from errors, 1), and of a retry refused.
+EXIT_NOT_FOUND = 3
+EXIT_REFUSED = 4
+SHOWN_ITEM_CHARS = 2_000
+
+dead_app = typer.Typer(help="Queue items the workers refused: list, show, retry, purge.",
+                       no_args_is_help=True)
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON on stdout.")]
+EntryArgument = Annotated[str, typer.Argument(metavar="ID", help="The entry's id (from list).")]
+
+
+def redis_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Turn an unreachable Redis into a one-line error."""
+
+    @wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except redis.RedisError as error:
+            fail(f"redis unreachable: {error}")
+
+    return run
+
+
+@dead_app.command("list")
+@expected_errors
+@redis_errors
+def list_command(
+    limit: Annotated[int, typer.Option(help="Newest entries to list.", min=1)] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """List refused items, newest first (id, time, reason, task id, size)."""
+    letters = _dead_letters(_settings()).list(limit)
+    if as_json:
+        print_json([_summary(letter) for letter in letters])
+        return
+    table = Table("id", "at", "reason", "task id", "bytes", "detail")
+    for letter in letters:
+        table.add_row(letter.entry_id, letter.at, letter.reason, escape(letter.task_id or ""),
+                      str(letter.item_bytes), escape(letter.detail))
+    stdout_console().print(table)
+
+
+@dead_app.command("show")
+@expected_errors
+@redis_errors
+def show_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
+    """Show one refused item with its raw text (as kept: at most 64 KiB)."""
+    letter = _find(_dead_letters(_settings()), entry_id)
+    if as_json:
+        print_json(letter)
+        return
+    console = stdout_console()
+    for name, value in dataclasses.asdict(_summary(letter)).items():
+        console.print(f"{name}: {escape(str(value))}", highlight=False)
+    shown = letter.item[:SHOWN_ITEM_CHARS]
+    more = len(letter.item) - len(shown)
+    console.print(escape(shown) + (f" ... ({more} more characters; --json for all)"
+                                   if more else ""), highlight=False, soft_wrap=True)
+
+
+@dead_app.command("retry")
+@expected_errors
+@redis_errors
+def retry_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
+    """Put an item back on its queue, once it would be admitted (exit 4 if it would be
+    refused again, or was kept cut short)."""
+    settings = _settings()
+    try:
+        letter = _dead_letters(settings).retry(entry_id, item_limits(settings),
+                                               datetime.now(UTC))
+    except RetryRefused as exc:
+        fail(f"not retried: {exc}", exit_code=EXIT_REFUSED)
+    if letter is None:
+        fail(f"no dead-letter entry {entry_id}", exit_code=EXIT_NOT_FOUND)
+    if as_json:
+        print_json(_summary(letter))
+        return
+    stdout_console().print(f"re-queued {letter.entry_id} on {escape(letter.queue)}",
+                           highlight=False)
+
+
+@dead_app.command("purge")
+@expected_errors
+@redis_errors
+def purge_command(as_json: JsonOption = False) -> None:
+    """Drop every entry of the dead-letter list."""
+    count = _dead_letters(_settings()).purge()
+    if as_json:
+        print_json({"purged": count})
+        return
+    stdout_console().print(f"purged {count} entries", highlight=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class LetterSummary:
+    """An entry without its item, as ``list`` shows it."""
+
+    entry_id: str
+    at: str
+    queue: str
+    reason: str
+    detail: str
+    task_id: str | None
+    item_bytes: int
+    truncated: bool
+
+
+def _summary(letter: DeadLetter) -> LetterSummary:
+    fields = {f.name for f in dataclasses.fields(LetterSummary)}
+    return LetterSummary(**{k: v for k, v in dataclasses.asdict(letter).items() if k in fields})
+
+
+def _find(letters: DeadLetters, entry_id: str) -> DeadLetter:
+    letter = letters.get(entry_id)
+    if letter is None:
+        fail(f"no dead-letter entry {entry_id}", exit_code=EXIT_NOT_FOUND)
+    return letter
+
+
+def _dead_letters(settings: Settings) -> DeadLetters:
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5,
+                                  socket_timeout=10)
+    return DeadLetters(client, RedisKeys(settings.redis_key_prefix),
+                       settings.dead_letter_max_items)
+
+
+def _settings() -> Settings:
+    settings = get_settings()
+    configure_logging(settings.log_format.value, settings.log_level)
+    return settings

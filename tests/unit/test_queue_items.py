@@ -1,0 +1,154 @@
+"""The inspection of raw queue items: each defect is named, a valid message passes with
+the scheduling headers producers may not set dropped, the service's task names are
+exactly the tasks the app registers, and the kombu method the transport re-implements is
+the one it was copied from."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import inspect
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kombu
+import pytest
+from kombu.transport import redis as kombu_redis
+
+from tests.support.raw_producer import build_raw_message
+from worker.contract import SERVICE_TASK_NAMES, job_kwargs
+from worker.queue_items import (
+    MAX_NESTING_DEPTH,
+    ItemLimits,
+    ItemRejected,
+    admit_item,
+    nesting_depth,
+)
+
+KOMBU_BRPOP_READ_SHA256 = "c42518699709f2df90f55a048fe6346612ae5527e5c4a6819f2c0920dc62088f"
+LIMITS = ItemLimits(max_item_bytes=100_000, max_eta_s=60)
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def valid() -> dict[str, Any]:
+    return build_raw_message(job_kwargs("s-1", "test"), queue="q", task_id="t-1")
+
+
+def raw(message: Any) -> bytes:
+    return json.dumps(message).encode()
+
+
+def changed(**changes: Any) -> bytes:
+    message = valid()
+    message.update(changes)
+    return raw(message)
+
+
+def with_headers(**headers: Any) -> bytes:
+    message = valid()
+    message["headers"].update(headers)
+    return raw(message)
+
+
+def with_properties(**properties: Any) -> bytes:
+    message = valid()
+    message["properties"].update(properties)
+    return raw(message)
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(("item", "reason"), [
+    (b"x" * 100_001, "oversized_item"),
+    (b"\x00\xffgarbage", "unreadable_item"),
+    (b"{not json", "unreadable_item"),
+    (nested(40_000).encode(), "nested_too_deep"),
+    (nested(MAX_NESTING_DEPTH + 1).encode(), "nested_too_deep"),
+    (b"[1, 2, 3]", "not_an_envelope"),
+    (b'{"hello": "world"}', "not_an_envelope"),
+    (changed(headers=None), "invalid_headers"),
+    (changed(headers="compactor.compact_session"), "invalid_headers"),
+    (with_headers(id=None), "invalid_headers"),
+    (with_headers(id="i" * 5_000), "oversized_header"),
+    (with_headers(origin="o" * 50_000), "oversized_header"),
+    (with_headers(retries="1"), "invalid_headers"),
+    (with_headers(retries=True), "invalid_headers"),
+    (with_headers(stamps=[]), "invalid_headers"),
+    (with_properties(delivery_tag=None), "invalid_properties"),
+    (with_properties(delivery_info="q"), "invalid_properties"),
+    (with_properties(correlation_id="c" * 50_000), "oversized_header"),
+    (with_headers(task="celery.accumulate"), "unknown_task"),
+    (with_headers(task=None), "unknown_task"),
+    (changed(**{"content-type": "application/x-python-serialize"}), "undecodable_message"),
+    (changed(body=None), "bad_body"),
+    (changed(body=12), "bad_body"),
+    (changed(body="!!! not base64"), "bad_base64"),
+    (changed(body=base64.b64encode(b'"just a string"').decode()), "bad_body"),
+    (changed(body=base64.b64encode(b'[[], {}]').decode()), "bad_body"),
+    (changed(body=base64.b64encode(b'[{}, [], null]').decode()), "bad_body"),
+    (changed(body=base64.b64encode(b"not JSON {").decode()), "undecodable_message"),
+    (changed(body=base64.b64encode(nested(10_000).encode()).decode()), "nested_too_deep"),
+])
+def test_each_defective_item_is_rejected_with_the_reason_naming_its_defect(
+    item: bytes, reason: str,
+) -> None:
+    with pytest.raises(ItemRejected) as rejected:
+        admit_item(item, LIMITS, NOW)
+    assert rejected.value.reason == reason
+    assert len(rejected.value.detail) <= 300
+
+
+def test_an_oversized_id_is_never_reported_as_the_task_id() -> None:
+    with pytest.raises(ItemRejected) as rejected:
+        admit_item(with_headers(id="i" * 5_000), LIMITS, NOW)
+    assert rejected.value.task_id is None
+
+
+def test_a_valid_message_passes_with_producer_scheduling_headers_dropped() -> None:
+    item = with_headers(eta=(NOW + timedelta(days=1)).isoformat(), countdown=5,
+                        expires=NOW.isoformat(), timelimit=[1, 1])
+
+    headers = admit_item(item, LIMITS, NOW)["headers"]
+
+    assert (headers["eta"], headers["expires"], headers["timelimit"]) == \
+        (None, None, [None, None])
+    assert "countdown" not in headers and headers["id"] == "t-1"
+
+
+@pytest.mark.parametrize(("retries", "ahead_s", "kept"), [
+    (1, 30, True), (1, 60, True), (1, 61, False), (0, 30, False), (None, 30, False),
+])
+def test_only_a_retry_due_within_the_horizon_keeps_its_eta(
+    retries: Any, ahead_s: int, kept: bool,
+) -> None:
+    eta = (NOW + timedelta(seconds=ahead_s)).isoformat()
+
+    headers = admit_item(with_headers(eta=eta, retries=retries), LIMITS, NOW)["headers"]
+
+    assert (headers["eta"] == eta) is kept
+
+
+@pytest.mark.parametrize(("value", "depth"), [
+    (1, 0), ([], 1), ({"a": [1, {"b": []}]}, 4), ([[1], [[2]]], 3),
+])
+def test_nesting_depth_counts_lists_and_objects(value: Any, depth: int) -> None:
+    assert nesting_depth(value) == depth
+
+
+def test_the_service_task_names_are_the_tasks_the_app_registers() -> None:
+    from worker.celery_app import app
+
+    app.loader.import_default_modules()
+    registered = {name for name in app.tasks if not name.startswith("celery.")}
+    assert registered == SERVICE_TASK_NAMES
+
+
+def test_the_transport_overrides_the_brpop_read_of_the_kombu_it_was_copied_from() -> None:
+    """worker/transport.py re-implements kombu's private ``Channel._brpop_read`` (5.7.0)
+    to inspect the item before ``loads``; a kombu that changes it must be read again."""
+    source = inspect.getsource(kombu_redis.Channel._brpop_read)
+    assert hashlib.sha256(source.encode()).hexdigest() == KOMBU_BRPOP_READ_SHA256, \
+        f"kombu {kombu.__version__} changed Channel._brpop_read: update worker/transport.py"

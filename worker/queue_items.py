@@ -1,0 +1,215 @@
+"""The inspection of one raw queue item before kombu or Celery reads it: every defect a
+producer can put on the list ends as a named ``ItemRejected`` (the transport dead-letters
+it), and the scheduling headers producers may not set are neutralized.
+
+Plain data in, plain data out: the transport (``worker/transport.py``) and
+``compactor dead retry`` both call ``admit_item``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from worker.contract import MAX_HEADERS_CHARS, MAX_TASK_ID_CHARS, SERVICE_TASK_NAMES
+from worker.settings import Settings
+
+MAX_NESTING_DEPTH = 32  # a task message nests 4 deep; Celery's decoder recurses per level
+JSON_CONTENT_TYPE = "application/json"
+# The types kombu and Celery assume when they read these fields (null always allowed):
+# another type raises inside the consumer, where an AttributeError or KeyError reads as a
+# lost connection and the message goes back on the queue for ever.
+HEADER_TYPES: dict[str, type | tuple[type, ...]] = {
+    "lang": str, "shadow": str, "group": str, "group_index": int, "retries": int,
+    "root_id": str, "parent_id": str, "argsrepr": str, "kwargsrepr": str, "origin": str,
+    "ignore_result": bool, "replaced_task_nesting": int, "stamped_headers": list,
+    "stamps": dict,
+}
+PROPERTY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "correlation_id": str, "reply_to": str, "delivery_mode": int, "delivery_info": dict,
+    "priority": int, "body_encoding": str,
+}
+
+
+@dataclass(frozen=True)
+class ItemLimits:
+    """What a queue item may be: its size (bytes) and how far ahead a retry's ``eta`` may
+    lie (s; further, and the visibility timeout would deliver it twice)."""
+
+    max_item_bytes: int
+    max_eta_s: int
+
+
+def item_limits(settings: Settings) -> ItemLimits:
+    """The deployment's limits: a retry never waits past ``retry_backoff_max_s``."""
+    return ItemLimits(max_item_bytes=settings.max_queue_item_bytes,
+                      max_eta_s=settings.retry_backoff_max_s)
+
+
+class ItemRejected(Exception):
+    """Raised when a queue item cannot become a job; ``reason`` names the defect and
+    ``task_id`` is the item's id when it has a readable one."""
+
+    def __init__(self, reason: str, detail: str, task_id: str | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.task_id = task_id
+
+
+def admit_item(raw: bytes, limits: ItemLimits, now: datetime) -> dict[str, Any]:
+    """Return the item's envelope, its producer-set scheduling headers neutralized.
+
+    Raises:
+        ItemRejected: the item is oversized, not JSON, nested too deep, not an envelope,
+            names a task this service does not run, or carries a body that does not decode.
+    """
+    if len(raw) > limits.max_item_bytes:
+        raise ItemRejected("oversized_item",
+                           f"{len(raw)} bytes, over the {limits.max_item_bytes}-byte limit")
+    envelope = _load_json(raw, "unreadable_item", "the item")
+    if not isinstance(envelope, dict) or not isinstance(envelope.get("properties"), dict):
+        raise ItemRejected("not_an_envelope", "the item is not a task message envelope")
+    headers = envelope.get("headers")
+    if not isinstance(headers, dict):
+        raise ItemRejected("invalid_headers", f"headers are a {type(headers).__name__}, "
+                           "not an object")
+    task_id = _read_task_id(headers)
+    _check_types(headers, HEADER_TYPES, "invalid_headers", task_id)
+    _check_properties(envelope["properties"], task_id)
+    _check_task_name(headers, task_id)
+    _check_body(envelope, task_id)
+    envelope["headers"] = neutralize_headers(headers, limits, now)
+    return envelope
+
+
+def neutralize_headers(headers: dict[str, Any], limits: ItemLimits,
+                       now: datetime) -> dict[str, Any]:
+    """Drop what producers may not set (docs/TRIGGER.md): ``expires``, ``timelimit`` and
+    ``countdown`` always; ``eta`` except on a retry due within ``max_eta_s``."""
+    cleared = {**headers, "expires": None, "timelimit": [None, None]}
+    cleared.pop("countdown", None)
+    if not _is_retry_eta(headers, limits, now):
+        cleared["eta"] = None
+    return cleared
+
+
+def _is_retry_eta(headers: dict[str, Any], limits: ItemLimits, now: datetime) -> bool:
+    eta, retries = headers.get("eta"), headers.get("retries")
+    if not isinstance(eta, str) or not isinstance(retries, int) or retries < 1:
+        return False
+    try:
+        due = datetime.fromisoformat(eta)
+    except ValueError:
+        return False
+    due = due if due.tzinfo else due.replace(tzinfo=UTC)
+    return due <= now + timedelta(seconds=limits.max_eta_s)
+
+
+def _read_task_id(headers: dict[str, Any]) -> str:
+    task_id = headers.get("id")
+    if not isinstance(task_id, str) or not task_id:
+        raise ItemRejected("invalid_headers", "the id header is missing or not a string")
+    if len(task_id) > MAX_TASK_ID_CHARS:
+        raise ItemRejected("oversized_header", f"the id header is {len(task_id)} characters, "
+                           f"over {MAX_TASK_ID_CHARS}")
+    size = len(json.dumps(headers))
+    if size > MAX_HEADERS_CHARS:
+        raise ItemRejected("oversized_header", f"the headers are {size} characters of "
+                           f"JSON, over {MAX_HEADERS_CHARS}", task_id)
+    return task_id
+
+
+def _check_types(fields: dict[str, Any], types: dict[str, type | tuple[type, ...]],
+                 reason: str, task_id: str) -> None:
+    for name, expected in types.items():
+        value = fields.get(name)
+        # bool is an int to isinstance; no field here takes one for the other.
+        if value is not None and (not isinstance(value, expected)
+                                  or isinstance(value, bool) is not (expected is bool)):
+            raise ItemRejected(reason, f"{name} is a {type(value).__name__}", task_id)
+
+
+def _check_properties(properties: dict[str, Any], task_id: str) -> None:
+    tag = properties.get("delivery_tag")
+    if not isinstance(tag, str) or not tag or len(tag) > MAX_TASK_ID_CHARS:
+        raise ItemRejected("invalid_properties", "delivery_tag is missing, not a string or "
+                           f"over {MAX_TASK_ID_CHARS} characters", task_id)
+    _check_types(properties, PROPERTY_TYPES, "invalid_properties", task_id)
+    size = len(json.dumps(properties))
+    if size > MAX_HEADERS_CHARS:
+        raise ItemRejected("oversized_header", f"the properties are {size} characters of "
+                           f"JSON, over {MAX_HEADERS_CHARS}", task_id)
+
+
+def _check_task_name(headers: dict[str, Any], task_id: str) -> None:
+    name = headers.get("task")
+    if name not in SERVICE_TASK_NAMES:
+        shown = name[:80] if isinstance(name, str) else type(name).__name__
+        raise ItemRejected("unknown_task", f"task {shown!r} does not run on this queue",
+                           task_id)
+
+
+def _check_body(envelope: dict[str, Any], task_id: str) -> None:
+    content_type = envelope.get("content-type")
+    if content_type != JSON_CONTENT_TYPE:
+        shown = content_type[:80] if isinstance(content_type, str) else content_type
+        raise ItemRejected("undecodable_message",
+                           f"refused {shown!r} content: only JSON is accepted", task_id)
+    body = envelope.get("body")
+    if not isinstance(body, str):
+        raise ItemRejected("bad_body", f"the body is a {type(body).__name__}, not a string",
+                           task_id)
+    if envelope["properties"].get("body_encoding") != "base64":
+        raise ItemRejected("bad_body", "the body is not base64-encoded", task_id)
+    try:
+        decoded = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ItemRejected("bad_base64", f"the body is not base64 ({exc})", task_id) from exc
+    args_kwargs_embed = _load_json(decoded, "undecodable_message", "the JSON body", task_id)
+    if not _is_task_body(args_kwargs_embed):
+        # Celery unpacks it in the pool child, where a failure leaves no outcome event.
+        raise ItemRejected("bad_body", "the body is not [args, kwargs, embed]", task_id)
+
+
+def _is_task_body(body: Any) -> bool:
+    return (isinstance(body, list) and len(body) == 3 and isinstance(body[0], list)
+            and isinstance(body[1], dict) and isinstance(body[2], dict | None))
+
+
+def _load_json(raw: bytes, reason: str, what: str, task_id: str | None = None) -> Any:
+    try:
+        value = json.loads(raw)
+    except RecursionError as exc:
+        raise ItemRejected("nested_too_deep", f"{what} nests too deep to parse",
+                           task_id) from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ItemRejected(reason, f"{what} does not decode as JSON ({exc})"[:300],
+                           task_id) from exc
+    depth = nesting_depth(value)
+    if depth > MAX_NESTING_DEPTH:
+        raise ItemRejected("nested_too_deep", f"{what} nests {depth} deep, over "
+                           f"{MAX_NESTING_DEPTH}", task_id)
+    return value
+
+
+def nesting_depth(value: Any) -> int:
+    """How deep lists and objects nest in a parsed JSON value (a scalar is 0), without
+    recursion; it stops counting past ``MAX_NESTING_DEPTH``."""
+    deepest, level = 0, [value]
+    while level and deepest <= MAX_NESTING_DEPTH:
+        children: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        if not children and not any(isinstance(i, dict | list) for i in level):
+            break
+        deepest += 1
+        level = children
+    return deepest
