@@ -157,7 +157,7 @@ def play_scenario(job_env: JobEnv, store: Store, worker: WorkerProcess,
     return events
 
 
-def producer_output(recipe: Recipe, outputs: Outputs, job_env: JobEnv) -> str:
+def producer_output(recipe: Recipe, outputs: Outputs, job_env: JobEnv, tmp_path: Path) -> str:
     """What the recipe's producer writes, from the real processes of this test."""
     producer = recipe.producer
     if producer == "compactor worker 2>&1" or producer.startswith("journalctl -u compactor-worker"):
@@ -166,8 +166,16 @@ def producer_output(recipe: Recipe, outputs: Outputs, job_env: JobEnv) -> str:
         return outputs.beat_log
     if producer == "compactor scan --json":
         return outputs.scan_stdout
-    if re.fullmatch(r"compactor (runs|sessions) --json[-\w ]*", producer):
+    if re.fullmatch(r"compactor (runs|sessions|gc) --json[-\w ]*", producer):
         return run_command(job_env, *producer.split()[1:]).stdout
+    if producer == "compactor import FILE --json":
+        records = tmp_path / "import.jsonl"
+        records.write_text(json.dumps(generated_session("imported", 2)) + "\n"
+                           + json.dumps({"session_id": "no-messages"}) + "\n")
+        # A rejected record makes the import exit 1; the pipe reads its stdout all the same.
+        done = Compactor(job_env.env).subprocess("import", str(records), "--json")
+        assert done.returncode == 1, done.stderr
+        return done.stdout
     if producer.startswith("redis-cli "):
         command = producer.replace('"$COMPACTOR_REDIS_URL"', job_env.settings.redis_url) \
             .replace(" compactor:", f" {job_env.prefix}")
@@ -216,7 +224,7 @@ def test_every_line_is_json_and_every_documented_jq_recipe_works_on_real_output(
     assert len(recipes) >= 2 + len(RECIPE_CHECKS), recipes
     checked = set()
     for recipe in recipes:
-        values = run_jq(recipe, producer_output(recipe, outputs, job_env))
+        values = run_jq(recipe, producer_output(recipe, outputs, job_env, tmp_path))
         check = RECIPE_CHECKS.get(recipe.title)
         if check is not None:
             check(values, events)

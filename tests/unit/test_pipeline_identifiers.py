@@ -10,6 +10,7 @@ import pytest
 from tests.support.job_harness import JobHarness
 from tests.unit.session_strategies import shared_counter
 from worker.compaction import identifier_rules
+from worker.compaction.fallback import TIMES
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.schema import Summary
@@ -80,4 +81,4 @@ def test_the_extractive_summary_of_a_job_scans_no_text_for_identifiers_either(
     [revision] = harness.store.revisions(SESSION)
     # The calls' values still reach the summary, from the stored index.
     actions = "\n".join(revision.summary["completed_actions"])
-    assert "get_reservation_details ×17 (s-idsR0, s-idsR1, s-idsR2, s-idsR3)" in actions
+    assert f"get_reservation_details {TIMES}17 (s-idsR0, s-idsR1, s-idsR2, s-idsR3)" in actions
