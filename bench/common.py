@@ -21,7 +21,8 @@ from celery import Celery
 from pydantic import AliasChoices
 
 from db import upgrade_database
-from scheduler.enqueue import CeleryPublisher, QueuedJob
+from scheduler.enqueue import QueuedJob
+from scheduler.publisher import RedisPublisher
 from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT, WorkerProcess
 from worker import pipeline
@@ -64,13 +65,11 @@ class Broker:
 
     def publish_jobs(self, session_ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Queue one ``compactor.compact_session`` per session; return the task ids."""
-        publisher = CeleryPublisher(self.app, self.settings.queue_name)
-        task_ids = []
-        for session_id in session_ids:
-            task_id = f"bench-{uuid.uuid4().hex}"
-            publisher.publish(QueuedJob(task_id, job_kwargs(session_id, "bench", force=force)))
-            task_ids.append(task_id)
-        return task_ids
+        jobs = [QueuedJob(f"bench-{uuid.uuid4().hex}", job_kwargs(sid, "bench", force=force))
+                for sid in session_ids]
+        RedisPublisher(self.client, self.settings.redis_key_prefix,
+                       self.settings.queue_name).publish(jobs)
+        return [job.job_id for job in jobs]
 
 
 @contextmanager
