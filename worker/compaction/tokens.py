@@ -15,6 +15,7 @@ so these are approximations that the summarizer's safety margin absorbs.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import types
@@ -65,8 +66,12 @@ def _offline_bytes(blobpath: str, expected_hash: str | None, cache_dir: Path | N
     )
 
 
+# Building an encoding takes ~0.5 s and ~75 MiB (the ranks, in Python and in tiktoken's
+# Rust tables); an encoding is read-only, so a process builds each one once, and a worker
+# builds it before the pool forks, so that every child shares its pages.
+@functools.cache
 def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> tiktoken.Encoding:
-    """Build the named tiktoken encoding without any network access."""
+    """Build the named tiktoken encoding without any network access, once per process."""
     if name not in SUPPORTED_ENCODINGS:
         raise TokenizerUnavailable(
             f"unsupported encoding {name!r}; choose one of {', '.join(SUPPORTED_ENCODINGS)}"
