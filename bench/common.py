@@ -144,6 +144,44 @@ def event_time_s(event: Mapping[str, Any]) -> float:
     return datetime.fromisoformat(str(event["timestamp"])).timestamp()
 
 
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A process's memory (KiB): resident (shared pages counted in full), proportional
+    (shared pages split among their sharers), and private (its own pages alone)."""
+
+    rss_kib: int
+    pss_kib: int
+    uss_kib: int
+
+
+def proc_memory(pid: int) -> ProcessMemory:
+    """Read ``/proc/<pid>/smaps_rollup``: RSS overstates forked children, which share
+    their parent's pages; PSS and USS do not."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as rollup:
+        for line in rollup:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                fields[name] = int(rest.split()[0])
+    return ProcessMemory(fields["Rss"], fields["Pss"],
+                         fields["Private_Clean"] + fields["Private_Dirty"])
+
+
+def settled_memory(pid: int, *, interval_s: float = 0.5, timeout_s: float = 30.0
+                   ) -> ProcessMemory:
+    """The process's memory once its RSS stops moving (a fresh pool child is still
+    building its runtime when the worker reports ready)."""
+    deadline = time.monotonic() + timeout_s
+    previous = proc_memory(pid)
+    while time.monotonic() < deadline:
+        time.sleep(interval_s)
+        current = proc_memory(pid)
+        if current.rss_kib == previous.rss_kib:
+            return current
+        previous = current
+    return previous
+
+
 def proc_status_kib(pid: int, field: str) -> int:
     """A ``/proc/<pid>/status`` memory field (``VmHWM``, ``VmRSS``) in KiB."""
     with open(f"/proc/{pid}/status", encoding="utf-8") as status:
