@@ -94,6 +94,14 @@ def test_text_counts_equal_tiktokens_own_encode(
     assert counters[name].count_text(text) == len(reference[name].encode(text))
 
 
+@pytest.mark.parametrize("name", SUPPORTED_ENCODINGS)
+def test_the_ranks_parsed_offline_equal_tiktokens_own_parse(
+    name: str, reference: dict[str, tiktoken.Encoding]
+) -> None:
+    # _mergeable_ranks is the dict tiktoken builds its Rust tables from.
+    assert load_encoding(name)._mergeable_ranks == reference[name]._mergeable_ranks
+
+
 def test_empty_text_counts_zero(counters: dict[str, TokenCounter]) -> None:
     assert counters["o200k_base"].count_text("") == 0
 
