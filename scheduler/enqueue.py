@@ -112,6 +112,9 @@ def run_scan(
             on_progress(report)
         if marking.stopped is not None:
             return replace(report, stopped=marking.stopped)
+        if allowance.jobs >= allowance.max_jobs:
+            # The cap is spent at the page's end: the next page would only be refused.
+            return replace(report, stopped=StopReason.MAX_JOBS)
     return replace(report, stopped=StopReason.EXHAUSTED)
 
 

@@ -295,6 +295,31 @@ def test_a_stale_marker_counts_as_a_lost_message_and_is_sent_again(
     assert (row.queued_at, row.queued_job_id) == (None, None)
 
 
+def test_a_scan_whose_cap_is_spent_at_a_page_end_reads_no_further_page(
+    store: Store, engine: Engine
+) -> None:
+    for index in range(4):
+        put_session(store, engine, f"over-{index}", 5_000 + index, now=NOW)
+    pages_read: list[int] = []
+    read_page = store.due_sessions_page
+
+    def counting_page(*args: Any, **kwargs: Any) -> Any:
+        page = read_page(*args, **kwargs)
+        pages_read.append(len(page.sessions))
+        return page
+
+    store.due_sessions_page = counting_page  # type: ignore[method-assign]  # a probe
+
+    class Discarding:
+        def publish(self, jobs: Sequence[QueuedJob]) -> None:
+            return
+
+    report = run_scan(store, Discarding(), replace(POLICY, batch_size=2, max_jobs=2), NOW)
+
+    assert (report.enqueued, report.stopped) == (2, StopReason.MAX_JOBS)
+    assert pages_read == [2]
+
+
 def test_a_page_the_broker_refuses_releases_the_markers_of_the_whole_page(
     store: Store, engine: Engine
 ) -> None:
