@@ -21,7 +21,8 @@ from celery import Celery
 from pydantic import AliasChoices
 
 from db import upgrade_database
-from scheduler.enqueue import CeleryPublisher, QueuedJob
+from scheduler.enqueue import QueuedJob
+from scheduler.publisher import RedisPublisher
 from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT, WorkerProcess
 from worker import pipeline
@@ -64,13 +65,11 @@ class Broker:
 
     def publish_jobs(self, session_ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Queue one ``compactor.compact_session`` per session; return the task ids."""
-        publisher = CeleryPublisher(self.app, self.settings.queue_name)
-        task_ids = []
-        for session_id in session_ids:
-            task_id = f"bench-{uuid.uuid4().hex}"
-            publisher.publish(QueuedJob(task_id, job_kwargs(session_id, "bench", force=force)))
-            task_ids.append(task_id)
-        return task_ids
+        jobs = [QueuedJob(f"bench-{uuid.uuid4().hex}", job_kwargs(sid, "bench", force=force))
+                for sid in session_ids]
+        RedisPublisher(self.client, self.settings.redis_key_prefix,
+                       self.settings.queue_name).publish(jobs)
+        return [job.job_id for job in jobs]
 
 
 @contextmanager
@@ -143,6 +142,44 @@ class BenchWorker(WorkerProcess):
 def event_time_s(event: Mapping[str, Any]) -> float:
     """The event's timestamp (ISO UTC, as structlog writes it) as epoch seconds."""
     return datetime.fromisoformat(str(event["timestamp"])).timestamp()
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A process's memory (KiB): resident (shared pages counted in full), proportional
+    (shared pages split among their sharers), and private (its own pages alone)."""
+
+    rss_kib: int
+    pss_kib: int
+    uss_kib: int
+
+
+def proc_memory(pid: int) -> ProcessMemory:
+    """Read ``/proc/<pid>/smaps_rollup``: RSS overstates forked children, which share
+    their parent's pages; PSS and USS do not."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as rollup:
+        for line in rollup:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                fields[name] = int(rest.split()[0])
+    return ProcessMemory(fields["Rss"], fields["Pss"],
+                         fields["Private_Clean"] + fields["Private_Dirty"])
+
+
+def settled_memory(pid: int, *, interval_s: float = 0.5, timeout_s: float = 30.0
+                   ) -> ProcessMemory:
+    """The process's memory once its RSS stops moving (a fresh pool child is still
+    building its runtime when the worker reports ready)."""
+    deadline = time.monotonic() + timeout_s
+    previous = proc_memory(pid)
+    while time.monotonic() < deadline:
+        time.sleep(interval_s)
+        current = proc_memory(pid)
+        if current.rss_kib == previous.rss_kib:
+            return current
+        previous = current
+    return previous
 
 
 def proc_status_kib(pid: int, field: str) -> int:

@@ -1,32 +1,40 @@
 """Per-job orchestration overhead: compaction jobs with an instant summarizer (extractive,
-and the OpenAI test server at latency 0) against a bare Celery no-op task, each through
-a real prefork worker (concurrency 1) on the same broker, in the same run.
+and the OpenAI test server at latency 0) against a bare Celery no-op task, on the same
+prefork worker (concurrency 1) and broker, interleaved in rounds.
 
-The queue is filled before the worker starts, so completions are back to back; the
-per-job wall time is the spacing of the completion events after the warm-up jobs.
+The queue holds, round after round, a block of no-ops then a block of compaction jobs,
+and is filled before the worker starts, so jobs run back to back in that order. A
+block's per-job wall time is the spacing of its last completion from the previous
+block's, over its size; each round gives one ratio (compaction / no-op), and the script
+prints their min and median: the no-op's own time swings with the machine's load, and
+only a ratio taken side by side holds still.
 """
 
 from __future__ import annotations
 
-import functools
-import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tiktoken
 from celery import Task
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from bench.common import (
     BenchWorker,
     Broker,
     event_time_s,
+    inline_runtime,
     openai_server,
     private_broker,
     private_database,
+    run_inline,
     settings_env,
 )
 from bench.report import (
@@ -39,24 +47,20 @@ from bench.report import (
 )
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
 from db import Store, create_db_engine
-from worker.celery_app import create_app
+from worker.celery_app import app
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.logging import JOB_EVENT, get_logger
-from worker.settings import get_settings
 
 NOOP_TASK = "bench.noop"
 NOOP_EVENT = "bench.noop"
 IDENTIFIER_REPEATS = 5
 STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "validate", "swap")
-WORKER_APP = "worker.celery_app"
-NOOP_APP = "bench.job_overhead:noop_app"
-
-# The benchmark-only app: the real app's broker settings (create_app), one no-op task.
-noop_app = create_app(get_settings())
+# The real app with one more task: the worker that runs the jobs runs the no-ops too.
+WORKER_APP = "bench.job_overhead:app"
 
 
-@noop_app.task(name=NOOP_TASK, bind=True)  # type: ignore[untyped-decorator]  # Celery: no hints
+@app.task(name=NOOP_TASK, bind=True)  # type: ignore[untyped-decorator]  # Celery: no hints
 def noop(self: Task) -> None:
     # One log line per task, as the real task's one outcome event.
     get_logger().info(NOOP_EVENT, task_id=self.request.id)
@@ -64,37 +68,64 @@ def noop(self: Task) -> None:
 
 @dataclass(frozen=True)
 class Variant:
-    """One kind of job measured: how to queue it and what ends it."""
+    """One kind of compaction job: its worker's settings and its sessions' copies."""
 
     name: str
-    app: str
-    event: str
     env: dict[str, str]
-    publish: Callable[[], list[str]]
-    session_ids: tuple[str, ...] = ()  # an LLM variant's sessions: their runs hold latency
+    session_ids: tuple[str, ...]
+    is_llm: bool
 
 
 @dataclass(frozen=True)
 class Measured:
     name: str
-    events: list[dict[str, Any]]  # the timed jobs' events, oldest first
-    per_job_ms: float
-    llm_ms: list[float]  # per timed job: the LLM call's latency inside summarize
+    ratios: list[float]  # per round: compaction per-job ms / no-op per-job ms
+    noop_ms: list[float]  # per round
+    job_ms: list[float]  # per round
+    events: list[dict[str, Any]]  # the timed compaction jobs' events
+    llm_ms: list[float] = field(default_factory=list)  # per timed job, inside summarize
 
 
-def measure(variant: Variant, count: int, warmup: int, log_dir: Path, store: Store) -> Measured:
-    """Queue ``count`` jobs, then let one worker drain them; time the steady state."""
-    task_ids = set(variant.publish())
-    log_path = log_dir / f"{uuid.uuid4().hex}.log"
-    with BenchWorker(variant.env, log_path, app=variant.app) as worker:
-        worker.wait_for(variant.event, count, timeout_s=60 + count * 30)
-        events = [e for e in worker.events(variant.event) if e.get("task_id") in task_ids]
-    events.sort(key=event_time_s)
-    spacing_s = event_time_s(events[-1]) - event_time_s(events[warmup - 1])
-    timed = events[warmup:]
-    timed_sessions = {str(e.get("session_id")) for e in timed} & set(variant.session_ids)
-    return Measured(variant.name, timed, spacing_s * 1000 / (count - warmup),
-                    llm_latency_ms(store, timed_sessions))
+def queue_rounds(broker: Broker, variant: Variant, rounds: int, per_round: int,
+                 warmup: int) -> list[tuple[str, list[str]]]:
+    """Queue the warm-up jobs, then ``rounds`` x (no-op block, compaction block); return
+    the blocks in queue order as (kind, task ids)."""
+    sessions = iter(variant.session_ids)
+    blocks: list[tuple[str, list[str]]] = [
+        ("warmup", _publish_noops(broker, warmup) +
+         broker.publish_jobs([next(sessions) for _ in range(warmup)]))]
+    for _ in range(rounds):
+        blocks.append(("noop", _publish_noops(broker, per_round)))
+        blocks.append(("job", broker.publish_jobs([next(sessions) for _ in range(per_round)])))
+    return blocks
+
+
+def _publish_noops(broker: Broker, count: int) -> list[str]:
+    ids = [f"bench-noop-{uuid.uuid4().hex}" for _ in range(count)]
+    for task_id in ids:
+        broker.app.send_task(NOOP_TASK, task_id=task_id, queue=broker.settings.queue_name)
+    return ids
+
+
+def measure(broker: Broker, variant: Variant, rounds: int, per_round: int, warmup: int,
+            log_dir: Path, store: Store) -> Measured:
+    """Let one worker drain the interleaved rounds; time each block by its completions."""
+    blocks = queue_rounds(broker, variant, rounds, per_round, warmup)
+    total = sum(len(ids) for _, ids in blocks)
+    with BenchWorker(variant.env, log_dir / f"{uuid.uuid4().hex}.log", app=WORKER_APP) as worker:
+        worker.wait_for(NOOP_EVENT, total - rounds * per_round - warmup,
+                        timeout_s=60 + total * 30)
+        worker.wait_for(JOB_EVENT, rounds * per_round + warmup, timeout_s=60 + total * 30)
+        done = {e["task_id"]: e for e in worker.events(NOOP_EVENT) + worker.events(JOB_EVENT)
+                if "task_id" in e}
+    ends = [max(event_time_s(done[task_id]) for task_id in ids) for _, ids in blocks]
+    per_job = [(ends[i] - ends[i - 1]) * 1000 / len(blocks[i][1]) for i in range(1, len(blocks))]
+    noop_ms, job_ms = per_job[0::2], per_job[1::2]
+    timed = [done[task_id] for kind, ids in blocks if kind == "job" for task_id in ids]
+    return Measured(variant.name, [j / n for j, n in zip(job_ms, noop_ms, strict=True)],
+                    noop_ms, job_ms, timed,
+                    llm_latency_ms(store, {str(e["session_id"]) for e in timed})
+                    if variant.is_llm else [])
 
 
 def job_variants(broker: Broker, database_url: str, session: BenchSession, count: int,
@@ -112,21 +143,9 @@ def job_variants(broker: Broker, database_url: str, session: BenchSession, count
     for kind, extra in kinds:
         ids = tuple(f"{kind.split()[0]}-{session.tokens}-{n}" for n in range(count))
         import_copies(store, session, ids)
-        variants.append(Variant(
-            f"compaction, {session.tokens:,} tokens ({kind})", WORKER_APP, JOB_EVENT,
-            {**env, **extra}, functools.partial(broker.publish_jobs, ids),
-            ids if kind.startswith("LLM") else ()))
+        variants.append(Variant(f"compaction, {session.tokens:,} tokens ({kind})",
+                                {**env, **extra}, ids, kind.startswith("LLM")))
     return variants
-
-
-def noop_variant(broker: Broker, count: int) -> Variant:
-    def publish() -> list[str]:
-        ids = [f"bench-noop-{uuid.uuid4().hex}" for _ in range(count)]
-        for task_id in ids:
-            broker.app.send_task(NOOP_TASK, task_id=task_id, queue=broker.settings.queue_name)
-        return ids
-
-    return Variant("celery no-op task", NOOP_APP, NOOP_EVENT, dict(broker.env), publish)
 
 
 def llm_latency_ms(store: Store, session_ids: set[str]) -> list[float]:
@@ -137,19 +156,19 @@ def llm_latency_ms(store: Store, session_ids: set[str]) -> list[float]:
             if run.session_id in session_ids]
 
 
-def print_results(results: list[Measured]) -> None:
-    noop_ms = results[0].per_job_ms
+def print_results(results: list[Measured], per_round: int) -> None:
+    print(f"\nPer-job wall time, interleaved rounds on one worker (concurrency 1), "
+          f"{per_round} jobs of each kind per round:")
     rows = []
     for result in results:
-        durations = [float(e["duration_ms"]) for e in result.events if "duration_ms" in e]
-        rows.append((result.name, len(result.events), result.per_job_ms,
-                     result.per_job_ms / noop_ms,
-                     *((statistics.fmean(durations), median(durations),
-                        percentile(durations, 0.95)) if durations else ("-", "-", "-"))))
-    print("\nPer-job wall time (steady state, concurrency 1):")
-    print_table(("job", "timed jobs", "per-job wall ms", "x no-op", "pipeline ms mean",
-                 "pipeline ms median", "pipeline ms p95"), rows)
-    for result in results[1:]:
+        durations = [float(e["duration_ms"]) for e in result.events]
+        rows.append((result.name, len(result.ratios), median(result.noop_ms),
+                     median(result.job_ms), min(result.ratios), median(result.ratios),
+                     max(result.ratios), median(durations), percentile(durations, 0.95)))
+    print_table(("job", "rounds", "no-op ms median", "per-job wall ms median",
+                 "x no-op min", "x no-op median", "x no-op max", "pipeline ms median",
+                 "pipeline ms p95"), rows)
+    for result in results:
         print(f"\nPipeline steps of {result.name} (durations_ms of compaction.job):")
         step_rows = []
         for step in STEPS:
@@ -162,34 +181,94 @@ def print_results(results: list[Measured]) -> None:
         print(f"outcomes: {', '.join(sorted({str(e['outcome']) for e in result.events}))}")
 
 
+@dataclass
+class WorkCount:
+    """What one in-process job asked of the database and the tokenizer."""
+
+    statements: int = 0
+    tokenizer_calls: int = 0
+    tokens_counted: int = 0
+
+
+@contextmanager
+def counting_work() -> Iterator[WorkCount]:
+    """Count SQL statements (every engine) and tokenizer calls while the block runs."""
+    count = WorkCount()
+    original: Callable[..., list[int]] = tiktoken.Encoding.encode_ordinary
+
+    def on_statement(*_: Any) -> None:
+        count.statements += 1
+
+    def encode_ordinary(encoding: tiktoken.Encoding, text: str) -> list[int]:
+        tokens = original(encoding, text)
+        count.tokenizer_calls += 1
+        count.tokens_counted += len(tokens)
+        return tokens
+
+    event.listen(Engine, "before_cursor_execute", on_statement)
+    # A bench-only probe on the class: every encoding of this process counts its calls.
+    tiktoken.Encoding.encode_ordinary = encode_ordinary  # type: ignore[assignment,method-assign]
+    try:
+        yield count
+    finally:
+        tiktoken.Encoding.encode_ordinary = original  # type: ignore[method-assign]  # the probe undone
+        event.remove(Engine, "before_cursor_execute", on_statement)
+
+
+def print_work_per_job(database_url: str, store: Store, sessions: list[BenchSession],
+                       base_url: str) -> None:
+    """Run one job per session and summarizer in this process, counting its work."""
+    rows = []
+    for session in sessions:
+        for kind, extra in (("extractive", {"summarizer": "extractive"}),
+                            ("LLM server", {"summarizer": "llm", "llm_base_url": base_url})):
+            session_id = f"count-{kind.split()[0]}-{session.tokens}"
+            import_copies(store, session, [session_id])
+            with inline_runtime(database_url, model_context_tokens=round(session.tokens * 1.28),
+                                tail_budget_tokens=min(8_000, session.tokens // 12),
+                                **extra) as runtime, counting_work() as count:
+                began = time.perf_counter()
+                result = run_inline(runtime, session_id)
+                elapsed_ms = (time.perf_counter() - began) * 1000
+            rows.append((session.tokens, kind, count.statements, count.tokenizer_calls,
+                         count.tokens_counted, elapsed_ms, result.outcome.value))
+    print("\nWork per job, in-process (SQL statements on every engine; tokenizer calls "
+          "of this process, the test server's not included):")
+    print_table(("session tokens", "summarizer", "SQL statements", "tokenizer calls",
+                 "tokens counted", "job ms", "outcome"), rows)
+
+
 def main() -> None:
     parser = bench_parser(__doc__ or "")
-    parser.add_argument("--jobs", type=int, default=100, help="timed jobs per variant")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--per-round", type=int, default=10, help="jobs of each kind")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first jobs")
     parser.add_argument("--session-tokens", default="5000,100000", help="comma-separated")
     args = parser.parse_args()
     if args.quick:
-        args.jobs, args.warmup, args.session_tokens = 3, 1, "3000"
-    print_header("job orchestration overhead vs a bare Celery task")
-    count = args.jobs + args.warmup
+        args.rounds, args.per_round, args.warmup, args.session_tokens = 2, 2, 1, "3000"
+    print_header("job orchestration overhead vs a bare Celery task, interleaved")
+    count = args.rounds * args.per_round + args.warmup
     counter = new_counter()
     sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
     sizes = ", ".join(f"{s.tokens:,} tokens ({len(s.rows)} messages)" for s in sessions)
-    print(f"sessions: {sizes}; {args.jobs} timed + {args.warmup} warm-up jobs per variant",
-          flush=True)
+    print(f"sessions: {sizes}; {args.rounds} rounds of {args.per_round} no-ops then "
+          f"{args.per_round} jobs, after {args.warmup} warm-up jobs of each", flush=True)
     with (tempfile.TemporaryDirectory() as log_dir, openai_server() as server,
           private_database() as url, private_broker(url) as broker):
         engine = create_db_engine(url)
         store = Store(engine)
-        variants = [noop_variant(broker, count)]
+        variants = []
         for session in sessions:
             # --quick: the extractive variant differs by one setting; one worker start less.
             variants += job_variants(broker, url, session, count, server.base_url, store,
                                      extractive=not args.quick)
-        results = [measure(v, count, args.warmup, Path(log_dir), store) for v in variants]
+        results = [measure(broker, v, args.rounds, args.per_round, args.warmup,
+                           Path(log_dir), store) for v in variants]
+        print_load()
+        print_results(results, args.per_round)
+        print_work_per_job(url, store, sessions, server.base_url)
         engine.dispose()
-    print_load()
-    print_results(results)
     print_identifier_cost(sessions)
 
 

@@ -2,9 +2,10 @@
 session and the corpus's largest dev_long session, each in a fresh prefork worker
 (concurrency 1, LLM summarizer on the OpenAI test server at latency 0).
 
-The pool child's RSS high-water mark (``VmHWM``) is read after a small warm-up job and
-again after the big one; the growth is set against the session's raw size (its messages
-as compact JSON).
+The pool child's memory is read before its first job (RSS, PSS and private: it shares
+the tokenizer and the imports its parent loaded before the fork), its RSS high-water mark
+(``VmHWM``) after a small warm-up job and again after the big one; the peak's growth over
+the baseline is set against the session's raw size (its messages as compact JSON).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from pathlib import Path
 from bench.common import (
     BenchWorker,
     Broker,
+    ProcessMemory,
     llm_settings,
     openai_server,
     private_broker,
     private_database,
     proc_status_kib,
     settings_env,
+    settled_memory,
 )
 from bench.report import (
     bench_parser,
@@ -49,9 +52,10 @@ MIB = 2**20
 @dataclass(frozen=True)
 class Peak:
     session: BenchSession
+    baseline: ProcessMemory  # the pool child before its first job
+    main: ProcessMemory  # the worker's main process, at the same time
     warm_hwm_kib: int
     peak_hwm_kib: int
-    main_rss_kib: int
     job_s: float
     outcome: str
 
@@ -64,30 +68,39 @@ def measure_peak(broker: Broker, store: Store, env: dict[str, str], session: Ben
     import_copies(store, session, [tag])
     with BenchWorker(env, log_dir / f"{tag}.log") as worker:
         [child] = worker.child_pids()
+        assert worker.process is not None
+        baseline = settled_memory(child)
+        main = settled_memory(worker.process.pid)
         broker.publish_jobs([f"warm-{tag}"], force=True)
         worker.wait_for(JOB_EVENT, 1, timeout_s=120)
         warm_kib = proc_status_kib(child, "VmHWM")
         broker.publish_jobs([tag], force=True)
         events = worker.wait_for(JOB_EVENT, 2, timeout_s=600)
         peak_kib = proc_status_kib(child, "VmHWM")
-        assert worker.process is not None
-        main_kib = proc_status_kib(worker.process.pid, "VmRSS")
     event = next(e for e in events if e.get("session_id") == tag)
-    return Peak(session, warm_kib, peak_kib, main_kib, float(event["duration_ms"]) / 1000,
-                str(event["outcome"]))
+    return Peak(session, baseline, main, warm_kib, peak_kib,
+                float(event["duration_ms"]) / 1000, str(event["outcome"]))
 
 
 def print_peaks(peaks: list[Peak]) -> None:
+    print("\nPool child before its first job, and the worker's main process (MiB):")
+    print_table(("session", "child RSS", "child PSS", "child private", "main RSS",
+                 "main PSS", "main private"),
+                [(p.session.name, *(kib / 1024 for kib in (
+                    p.baseline.rss_kib, p.baseline.pss_kib, p.baseline.uss_kib,
+                    p.main.rss_kib, p.main.pss_kib, p.main.uss_kib))) for p in peaks])
     rows = []
     for peak in peaks:
         raw_mib = peak.session.json_bytes / MIB
-        growth_mib = (peak.peak_hwm_kib - peak.warm_hwm_kib) / 1024
+        growth_mib = (peak.peak_hwm_kib - peak.baseline.rss_kib) / 1024
         rows.append((peak.session.name, len(peak.session.rows), peak.session.tokens, raw_mib,
-                     peak.warm_hwm_kib / 1024, peak.peak_hwm_kib / 1024, growth_mib,
-                     growth_mib / raw_mib, peak.main_rss_kib / 1024, peak.job_s, peak.outcome))
-    print_table(("session", "messages", "tokens", "raw JSON MiB", "child HWM warm MiB",
-                 "child HWM peak MiB", "peak - warm MiB", "growth / raw", "main RSS MiB",
-                 "job s", "outcome"), rows)
+                     peak.baseline.rss_kib / 1024, peak.warm_hwm_kib / 1024,
+                     peak.peak_hwm_kib / 1024, growth_mib, growth_mib / raw_mib,
+                     peak.job_s, peak.outcome))
+    print("\nPeak of the pool child (RSS high-water mark) against its baseline RSS:")
+    print_table(("session", "messages", "tokens", "raw JSON MiB", "child RSS base MiB",
+                 "child HWM warm MiB", "child HWM peak MiB", "peak - base MiB",
+                 "growth / raw", "job s", "outcome"), rows)
     print(f"machine memory: {os_total_memory_bytes() / 2**30:.1f} GiB")
 
 

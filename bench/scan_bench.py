@@ -1,7 +1,8 @@
 """Benchmark of the due-session scan on PostgreSQL: fills a throwaway database with a
 fleet of sessions (one INSERT ... SELECT over generate_series), then times every keyset
 page of the scan, prints the EXPLAIN (ANALYZE) plan of its first and second page, and
-times enqueueing (marking, then marking and publishing to Redis).
+times enqueueing (marking alone; marking and publishing to Redis pipelined, as the scan
+does; and with one ``send_task`` per job, for comparison).
 
     .venv/bin/python bench/scan_bench.py --sessions 1000000
 
@@ -16,7 +17,7 @@ import os
 import secrets
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -27,12 +28,15 @@ from sqlalchemy.engine import make_url
 
 from db import DueCursor, DueWhy, Store, create_db_engine, upgrade_database
 from db.scan import due_page_query
-from scheduler.enqueue import CeleryPublisher, QueuedJob, run_scan
+from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob, run_scan
+from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
 from worker.celery_app import create_app
+from worker.contract import queue_list_key
 from worker.settings import Settings
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+WARMUP_JOBS = 1_000
 
 # The fleet, as shares of all sessions (the rest are small and clean): over the trigger,
 # dirty under it, appended to in the last minutes, leased, breaker open, freshly queued.
@@ -194,12 +198,15 @@ class CountingPublisher:
     def __init__(self) -> None:
         self.sent = 0
 
-    def publish(self, job: QueuedJob) -> None:
-        self.sent += 1
+    def publish(self, jobs: Sequence[QueuedJob]) -> None:
+        self.sent += len(jobs)
 
 
 def time_enqueueing(store: Store, policy: ScanPolicy, now: datetime, jobs: int) -> None:
-    """Time a scan that marks ``jobs`` sessions queued, then one that also publishes."""
+    """Time scans of ``jobs`` sessions each: marking alone, then marking and publishing
+    pipelined (the scan's publisher), then with one ``send_task`` per job. An untimed
+    scan of 1,000 first: the first statements of a run compile and warm caches."""
+    run_scan(store, CountingPublisher(), policy, now, limit=WARMUP_JOBS)
     began = time.perf_counter()
     report = run_scan(store, CountingPublisher(), policy, now, limit=jobs)
     print_rate("marked queued (no broker)", report.enqueued, time.perf_counter() - began)
@@ -207,12 +214,19 @@ def time_enqueueing(store: Store, policy: ScanPolicy, now: datetime, jobs: int) 
     settings = Settings(redis_key_prefix=f"bench-{tag}:", queue_name=f"bench-{tag}")
     app = create_app(settings)
     client = redis.Redis.from_url(settings.redis_url)
+    publishers: list[tuple[str, Publisher]] = [
+        ("marked and published to Redis, pipelined (RedisPublisher)",
+         RedisPublisher(client, settings.redis_key_prefix, settings.queue_name)),
+        ("marked and published to Redis, send_task per job (CeleryPublisher)",
+         CeleryPublisher(app, settings.queue_name)),
+    ]
     try:
-        began = time.perf_counter()
-        report = run_scan(store, CeleryPublisher(app, settings.queue_name), policy, now,
-                          limit=jobs)
-        print_rate("marked and published to Redis", report.enqueued,
-                   time.perf_counter() - began)
+        for what, publisher in publishers:
+            began = time.perf_counter()
+            report = run_scan(store, publisher, policy, now, limit=jobs)
+            print_rate(what, report.enqueued, time.perf_counter() - began)
+        queued = client.llen(queue_list_key(settings.redis_key_prefix, settings.queue_name))
+        print(f"messages on the queue: {queued:,}")
     finally:
         keys = list(client.scan_iter(match=f"{settings.redis_key_prefix}*"))
         if keys:

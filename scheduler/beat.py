@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Celery
 from celery.schedules import crontab
 
 from db import Store
-from scheduler.enqueue import CeleryPublisher, Publisher, ScanReport, run_scan
+from scheduler.enqueue import Publisher, ScanReport, run_scan
+from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
 from worker.celery_app import app
 from worker.contract import SCAN_TASK_NAME
@@ -153,11 +154,12 @@ def run_locked_scan(
 
 
 def run_scheduled_scan(
-    celery_app: Celery, settings: Settings, now: datetime, *, limit: int | None = None,
+    settings: Settings, now: datetime, *, limit: int | None = None,
     on_progress: Callable[[ScanReport], None] | None = None,
 ) -> ScanReport | None:
-    """Scan under the lock with connections made from ``settings``; None when another
-    scan holds the lock. The entrypoint of the beat task and of ``compactor scan``."""
+    """Scan under the lock with connections made from ``settings``, publishing each page
+    in one pipelined write; None when another scan holds the lock. The entrypoint of the
+    beat task and of ``compactor scan``."""
     store = Store.from_url(settings.effective_database_url,
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
@@ -165,7 +167,7 @@ def run_scheduled_scan(
     try:
         store.check_schema()
         lock = ScanLock.create(client, RedisKeys(settings.redis_key_prefix))
-        publisher = CeleryPublisher(celery_app, settings.queue_name)
+        publisher = RedisPublisher(client, settings.redis_key_prefix, settings.queue_name)
         return run_locked_scan(store, publisher, scan_policy(settings), now, lock,
                                limit=limit, on_progress=on_progress)
     finally:
@@ -173,10 +175,10 @@ def run_scheduled_scan(
         store.close()
 
 
-@app.task(name=SCAN_TASK_NAME, bind=True, ignore_result=True)
-def scan_due_sessions(self: Task) -> str:
+@app.task(name=SCAN_TASK_NAME, ignore_result=True)
+def scan_due_sessions() -> str:
     """``compactor.scan``: enqueue the due sessions (sent by beat)."""
-    report = run_scheduled_scan(self.app, get_settings(), datetime.now(UTC))
+    report = run_scheduled_scan(get_settings(), datetime.now(UTC))
     if report is None:
         return "skipped"
     get_logger().info("scan.finished", enqueued=report.enqueued,

@@ -1,6 +1,6 @@
 """Enqueue compaction jobs, at most one queued job per session: record the job on the
 session row first (the conditional UPDATE behind ``Store.queue_markers`` is the guard),
-then publish the message; a message that cannot be published releases its marker again.
+then publish the messages; messages that cannot be published release their markers again.
 
 A Redis message is only a wake-up call (it may be lost, duplicated or late): a marker
 older than its TTL is taken for a lost message and the next scan sends a new one, and
@@ -32,21 +32,24 @@ class QueuedJob:
 
 
 class Publisher(Protocol):
-    """Sends one job message; raises when the broker did not take it."""
+    """Sends a batch of job messages; raises when the broker may not have taken them all."""
 
-    def publish(self, job: QueuedJob) -> None: ...
+    def publish(self, jobs: Sequence[QueuedJob]) -> None: ...
 
 
 @dataclass(frozen=True)
 class CeleryPublisher:
-    """Publishes through a Celery app to one queue; the message id is the job id."""
+    """Publishes through a Celery app to one queue, one ``send_task`` (one round trip)
+    per job; the message id is the job id. ``scheduler.publisher.RedisPublisher`` writes
+    the same messages a batch at a time."""
 
     app: Celery
     queue: str
 
-    def publish(self, job: QueuedJob) -> None:
-        self.app.send_task(TASK_NAME, kwargs=dict(job.kwargs), task_id=job.job_id,
-                           queue=self.queue)
+    def publish(self, jobs: Sequence[QueuedJob]) -> None:
+        for job in jobs:
+            self.app.send_task(TASK_NAME, kwargs=dict(job.kwargs), task_id=job.job_id,
+                               queue=self.queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,7 @@ def run_scan(
     """Enqueue the due sessions in gain order, within the job cap and token budget.
 
     Each page's markers are written in one transaction (bulk conditional UPDATEs), then
-    that page's messages are published. Safe to run concurrently with other scans and
+    that page's messages are published in one batch. Safe to run concurrently with other scans and
     triggers: each session is marked by exactly one of them.
     """
     allowance = Allowance.of(policy, limit)
@@ -109,20 +112,26 @@ def run_scan(
             on_progress(report)
         if marking.stopped is not None:
             return replace(report, stopped=marking.stopped)
+        if allowance.jobs >= allowance.max_jobs:
+            # The cap is spent at the page's end: the next page would only be refused.
+            return replace(report, stopped=StopReason.MAX_JOBS)
     return replace(report, stopped=StopReason.EXHAUSTED)
 
 
 def publish_or_release(store: Store, publisher: Publisher, jobs: Sequence[QueuedJob]) -> None:
-    """Publish each job; when one fails, clear the markers of it and the rest, re-raise."""
-    for index, job in enumerate(jobs):
-        try:
-            publisher.publish(job)
-        except Exception:
-            # Unpublished jobs must not block their sessions until the marker TTL.
-            with store.queue_markers() as markers:
-                for unsent in jobs[index:]:
-                    markers.clear(unsent.kwargs["session_id"], unsent.job_id)
-            raise
+    """Publish the jobs; when that fails, clear all their markers and re-raise.
+
+    Unpublished jobs must not block their sessions until the marker TTL. A job that did
+    get through loses its marker too: the next scan may send it again, a duplicate that
+    the lease and the compare-and-swap make harmless.
+    """
+    try:
+        publisher.publish(jobs)
+    except Exception:
+        with store.queue_markers() as markers:
+            for unsent in jobs:
+                markers.clear(unsent.kwargs["session_id"], unsent.job_id)
+        raise
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ the delivery counter.
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
@@ -20,6 +21,7 @@ from celery.signals import (
     setup_logging,
     task_postrun,
     task_prerun,
+    worker_init,
     worker_process_init,
     worker_ready,
     worker_shutting_down,
@@ -95,6 +97,20 @@ def _quiet_worker(instance: Any = None, **_: Any) -> None:
     configure_process_logging()
     if instance is not None:
         instance.quiet = True
+
+
+@worker_init.connect
+def _share_before_fork(**_: Any) -> None:
+    """Load the children's read-only state once, before the pool forks, then freeze the
+    heap: a child's garbage collections never write to the inherited objects, so their
+    pages stay shared."""
+    from worker.runtime import share_before_fork
+
+    try:
+        share_before_fork(get_settings())
+    except Exception as exc:  # each child then loads its own, and reports any failure
+        get_logger().warning("worker.preload_failed", error_class=type(exc).__name__)
+    gc.freeze()
 
 
 @worker_process_init.connect

@@ -4,6 +4,7 @@ import time; the only place below the entrypoints that reads a ``Settings``."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -90,6 +91,16 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
         if client else None
     )
     return Runtime(settings, store, deps, job_policy(settings), client, delivery_counter)
+
+
+def share_before_fork(settings: Settings) -> None:
+    """Load, in a worker's main process, what every pool child only reads: the tokenizer
+    and, with the LLM summarizer, the SDK's modules. The children inherit them
+    copy-on-write instead of each building its own (``load_encoding`` is once per
+    process; imports are once per process)."""
+    load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir)
+    if settings.effective_summarizer is SummarizerKind.LLM:
+        importlib.import_module("worker.summarizers.llm")
 
 
 def build_summarizer(

@@ -4,7 +4,7 @@ the runs table while a real worker runs them, and free the unfinished ones after
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,9 +32,9 @@ class RecordingPublisher:
     inner: Publisher
     sent: list[QueuedJob] = field(default_factory=list)
 
-    def publish(self, job: QueuedJob) -> None:
-        self.inner.publish(job)
-        self.sent.append(job)
+    def publish(self, jobs: Sequence[QueuedJob]) -> None:
+        self.inner.publish(jobs)
+        self.sent.extend(jobs)
 
 
 def session_of(job: QueuedJob) -> str:

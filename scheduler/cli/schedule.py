@@ -95,8 +95,7 @@ def scan(
     _create_embedded_schema(settings)
     with _progress(enabled=not as_json and sys.stdout.isatty()) as on_progress, \
             _broker_errors():
-        report = run_scheduled_scan(create_app(settings), settings, now, limit=limit,
-                                    on_progress=on_progress)
+        report = run_scheduled_scan(settings, now, limit=limit, on_progress=on_progress)
     if report is None:
         fail("another scan holds the scan lock; nothing enqueued", exit_code=EXIT_PARTIAL)
     _print_scan_report(report, as_json)

