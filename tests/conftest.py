@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
-from db import Store, upgrade_database
+from db import Store, create_db_engine, upgrade_database
 from tests.support.corpus import count_corpus_skips, describe_corpus_skips, skip_without_corpus
 from tests.support.databases import (
     create_postgres_database,
@@ -71,6 +72,16 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
         yield url
     finally:
         drop_postgres_database(url)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """An engine on the migrated database of each kind, disposed after the test."""
+    engine = create_db_engine(database_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture

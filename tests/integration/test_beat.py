@@ -17,7 +17,7 @@ import pytest
 from celery.schedules import crontab
 from sqlalchemy import Engine
 
-from db import Store, create_db_engine
+from db import Store
 from scheduler.beat import (
     BEAT_SCHEDULE_FILENAME,
     GC_ENTRY_NAME,
@@ -41,15 +41,6 @@ NOW = datetime(2025, 6, 1, 2, 0, tzinfo=UTC)
 # trigger = 0.7 x 10,000 = 7,000 tokens; dirty above 3,500 appended since compaction.
 CONTEXT_TOKENS = 10_000
 DUE = [f"due-{index}" for index in range(12)]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(database_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture

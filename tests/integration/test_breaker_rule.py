@@ -4,13 +4,12 @@ opening time and clock, the cooldown's edge included."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine
 
-from db import DueCriteria, Store, create_db_engine
+from db import DueCriteria, Store
 from tests.support.scheduling import put_session
 from worker.compaction.breaker import Breaker, BreakerState, admit
 
@@ -33,15 +32,6 @@ OPENED_AT: dict[str, datetime | None] = {
     "just-now": T0,
 }
 NOWS = [T0 - TICK, T0, T0 + TICK, T0 + timedelta(seconds=1), T0 + COOLDOWN - TICK]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(database_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def breaker_grid() -> dict[str, Breaker]:

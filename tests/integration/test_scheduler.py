@@ -45,15 +45,6 @@ MINUTE = timedelta(minutes=1)
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(database_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
 def broker(database_url: str) -> Iterator[Broker]:
     with isolated_broker(database_url) as broker:
         yield broker
