@@ -37,11 +37,13 @@ PROPERTY_TYPES: dict[str, type | tuple[type, ...]] = {
 
 @dataclass(frozen=True)
 class ItemLimits:
-    """What a queue item may be: its size (bytes) and how far ahead a retry's ``eta`` may
-    lie (s; further, and the visibility timeout would deliver it twice)."""
+    """What a queue item may be: its size (bytes), how far ahead a retry's ``eta`` may
+    lie (s; further, and the visibility timeout would deliver it twice), and the tasks it
+    may name (a worker passes the tasks its app registered)."""
 
     max_item_bytes: int
     max_eta_s: int
+    task_names: frozenset[str] = SERVICE_TASK_NAMES
 
 
 def item_limits(settings: Settings) -> ItemLimits:
@@ -81,7 +83,7 @@ def admit_item(raw: bytes, limits: ItemLimits, now: datetime) -> dict[str, Any]:
     task_id = _read_task_id(headers)
     _check_types(headers, HEADER_TYPES, "invalid_headers", task_id)
     _check_properties(envelope["properties"], task_id)
-    _check_task_name(headers, task_id)
+    _check_task_name(headers, task_id, limits.task_names)
     _check_body(envelope, task_id)
     envelope["headers"] = neutralize_headers(headers, limits, now)
     return envelope
@@ -146,9 +148,10 @@ def _check_properties(properties: dict[str, Any], task_id: str) -> None:
                            f"JSON, over {MAX_HEADERS_CHARS}", task_id)
 
 
-def _check_task_name(headers: dict[str, Any], task_id: str) -> None:
+def _check_task_name(headers: dict[str, Any], task_id: str, task_names: frozenset[str]
+                     ) -> None:
     name = headers.get("task")
-    if name not in SERVICE_TASK_NAMES:
+    if name not in task_names:
         shown = name[:80] if isinstance(name, str) else type(name).__name__
         raise ItemRejected("unknown_task", f"task {shown!r} does not run on this queue",
                            task_id)

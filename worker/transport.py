@@ -9,12 +9,14 @@ and bad base64 or deep nesting raise where nothing catches them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from queue import Empty
 from typing import Any
 
 import redis
+from celery import current_app
 from kombu.transport import redis as kombu_redis
 
 from worker.dead_letters import DeadLetters, build_dead_letter
@@ -35,6 +37,13 @@ class ItemPolicy:
     limits: ItemLimits
     key_prefix: str
     dead_letter_max_items: int
+
+
+@functools.cache
+def registered_task_names() -> frozenset[str]:
+    """The tasks this worker's app registered, Celery's built-ins aside: the only ones its
+    queue runs (the service's own; a benchmark's worker adds its no-op)."""
+    return frozenset(name for name in current_app.tasks if not name.startswith("celery."))
 
 
 def item_policy(settings: Settings) -> ItemPolicy:
@@ -70,7 +79,7 @@ class InspectingChannel(kombu_redis.Channel):
             self._flush_brpop_reauth()  # type: ignore[no-untyped-call]  # kombu's, unannotated
 
     def _admit(self, raw: bytes, queue: str) -> dict[str, Any] | None:
-        limits = self._item_policy().limits
+        limits = replace(self._item_policy().limits, task_names=registered_task_names())
         try:
             return admit_item(raw, limits, datetime.now(UTC))
         except ItemRejected as rejected:

@@ -25,6 +25,7 @@ from worker.queue_items import (
     admit_item,
     nesting_depth,
 )
+from worker.transport import registered_task_names
 
 KOMBU_BRPOP_READ_SHA256 = "c42518699709f2df90f55a048fe6346612ae5527e5c4a6819f2c0920dc62088f"
 LIMITS = ItemLimits(max_item_bytes=100_000, max_eta_s=60)
@@ -144,6 +145,19 @@ def test_the_service_task_names_are_the_tasks_the_app_registers() -> None:
     app.loader.import_default_modules()
     registered = {name for name in app.tasks if not name.startswith("celery.")}
     assert registered == SERVICE_TASK_NAMES
+    # What the transport admits in a worker of this app: these and nothing else.
+    assert registered_task_names() == SERVICE_TASK_NAMES
+
+
+def test_an_item_naming_a_task_outside_the_limits_names_is_refused() -> None:
+    item = raw(valid())
+    limits = ItemLimits(max_item_bytes=1_000_000, max_eta_s=600,
+                        task_names=frozenset({"bench.noop"}))
+    assert admit_item(item, LIMITS, NOW)  # the service's own task passes by default
+
+    with pytest.raises(ItemRejected) as refused:
+        admit_item(item, limits, NOW)
+    assert refused.value.reason == "unknown_task"
 
 
 def test_the_transport_overrides_the_brpop_read_of_the_kombu_it_was_copied_from() -> None:

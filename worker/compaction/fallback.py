@@ -24,6 +24,7 @@ from worker.compaction.salience import (
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
 
+NO_WORDS_GOAL = "Continue the session: the compacted messages state no request in words"
 TIMES = "\u00d7"  # the multiplication sign: "looked up with get_user_details" TIMES "2"
 GOAL_TOKENS = 60
 SENTENCE_TOKENS = 48
@@ -134,7 +135,10 @@ def _draft_goal(ledger: RequestLedger, *, has_prior_goal: bool, counter: TokenCo
         return ""
     # No user words in the span: the agent's first words are the best available topic.
     topic = next((text for text in ledger.agent_texts if text.strip()), "")
-    return f"Agent topic: {_clip(topic, GOAL_TOKENS, counter)}" if topic else ""
+    if topic:
+        return f"Agent topic: {_clip(topic, GOAL_TOKENS, counter)}"
+    # No words at all (empty parts, bare tool traffic): say so rather than leave no goal.
+    return NO_WORDS_GOAL
 
 
 def _describe_span(messages: Sequence[StoredMessage]) -> list[str]:
