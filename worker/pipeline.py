@@ -136,7 +136,7 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=policy.summary_budget_tokens,
-                                 identifiers=_ranked_identifiers(plan, work, draft))
+                                 identifiers=_ranked_identifiers(work, draft))
     with trace.step("validate"):
         revision = _validate(trace, deps, plan, work, draft, merged)
     if admitted.summarizer.uses_provider:
@@ -216,6 +216,7 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
         artifacts=tuple(collect_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
+        failures=tuple(find_failures(plan.boundary.span)),
         span_tokens=sum(m.tokens for m in span_messages),
         budget_tokens=policy.summary_budget_tokens,
     )
@@ -224,13 +225,11 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
     return work
 
 
-def _ranked_identifiers(plan: JobPlan, work: SummaryWork, draft: SummaryDraft) -> list[str]:
-    """The span's identifiers, most salient first: the error codes that ended a call (read
-    from the span as stored, before pruning shortens old tool outputs) and the values of
-    the draft's decisions and pending items lead."""
-    failures = find_failures(plan.boundary.span)
+def _ranked_identifiers(work: SummaryWork, draft: SummaryDraft) -> list[str]:
+    """The span's identifiers, most salient first: the error codes that ended a call and
+    the values of the draft's decisions and pending items lead."""
     texts = [*draft.summary.key_decisions, *draft.summary.pending]
-    featured = featured_values(failures, texts, work.artifacts)
+    featured = featured_values(work.failures, texts, work.artifacts)
     ranked = rank_artifacts(work.artifacts, featured=featured)
     return [artifact.value for artifact in ranked if artifact.kind != "tool"]
 

@@ -131,7 +131,8 @@ def test_a_million_token_span_is_summarized_through_a_32k_window(
         # No identifier list in the prompts: whatever reaches the summary came from a chunk.
         draft = summarizer.summarize(
             SummaryWork(
-                span=span, prior=None, artifacts=(), span_tokens=span_tokens, budget_tokens=4_096
+                span=span, prior=None, artifacts=(), failures=(), span_tokens=span_tokens,
+                budget_tokens=4_096,
             )
         )
         requests = list(server.requests)

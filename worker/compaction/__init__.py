@@ -59,6 +59,7 @@ from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, p
 from worker.compaction.prompts import PROMPT_VERSION, build_merge_messages, build_summarize_messages
 from worker.compaction.pruning import prune_groups
 from worker.compaction.salience import (
+    Failure,
     failure_values,
     featured_values,
     find_failures,
@@ -90,6 +91,7 @@ __all__ = [
     "CompactionError",
     "ConfigurationError",
     "ContextOverflow",
+    "Failure",
     "FittedSummary",
     "Group",
     "IntakePolicy",

@@ -79,6 +79,7 @@ def fallback_summary(
     budget_tokens: int,
     counter: TokenCounter,
     prior: Summary | None = None,
+    failures: Sequence[Failure] | None = None,
 ) -> Summary:
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
@@ -89,10 +90,11 @@ def fallback_summary(
     resolved: answered requests, fixed errors, and the prior's items the span settled
     (verbatim, the merge contract); pending: the open request, calls without a result,
     errors not fixed; relevant artifacts: the span's identifiers by salience.
+    ``failures``: the span's failed results when the caller already read them.
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
     ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal))
-    failures = find_failures(span)
+    failures = find_failures(span) if failures is None else failures
     fixed = _fixed_failures(messages, failures)
     decisions = _draft_decisions(messages, counter)
     open_errors = [_describe_failure(f, counter) for f in failures if f not in fixed]

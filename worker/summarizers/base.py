@@ -9,16 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worker.compaction import Artifact, Group, Summary
+from worker.compaction import Artifact, Failure, Group, Summary
 
 
 @dataclass(frozen=True)
 class SummaryWork:
-    """Everything a summarizer needs for one job, already pruned and indexed."""
+    """Everything a summarizer needs for one job, already pruned and indexed.
+
+    ``failures`` are the span's failed tool results, read once from the span as stored
+    (before pruning shortens old tool outputs): the summarizers and the merge's ranking
+    share them.
+    """
 
     span: tuple[Group, ...]
     prior: Summary | None
     artifacts: tuple[Artifact, ...]
+    failures: tuple[Failure, ...]
     span_tokens: int
     budget_tokens: int
 

@@ -24,6 +24,7 @@ class ExtractiveSummarizer:
         summary = fallback_summary(
             work.span,
             artifacts=work.artifacts,
+            failures=work.failures,
             budget_tokens=work.budget_tokens,
             counter=self._counter,
             prior=work.prior,

@@ -21,7 +21,6 @@ from worker.compaction import (
     build_merge_messages,
     build_summarize_messages,
     featured_values,
-    find_failures,
     output_budget_tokens,
     parse_summary,
     plan_summary_calls,
@@ -80,7 +79,7 @@ class LLMSummarizer:
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
-        featured = featured_values(find_failures(work.span), [], work.artifacts)
+        featured = featured_values(work.failures, [], work.artifacts)
         ranked = rank_artifacts(work.artifacts, featured=featured)
         identifiers = [a.value for a in ranked if a.kind != "tool"][:PROMPT_IDENTIFIERS]
         output_tokens = output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
