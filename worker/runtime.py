@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from db import Store, create_db_engine
+from db import Store
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy, load_encoding
 from worker.fleet import DeliveryCounter, FleetRateLimiter
 from worker.job import JobDeps, JobPolicy
@@ -68,8 +68,8 @@ class Runtime:
 
 def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
     """Create engine, store, counter and summarizer; Redis only when ``use_redis``."""
-    store = Store(create_db_engine(settings.effective_database_url,
-                                   sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms))
+    store = Store.from_url(settings.effective_database_url,
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     counter = TokenCounter(load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir))
     client = redis.Redis.from_url(settings.redis_url) if use_redis else None
     keys = RedisKeys(settings.redis_key_prefix)
