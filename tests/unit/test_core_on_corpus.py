@@ -8,15 +8,14 @@ import pytest
 
 from tests.support.chat_rules import find_chat_violations
 from tests.support.corpus import load_corpus
+from tests.support.strategy_steps import compose_to_budget, default_steps
 from tests.unit.session_strategies import shared_counter, to_stored
-from tests.unit.test_strategies import default_steps
 from worker.compaction.call_plan import plan_summary_calls, render_span_items
 from worker.compaction.chunking import ChunkPlan, SpanItem, output_budget_tokens
 from worker.compaction.grouping import GroupKind, group_messages
 from worker.compaction.messages import ChatMessage, Role, StoredMessage
 from worker.compaction.plan import Boundary, TriggerPolicy, plan_boundary
 from worker.compaction.pruning import prune_groups
-from worker.compaction.strategies import compose_to_budget
 
 pytestmark = pytest.mark.corpus
 

@@ -10,38 +10,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.chat_rules import find_chat_violations
+from tests.support.strategy_steps import Step, compose_to_budget, default_steps
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
 from worker.compaction.grouping import Group, GroupKind, group_messages
 from worker.compaction.messages import ChatMessage, Role, StoredMessage
 from worker.compaction.strategies import (
     SizeUnit,
-    Step,
     StrategyConfig,
     StrategyName,
     apply_strategy,
-    build_step,
     collapse_tool_groups,
-    compose_to_budget,
     drop_tool_groups,
     slide_window,
     truncate_groups,
 )
-from worker.compaction.tokens import TokenCounter
 
 PROPERTY = settings(max_examples=40, deadline=None)
-
-
-def default_steps(
-    counter: TokenCounter, *, keep_last_tool_groups: int = 2, summarize: Step | None = None
-) -> list[Step]:
-    """Collapse, then drop, then ``summarize`` if given: cheapest first."""
-    steps = [
-        build_step(StrategyConfig(StrategyName.TOOL_RESULT_COLLAPSE,
-                                  keep_last_tool_groups=keep_last_tool_groups), counter),
-        build_step(StrategyConfig(StrategyName.TOOL_CALL_DROP,
-                                  keep_last_tool_groups=keep_last_tool_groups), counter),
-    ]
-    return [*steps, summarize] if summarize is not None else steps
 
 
 @st.composite

@@ -1,6 +1,6 @@
 """Deterministic compaction strategies over groups, matching Microsoft Agent Framework's:
-truncation, sliding window, tool-call drop, tool-result collapse, and their composition
-under a token budget. No LLM; every output stays valid for the chat API.
+truncation, sliding window, tool-call drop and tool-result collapse (a job runs the one
+``COMPACTOR_SPAN_STRATEGY`` names). No LLM; every output stays valid for the chat API.
 
 Shared guarantees: instruction groups are always kept, a pending group is never touched,
 and groups are kept, dropped or replaced whole, so no tool call loses its results.
@@ -8,7 +8,7 @@ and groups are kept, dropped or replaced whole, so no tool call loses its result
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -18,11 +18,6 @@ from worker.compaction.pruning import first_meaningful_line, tool_name_of, tool_
 from worker.compaction.tokens import TokenCounter
 
 COLLAPSED_RESULT_CHARS = 80
-
-# A step takes the current groups and returns new ones, or None when it declines
-# (the caller's summarization slot may decline, for instance when its breaker is open).
-Step = Callable[[list[Group]], list[Group] | None]
-
 
 class StrategyName(StrEnum):
     TRUNCATION = "truncation"
@@ -110,34 +105,6 @@ def collapse_tool_groups(
         _collapse_exchange(group, counter) if i in older else group
         for i, group in enumerate(groups)
     ]
-
-
-def compose_to_budget(
-    groups: Sequence[Group], budget_tokens: int, steps: Sequence[Step]
-) -> list[Group]:
-    """Apply ``steps`` in order until the groups fit ``budget_tokens``, then truncate.
-
-    Put the cheapest steps first (collapse, drop, then a caller's summarization). A final
-    oldest-first truncation by tokens meets the budget whenever the instructions, the
-    last conversation group and a pending group fit in it.
-    """
-    current = list(groups)
-    for step in steps:
-        if _tokens(current) <= budget_tokens:
-            return current
-        stepped = step(current)
-        if stepped is not None:
-            current = stepped
-    return truncate_groups(
-        current, max_size=budget_tokens, compact_to=budget_tokens, unit=SizeUnit.TOKENS
-    )
-
-
-def build_step(config: StrategyConfig, counter: TokenCounter) -> Step:
-    """Return the strategy named in ``config`` as a step for :func:`compose_to_budget`."""
-    def step(groups: list[Group]) -> list[Group]:
-        return apply_strategy(groups, config, counter)
-    return step
 
 
 def apply_strategy(
