@@ -42,7 +42,7 @@ from bench.report import bench_parser, describe_machine, print_header, print_loa
 from db import Store, upgrade_database
 from tests.support.openai_server import OpenAIServer
 from worker import pipeline
-from worker.compaction import TokenCounter, load_encoding, parse_message
+from worker.compaction import SummaryBudget, TokenCounter, load_encoding, parse_message
 from worker.ingest import count_messages
 from worker.job import JobRequest
 from worker.runtime import Runtime, build_runtime
@@ -150,22 +150,24 @@ def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
             result = pipeline.run(JobRequest(session_id, "bench", force=True), runtime.deps,
                                   runtime.policy)
             observations.append(_observe(store, session_id, session, index,
-                                         result.outcome.value, history_tokens, counter))
+                                         result.outcome.value, history_tokens, counter,
+                                         runtime.policy.summary_budget))
             _progress(f"{summarizer} {session.name} round {index}/{len(session.rounds) - 1}: "
                       f"{result.outcome.value} ({result.reason}), "
                       f"{time.monotonic() - began:.1f} s")
     finally:
         runtime.close()
-    return SessionRun(session, summarizer, runtime.policy.summary_budget_tokens,
-                      tuple(observations))
+    return SessionRun(session, summarizer, tuple(observations))
 
 
 def _observe(store: Store, session_id: str, session: PlantedSession, round_index: int,
-             outcome: str, history_tokens: int, counter: TokenCounter) -> Observation:
+             outcome: str, history_tokens: int, counter: TokenCounter,
+             budget: SummaryBudget) -> Observation:
     """Read the projection and the active summary after one round's job."""
     text = projection_text(store.projection(session_id))
-    active = store.get_session(session_id).active_revision_id
-    revision = store.get_revision(active) if active is not None else None
+    revisions = store.revisions(session_id)  # newest first: the active one, its parent
+    revision = revisions[0] if revisions else None
+    prior_tokens = revisions[1].summary_tokens if len(revisions) > 1 else 0
     values = [fact.value for fact in session.facts if fact.round <= round_index]
     visible = visible_values(values, text)
     recalled = None
@@ -177,6 +179,7 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
         round=round_index, outcome=outcome,
         through_seq=revision.through_seq if revision else 0,
         summary_tokens=counter.count_text(str(revision.block["content"])) if revision else 0,
+        budget_tokens=budget.for_span(revision.span_tokens if revision else 0, prior_tokens),
         history_tokens=history_tokens,
         goal=str(revision.summary.get("goal") or "") if revision else "", visible=visible,
         listed_open=listed_open(keys, revision.summary if revision else None),

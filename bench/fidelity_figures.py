@@ -26,6 +26,7 @@ class Observation:
     outcome: str
     through_seq: int
     summary_tokens: int  # of the rendered block's text: what the budget limits
+    budget_tokens: int  # the job's budget: grows with what the summary covers
     history_tokens: int
     goal: str  # the summary's goal
     visible: frozenset[str]  # fact values that occur in the projection
@@ -39,7 +40,6 @@ class SessionRun:
 
     session: PlantedSession
     summarizer: str
-    budget_tokens: int
     observations: tuple[Observation, ...]
 
 
@@ -139,8 +139,11 @@ def round_rows(runs: Sequence[SessionRun]) -> list[dict[str, Any]]:
             "history_tokens": sum(seen.history_tokens for _, seen in present),
             "summary_tokens_max": max(summary_tokens),
             "summary_tokens_mean": round(sum(summary_tokens) / len(summary_tokens)),
-            "budget_tokens": max(run.budget_tokens for run, _ in present),
-            "over_budget": sum(seen.summary_tokens > run.budget_tokens for run, seen in present),
+            "budget_tokens_max": max(seen.budget_tokens for _, seen in present),
+            "over_budget": sum(seen.summary_tokens > seen.budget_tokens for _, seen in present),
+            # The compaction ratio: the blocks against all the sessions hold.
+            "summary_pct_of_history": round(100 * sum(summary_tokens) / max(
+                sum(seen.history_tokens for _, seen in present), 1), 1),
             "stale": sum(len(stale_keys(run, seen)) for run, seen in present),
             "open_requests": sum(len(open_keys(run, seen)) for run, seen in present),
             "open_listed": sum(len(set(open_keys(run, seen)) & seen.listed_open)

@@ -23,7 +23,7 @@ from typing import Any
 
 import tiktoken
 from celery import Task
-from sqlalchemy import event
+from sqlalchemy import Connection, event
 from sqlalchemy.engine import Engine
 
 from bench.common import (
@@ -55,7 +55,7 @@ from worker.logging import JOB_EVENT, get_logger
 NOOP_TASK = "bench.noop"
 NOOP_EVENT = "bench.noop"
 IDENTIFIER_REPEATS = 5
-STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "validate", "swap")
+STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
 # The real app with one more task: the worker that runs the jobs runs the no-ops too.
 WORKER_APP = "bench.job_overhead:app"
 
@@ -186,8 +186,15 @@ class WorkCount:
     """What one in-process job asked of the database and the tokenizer."""
 
     statements: int = 0
+    transactions: int = 0
+    explicit_transactions: int = 0  # not AUTOCOMMIT: a BEGIN and a COMMIT round trip
     tokenizer_calls: int = 0
     tokens_counted: int = 0
+
+    @property
+    def round_trips(self) -> int:
+        """Statements plus BEGIN and COMMIT (a pool checkout's pre-ping not included)."""
+        return self.statements + 2 * self.explicit_transactions
 
 
 @contextmanager
@@ -196,8 +203,16 @@ def counting_work() -> Iterator[WorkCount]:
     count = WorkCount()
     original: Callable[..., list[int]] = tiktoken.Encoding.encode_ordinary
 
-    def on_statement(*_: Any) -> None:
-        count.statements += 1
+    def on_statement(_conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's begin hook: the BEGIN itself
+            count.statements += 1
+
+    def on_begin(conn: Connection) -> None:
+        count.transactions += 1
+        options = conn.get_execution_options()
+        if "AUTOCOMMIT" not in (options.get("isolation_level"),
+                                options.get("compactor_sqlite_begin")):
+            count.explicit_transactions += 1
 
     def encode_ordinary(encoding: tiktoken.Encoding, text: str) -> list[int]:
         tokens = original(encoding, text)
@@ -206,6 +221,7 @@ def counting_work() -> Iterator[WorkCount]:
         return tokens
 
     event.listen(Engine, "before_cursor_execute", on_statement)
+    event.listen(Engine, "begin", on_begin)
     # A bench-only probe on the class: every encoding of this process counts its calls.
     tiktoken.Encoding.encode_ordinary = encode_ordinary  # type: ignore[assignment,method-assign]
     try:
@@ -213,6 +229,7 @@ def counting_work() -> Iterator[WorkCount]:
     finally:
         tiktoken.Encoding.encode_ordinary = original  # type: ignore[method-assign]  # the probe undone
         event.remove(Engine, "before_cursor_execute", on_statement)
+        event.remove(Engine, "begin", on_begin)
 
 
 def print_work_per_job(database_url: str, store: Store, sessions: list[BenchSession],
@@ -230,12 +247,14 @@ def print_work_per_job(database_url: str, store: Store, sessions: list[BenchSess
                 began = time.perf_counter()
                 result = run_inline(runtime, session_id)
                 elapsed_ms = (time.perf_counter() - began) * 1000
-            rows.append((session.tokens, kind, count.statements, count.tokenizer_calls,
-                         count.tokens_counted, elapsed_ms, result.outcome.value))
-    print("\nWork per job, in-process (SQL statements on every engine; tokenizer calls "
-          "of this process, the test server's not included):")
-    print_table(("session tokens", "summarizer", "SQL statements", "tokenizer calls",
-                 "tokens counted", "job ms", "outcome"), rows)
+            rows.append((session.tokens, kind, count.transactions, count.statements,
+                         count.round_trips, count.tokenizer_calls, count.tokens_counted,
+                         elapsed_ms, result.outcome.value))
+    print("\nWork per job, in-process (SQL on every engine: round trips = statements + "
+          "BEGIN/COMMIT; tokenizer calls of this process, the test server's not included):")
+    print_table(("session tokens", "summarizer", "transactions", "SQL statements",
+                 "round trips", "tokenizer calls", "tokens counted", "job ms", "outcome"),
+                rows)
 
 
 def main() -> None:

@@ -42,10 +42,12 @@ WARMUP_JOBS = 1_000
 # dirty under it, appended to in the last minutes, leased, breaker open, freshly queued.
 FILL_SQL = """
 INSERT INTO sessions (session_id, metadata, head_seq, total_tokens, projection_tokens,
-    tokens_since_compaction, created_at, last_appended_at, lease_owner, lease_expires_at,
-    breaker_state, breaker_failures, breaker_opened_at, queued_at, queued_job_id)
+    tokens_since_compaction, created_at, last_appended_at, last_compacted_at, lease_owner,
+    lease_expires_at, breaker_state, breaker_failures, breaker_opened_at, queued_at,
+    queued_job_id)
 SELECT 'bench-' || lpad(i::text, 9, '0'), '{}', 1, p, p, s, :now,
     CASE WHEN r3 < 0.05 THEN :now - interval '5 minutes' ELSE :now - interval '2 days' END,
+    :now - interval '3 days',  -- every session compacted before: the dirty tier applies
     CASE WHEN r3 BETWEEN 0.05 AND 0.055 THEN 'w' END,
     CASE WHEN r3 BETWEEN 0.05 AND 0.055 THEN :now + interval '10 minutes' END,
     CASE WHEN r3 BETWEEN 0.06 AND 0.065 THEN 'open' ELSE 'closed' END,

@@ -29,6 +29,26 @@ def create_db_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engin
     return engine
 
 
+def with_postgres_timeouts(url: str, *, connect_timeout_s: int, statement_timeout_s: int,
+                           keepalives_idle_s: int) -> str:
+    """``url`` with libpq's connect timeout, TCP keepalives and a statement timeout, unless
+    it sets them itself (a non-PostgreSQL URL is returned as it is).
+
+    A PostgreSQL that hangs then fails a job in seconds to minutes (``store_unavailable``,
+    retried) instead of holding it until the hard time limit kills it.
+    """
+    parsed = make_url(url)
+    if not parsed.drivername.startswith(("postgresql", "postgres")):
+        return url
+    defaults = {"connect_timeout": str(connect_timeout_s), "keepalives": "1",
+                "keepalives_idle": str(keepalives_idle_s), "keepalives_interval": "10",
+                "keepalives_count": "3"}
+    if statement_timeout_s:
+        defaults["options"] = f"-c statement_timeout={statement_timeout_s * 1000}"
+    query = {**defaults, **parsed.query}
+    return parsed.update_query_dict(query).render_as_string(hide_password=False)
+
+
 def derive_read_engine(engine: Engine) -> Engine:
     """Return a view of ``engine`` whose transactions are consistent read-only snapshots.
 
@@ -57,6 +77,9 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+        if mode == "AUTOCOMMIT":  # one statement, its own transaction: the driver's
+            return
         if mode not in ("DEFERRED", "IMMEDIATE"):
-            raise ValueError(f"{SQLITE_BEGIN_OPTION} must be DEFERRED or IMMEDIATE, not {mode!r}")
+            raise ValueError(f"{SQLITE_BEGIN_OPTION} must be DEFERRED, IMMEDIATE or "
+                             f"AUTOCOMMIT, not {mode!r}")
         connection.exec_driver_sql(f"BEGIN {mode}")

@@ -13,16 +13,19 @@
     ├── SchemaMissing        the database is not migrated to the packaged head
     └── StoreUnavailable     connection or operational failure; retrying may succeed
 
-:func:`translate_errors` is the one place ``sqlalchemy.exc`` errors become these.
+:func:`translate_errors` is the one place ``sqlalchemy.exc`` errors become these. The tree
+itself does not import SQLAlchemy: a command that only reports a store error by name
+(``compactor --help``, ``expected_errors``) does not load it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from sqlalchemy import exc as sa_exc
+if TYPE_CHECKING:
+    from sqlalchemy import exc as sa_exc
 
 
 class StoreError(Exception):
@@ -71,24 +74,23 @@ class StoreUnavailable(StoreError):
     transient = True
 
 
-_TRANSIENT = (
-    sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
-    sa_exc.DisconnectionError,
-)
-
-
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """Re-raise SQLAlchemy errors as store errors (messages carry no bound values)."""
+    from sqlalchemy import exc as sa_exc  # loaded by the store already; a dict lookup
+
     try:
         yield
-    except _TRANSIENT as error:
+    except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
+            sa_exc.DisconnectionError) as error:
         raise StoreUnavailable(_describe(error)) from error
     except sa_exc.SQLAlchemyError as error:
         raise StoreError(_describe(error)) from error
 
 
 def _describe(error: sa_exc.SQLAlchemyError) -> str:
+    from sqlalchemy import exc as sa_exc
+
     cause = error.orig if isinstance(error, sa_exc.DBAPIError) else error
     first_line = (str(cause).strip().splitlines() or [""])[0]
     return f"{type(cause).__name__}: {first_line}"

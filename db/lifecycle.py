@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from db import queries as q
 from db.errors import MessagePinned, SessionLeased
 from db.models import ArtifactRow, MessageRow, RevisionRow, RunRow, SessionRow
-from db.records import MessageRecord
+from db.records import DeletedSession, GcBatch, GcPolicy, MessageRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,43 +45,6 @@ SESSION_TABLES: tuple[SessionTable, ...] = (
                  lambda pk, sid: delete(RevisionRow).where(RevisionRow.session_id == pk)),
     SessionTable("sessions", lambda pk, sid: delete(SessionRow).where(SessionRow.id == pk)),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DeletedSession:
-    """What erasing a session removed: rows per table (in ``SESSION_TABLES`` order), the
-    queued-job marker it carried, and the lease ``force`` broke (None: none was held)."""
-
-    session_id: str
-    removed: dict[str, int]
-    queued_job_id: str | None
-    broken_lease_owner: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class GcPolicy:
-    """What garbage collection keeps: the active revision and ``keep_revisions`` of its
-    ancestors always; other revisions and runs younger than their retention (s); whole
-    sessions last appended to within ``session_retention_s`` (None: every session)."""
-
-    keep_revisions: int
-    revision_retention_s: float
-    run_retention_s: float
-    batch_size: int
-    session_retention_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.keep_revisions < 0 or self.batch_size <= 0:
-            raise ValueError(f"invalid gc policy {self!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class GcBatch:
-    """One committed batch: rows of ``table`` removed (or, in a dry run, removable)."""
-
-    table: str
-    removed: int
-    next_after: int | None  # keyset cursor of the next batch; None: the table is done
 
 
 def delete_session(session: Session, session_id: str, *, force: bool,

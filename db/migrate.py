@@ -69,6 +69,12 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> list[str]:
+    """The packaged revisions, oldest first (``base``, before the first, not included)."""
+    scripts = ScriptDirectory.from_config(_config())
+    return [script.revision for script in reversed(list(scripts.walk_revisions()))]
+
+
 def _read_revision(engine: Engine) -> str | None:
     with translate_errors(), derive_read_engine(engine).connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
@@ -79,6 +85,8 @@ def _run(url: str, step: Callable[[Config], None]) -> None:
     try:
         with translate_errors(), engine.begin() as connection:
             if connection.dialect.name == "postgresql":
+                # A migration may rewrite a large table: the service's timeout is not its.
+                connection.execute(text("SET LOCAL statement_timeout = 0"))
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK_KEY}
                 )

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, case, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -127,7 +127,8 @@ def select_history(session: Session, session_pk: int, *, after_seq: int = 0) -> 
     return _select_messages(session, session_pk, MessageRow.seq > after_seq)
 
 
-def select_active(session: Session, session_pk: int, through_seq: int) -> list[MessageRecord]:
+def select_active(session: Session | Connection, session_pk: int, through_seq: int
+                  ) -> list[MessageRecord]:
     """Return the messages a revision leaves active, in order: instruction messages with
     seq <= ``through_seq`` and every message after it."""
     active = or_(MessageRow.seq > through_seq, MessageRow.role.in_(INSTRUCTION_ROLES))
@@ -158,7 +159,8 @@ def read_tool_call_state(session: Session, session_pk: int) -> ToolCallState:
     return ToolCallState(open_ids=open_ids, answered_ids=answered_ids)
 
 
-def _select_messages(session: Session, session_pk: int, condition: Any) -> list[MessageRecord]:
+def _select_messages(session: Session | Connection, session_pk: int, condition: Any
+                     ) -> list[MessageRecord]:
     rows = session.execute(
         select(
             MessageRow.seq, MessageRow.body, MessageRow.role, MessageRow.tool_call_id,
@@ -174,7 +176,9 @@ def _select_messages(session: Session, session_pk: int, condition: Any) -> list[
 def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
     if stored is None:
         return None
-    return tuple((str(v), str(k), str(s), int(n)) for v, k, s, n in stored)
+    # Ingest wrote each as [value, kind, source, count] from a Mention: the JSON decoder
+    # already gives those types, so the rows are only frozen, not converted one by one.
+    return cast(tuple[StoredMention, ...], tuple(map(tuple, stored)))
 
 
 def measure_projection(

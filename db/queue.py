@@ -89,6 +89,19 @@ class QueueMarkers:
             marked.update((session_id, str(job)) for session_id, job in rows)
         return marked
 
+    def replace(self, session_id: str, stale_job_id: str, job_id: str, *,
+                now: datetime) -> bool:
+        """Point the marker at ``job_id`` if it still names ``stale_job_id`` (a job the
+        broker lost); return whether it did. Of two replacers, one wins."""
+        replaced = self._connection.execute(
+            update(SessionRow)
+            .where(SessionRow.session_id == session_id,
+                   SessionRow.queued_job_id == stale_job_id)
+            .values(queued_at=now, queued_job_id=job_id)
+            .returning(SessionRow.id)
+        ).first()
+        return replaced is not None
+
     def clear(self, session_id: str, job_id: str) -> bool:
         """Clear the session's marker if it still names ``job_id``; return whether it did.
 

@@ -168,14 +168,24 @@ class BreakerUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class RevisionSizes:
+    """A revision's projection sizes before and after it: what the trigger's history needs."""
+
+    projection_tokens_before: int
+    projection_tokens_after: int
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """What one job reads in one transaction: the session, its active revision, and the
     active messages up to ``session.head_seq`` (instructions covered by the revision,
-    then everything after its ``through_seq``)."""
+    then everything after its ``through_seq``); ``recent_revisions``: the sizes of the
+    newest revisions, newest first, as many as the reader asked for."""
 
     session: SessionState
     revision: RevisionRecord | None
     messages: list[MessageRecord]
+    recent_revisions: tuple[RevisionSizes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,3 +200,40 @@ class ToolCallState:
 
     open_ids: tuple[str, ...]  # the last call group's calls without a result, in call order
     answered_ids: frozenset[str]  # every tool call id a stored tool result answers
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedSession:
+    """What erasing a session removed: rows per table (in ``SESSION_TABLES`` order), the
+    queued-job marker it carried, and the lease ``force`` broke (None: none was held)."""
+
+    session_id: str
+    removed: dict[str, int]
+    queued_job_id: str | None
+    broken_lease_owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GcPolicy:
+    """What garbage collection keeps: the active revision and ``keep_revisions`` of its
+    ancestors always; other revisions and runs younger than their retention (s); whole
+    sessions last appended to within ``session_retention_s`` (None: every session)."""
+
+    keep_revisions: int
+    revision_retention_s: float
+    run_retention_s: float
+    batch_size: int
+    session_retention_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep_revisions < 0 or self.batch_size <= 0:
+            raise ValueError(f"invalid gc policy {self!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GcBatch:
+    """One committed batch: rows of ``table`` removed (or, in a dry run, removable)."""
+
+    table: str
+    removed: int
+    next_after: int | None  # keyset cursor of the next batch; None: the table is done

@@ -66,6 +66,33 @@ def roll_back(
     return q.to_revision_record(target, session_id)
 
 
+def roll_forward(session: Session, session_id: str, to_revision_id: int) -> RevisionRecord:
+    """Point the session at ``to_revision_id``, a later revision descending from the
+    active one (any of its revisions when none is active); return it."""
+    row = q.find_session(session, session_id, lock=True)
+    target = q.find_revision(session, to_revision_id)
+    if target.session_id != row.id:
+        raise RevisionNotFound(f"session {session_id!r} has no revision {to_revision_id}")
+    if row.active_revision_id is not None and row.active_revision_id not in _ancestor_ids(
+            session, target):
+        raise RevisionNotFound(f"revision {to_revision_id} is not a later revision of the "
+                               f"active revision {row.active_revision_id}")
+    figures = q.measure_projection(
+        session, row.id, target.through_seq, target.snapshot_head_seq, target.block_tokens
+    )
+    _point_session(row, target.id, figures)
+    return q.to_revision_record(target, session_id)
+
+
+def _ancestor_ids(session: Session, revision: RevisionRow) -> set[int]:
+    ancestors: set[int] = set()
+    parent_id = revision.parent_revision_id
+    while parent_id is not None and parent_id not in ancestors:
+        ancestors.add(parent_id)
+        parent_id = q.find_revision(session, parent_id).parent_revision_id
+    return ancestors
+
+
 def load_active_revision(session: Session, row: SessionRow) -> RevisionRecord | None:
     revision = _active_revision_row(session, row)
     return q.to_revision_record(revision, row.session_id) if revision else None

@@ -2,8 +2,12 @@
 
 Two tiers, each a range scan of its own index (migration 0002), so a scan reads the due
 candidates and never every session: first sessions whose projection is over the trigger
-(largest projection first), then "dirty" sessions under it whose tokens appended since
-the last compaction exceed the dirty threshold (most appended first).
+(largest projection first), then "dirty" sessions under it, compacted before, whose tokens
+appended since the last compaction exceed the dirty threshold (most appended first). A
+session never compacted is due only over the trigger. ``scheduler.selection.due_why`` is
+the same rule in Python; ``tests/integration/test_due_rule.py`` checks the two agree.
+
+``count_exclusions`` explains a scan: why each session it would not enqueue is left out.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, or_, select, tuple_
+from sqlalchemy import ColumnElement, Select, and_, case, func, not_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from db.models import SessionRow
@@ -95,6 +99,7 @@ def due_page_query(
         size = [
             SessionRow.tokens_since_compaction > criteria.dirty_tokens,
             SessionRow.projection_tokens <= criteria.trigger_tokens,
+            SessionRow.last_compacted_at.is_not(None),
         ]
     statement = (
         select(
@@ -116,16 +121,59 @@ def due_page_query(
     return statement
 
 
+# The count of sessions no exclusion applies to, in ``count_exclusions``.
+ELIGIBLE = "eligible"
+
+
+class Exclusion(StrEnum):
+    """Why a scan leaves a session out, checked in this order (the first one counts)."""
+
+    UNDER_TRIGGER = "under_trigger"  # neither over the trigger nor dirty
+    QUIET_PERIOD = "quiet_period"  # appended to within quiet_period_s
+    LEASED = "leased"  # a job holds its lease
+    BREAKER_OPEN = "breaker_open"  # its breaker is open and still cooling down
+    ALREADY_QUEUED = "already_queued"  # a queued-job marker younger than marker_ttl_s
+
+
+def is_due_by_size(criteria: DueCriteria) -> ColumnElement[bool]:
+    """SQL condition: over the trigger, or dirty (compacted before and grown since)."""
+    return or_(
+        SessionRow.projection_tokens > criteria.trigger_tokens,
+        and_(SessionRow.last_compacted_at.is_not(None),
+             SessionRow.tokens_since_compaction > criteria.dirty_tokens),
+    )
+
+
 def is_eligible(criteria: DueCriteria, now: datetime) -> list[ColumnElement[bool]]:
     """SQL conditions of a session the scan may enqueue, whatever its size: quiet,
     unleased, admitted by its breaker, and without a fresh queued-job marker."""
+    return list(_eligibility(criteria, now).values())
+
+
+def _eligibility(criteria: DueCriteria, now: datetime) -> dict[Exclusion, ColumnElement[bool]]:
     quiet_before = now - timedelta(seconds=criteria.quiet_period_s)
-    return [
-        or_(SessionRow.last_appended_at.is_(None), SessionRow.last_appended_at <= quiet_before),
-        or_(SessionRow.lease_expires_at.is_(None), SessionRow.lease_expires_at <= now),
-        is_admitted_by_breaker(now, criteria.breaker_cooldown_s),
-        is_marker_free(now, criteria.marker_ttl_s),
-    ]
+    return {
+        Exclusion.QUIET_PERIOD: or_(SessionRow.last_appended_at.is_(None),
+                                    SessionRow.last_appended_at <= quiet_before),
+        Exclusion.LEASED: or_(SessionRow.lease_expires_at.is_(None),
+                              SessionRow.lease_expires_at <= now),
+        Exclusion.BREAKER_OPEN: is_admitted_by_breaker(now, criteria.breaker_cooldown_s),
+        Exclusion.ALREADY_QUEUED: is_marker_free(now, criteria.marker_ttl_s),
+    }
+
+
+def count_exclusions(session: Session, criteria: DueCriteria, now: datetime) -> dict[str, int]:
+    """Count every session by the first reason the scan leaves it out (``eligible``: none).
+
+    One aggregate over all sessions (a full read, unlike the scan's index ranges): what
+    ``compactor scan --dry-run`` shows to explain an empty or short list.
+    """
+    passes = {Exclusion.UNDER_TRIGGER: is_due_by_size(criteria), **_eligibility(criteria, now)}
+    reason = case(*((not_(condition), exclusion.value) for exclusion, condition in passes.items()),
+                  else_=ELIGIBLE).label("reason")
+    classified = select(reason).select_from(SessionRow).subquery()
+    counted = select(classified.c.reason, func.count()).group_by(classified.c.reason)
+    return {str(row[0]): int(row[1]) for row in session.execute(counted)}
 
 
 def is_admitted_by_breaker(now: datetime, cooldown_s: float) -> ColumnElement[bool]:

@@ -16,30 +16,27 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Update, select
+from sqlalchemy import Engine, Update, func, select
 from sqlalchemy.orm import Session
 
+from db import job_transactions as job
 from db import leases
 from db import projection as views
 from db import queries as q
 from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
-from db.engine import create_db_engine, derive_read_engine
+from db.engine import SQLITE_BEGIN_OPTION, create_db_engine, derive_read_engine
 from db.errors import SessionExists, translate_errors
-from db.lifecycle import (
-    DeletedSession,
-    GcBatch,
-    GcPolicy,
-    collect_garbage,
-    delete_session,
-    pop_newest_message,
-)
-from db.migrate import check_schema
+from db.lifecycle import collect_garbage, delete_session, pop_newest_message
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
 from db.recall import check_query, search_messages
+from db.reconcile import HeldSession, read_due_among, read_held_sessions
 from db.records import (
     ArtifactRecord,
     BreakerUpdate,
+    DeletedSession,
+    GcBatch,
+    GcPolicy,
     IndexedMessage,
     MessageRecord,
     NewMessage,
@@ -52,8 +49,16 @@ from db.records import (
     Snapshot,
     ToolCallState,
 )
-from db.revisions import load_active_revision, roll_back, swap_in
-from db.scan import DueCriteria, DueCursor, DuePage, DueRow, DueWhy, read_due_page
+from db.revisions import load_active_revision, roll_back, roll_forward, swap_in
+from db.scan import (
+    DueCriteria,
+    DueCursor,
+    DuePage,
+    DueRow,
+    DueWhy,
+    count_exclusions,
+    read_due_page,
+)
 
 T = TypeVar("T")
 # An append's intake check: given the session's tool-call state, the rows to insert and
@@ -71,6 +76,13 @@ class Store:
         # BEGIN and COMMIT, two round trips of the platform's hot read.
         self._statement_engine = self._read_engine if engine.dialect.name == "sqlite" \
             else engine.execution_options(isolation_level="AUTOCOMMIT")
+        # A one-statement write is atomic by itself: no BEGIN and COMMIT round trips (on
+        # SQLite the begin hook's own option, not pysqlite's AUTOCOMMIT, which would give
+        # transaction control back to the driver once the connection returns to the pool).
+        self._write_statement_engine = \
+            engine.execution_options(**{SQLITE_BEGIN_OPTION: "AUTOCOMMIT"}) \
+            if engine.dialect.name == "sqlite" \
+            else engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
     def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Store:
@@ -79,6 +91,8 @@ class Store:
 
     def check_schema(self) -> None:
         """Raise SchemaMissing unless the database is at the packaged migrations' head."""
+        from db.migrate import check_schema  # alembic loads only where the schema is checked
+
         check_schema(self._engine)
 
     def close(self) -> None:
@@ -145,11 +159,15 @@ class Store:
         with self._read() as session:
             return q.to_session_state(q.find_session(session, session_id))
 
-    def list_sessions(self, *, after: str | None = None, limit: int = 100) -> list[SessionState]:
-        """Return up to ``limit`` sessions ordered by id, starting after ``after`` (keyset)."""
+    def list_sessions(self, *, after: str | None = None, limit: int = 100,
+                      breaker_state: str | None = None) -> list[SessionState]:
+        """Return up to ``limit`` sessions ordered by id, starting after ``after`` (keyset),
+        only those whose breaker is in ``breaker_state`` when given."""
         statement = select(SessionRow).order_by(SessionRow.session_id).limit(limit)
         if after is not None:
             statement = statement.where(SessionRow.session_id > after)
+        if breaker_state is not None:
+            statement = statement.where(SessionRow.breaker_state == breaker_state)
         with self._read() as session:
             return [q.to_session_state(row) for row in session.scalars(statement)]
 
@@ -208,6 +226,14 @@ class Store:
                 messages=q.select_active(session, row.id, through_seq),
             )
 
+    def job_snapshot(self, session_id: str, *, history: int = 2) -> Snapshot:
+        """The snapshot a job plans from, in one read transaction of three statements: the
+        session joined to its active revision, its active messages, and the sizes of its
+        ``history`` newest revisions (``Snapshot.recent_revisions``)."""
+        with translate_errors(), self._read_engine.connect() as connection, \
+                connection.begin():
+            return job.read_snapshot(connection, session_id, history=history)
+
     def projection(self, session_id: str) -> list[dict[str, Any]]:
         """Return what a model is sent, in one statement: the instructions the active
         revision covers, its block, every later message (no revision: every message)."""
@@ -254,6 +280,36 @@ class Store:
                 lease_owner=lease_owner, revision=revision, run=run, now=now, breaker=breaker,
             )
 
+    def commit_job(
+        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
+        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
+    ) -> int:
+        """End a job that compacted, in one transaction under the session's row lock: the
+        compare-and-swap of ``swap_revision`` (same errors, nothing written on any), the
+        run row, the lease released and the queue marker cleared if it is ``run.task_id``'s.
+        Return the revision id."""
+        with translate_errors(), self._engine.begin() as connection:
+            return job.commit_swap(
+                connection, session_id, expected_revision_id=expected_revision_id,
+                lease_owner=lease_owner, revision=revision, run=run, now=now, breaker=breaker,
+                release_lease=True, queue_job_id=run.task_id,
+            )
+
+    def finish_job(self, run: NewRun, *, lease_owner: str | None,
+                   breaker: BreakerUpdate | None = None, clear_queue_marker: bool = False
+                   ) -> int:
+        """End a job that did not compact, in one transaction: the run row and, for its
+        session if it exists, the breaker, the release of ``lease_owner``'s lease (when
+        given) and, with ``clear_queue_marker``, the queue marker if it is
+        ``run.task_id``'s. Return the run id."""
+        if breaker is not None:
+            leases.check_breaker(breaker)
+        with translate_errors(), self._engine.begin() as connection:
+            return job.commit_failure(
+                connection, run, breaker=breaker, lease_owner=lease_owner,
+                queue_job_id=run.task_id if clear_queue_marker else None,
+            )
+
     def rollback(
         self, session_id: str, *, to_revision_id: int | None = None
     ) -> RevisionRecord | None:
@@ -266,6 +322,12 @@ class Store:
         with self._write() as session:
             return roll_back(session, session_id, to_revision_id)
 
+    def roll_forward(self, session_id: str, *, to_revision_id: int) -> RevisionRecord:
+        """Re-activate ``to_revision_id``, a descendant of the active revision (one a
+        rollback left): RevisionNotFound otherwise. Returns it."""
+        with self._write() as session:
+            return roll_forward(session, session_id, to_revision_id)
+
     def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int:
         """Record a job attempt and, when given and the session exists, its breaker state."""
         statement = None if breaker is None else leases.set_breaker(run.session_id, breaker)
@@ -276,23 +338,42 @@ class Store:
             return run_id
 
     def runs(
-        self, *, session_id: str | None = None, outcome: str | None = None, limit: int = 100
+        self, *, session_id: str | None = None, outcome: str | None = None, limit: int = 100,
+        since: datetime | None = None, until: datetime | None = None,
     ) -> list[RunRecord]:
-        """Return recorded runs, newest first, optionally for one session and/or outcome."""
+        """Return recorded runs, newest first, optionally for one session and/or outcome,
+        started at or after ``since`` and before ``until``."""
         statement = select(RunRow).order_by(RunRow.started_at.desc(), RunRow.id.desc())
         if session_id is not None:
             statement = statement.where(RunRow.session_id == session_id)
         if outcome is not None:
             statement = statement.where(RunRow.outcome == outcome)
+        if since is not None:
+            statement = statement.where(RunRow.started_at >= since)
+        if until is not None:
+            statement = statement.where(RunRow.started_at < until)
         with self._read() as session:
             return [q.to_run_record(row) for row in session.scalars(statement.limit(limit))]
 
     # --- leases and breaker ----------------------------------------------------------
 
+    def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+                  take_over: str | None = None) -> SessionState | None:
+        """Take the lease as ``acquire_lease`` does and return the session as it now is,
+        in one statement; None when another owner holds it. ``take_over`` also takes a
+        lease whose owner ends in ``":" + take_over`` (SessionNotFound when unknown)."""
+        with translate_errors(), self._write_statement_engine.begin() as connection:
+            return job.take_lease(connection, session_id, owner, ttl_s, now,
+                                  take_over=take_over)
+
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         """Take or renew the session's lease until ``now + ttl_s``; False when another
         owner holds an unexpired lease."""
         return self._update_one(session_id, leases.acquire_lease(session_id, owner, ttl_s, now))
+
+    def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
+        """Extend ``owner``'s lease to ``now + ttl_s``; False when it no longer holds it."""
+        return self._update_one(session_id, leases.renew_lease(session_id, owner, ttl_s, now))
 
     def release_lease(self, session_id: str, owner: str) -> bool:
         """Release the lease if ``owner`` holds it; return whether it did."""
@@ -301,6 +382,14 @@ class Store:
     def set_breaker(self, session_id: str, update: BreakerUpdate) -> None:
         """Persist the session's breaker fields."""
         self._update_one(session_id, leases.set_breaker(session_id, update))
+
+    def count_breakers(self) -> dict[str, int]:
+        """Sessions per breaker state other than closed (``open``, ``half_open``)."""
+        statement = (select(SessionRow.breaker_state, func.count())
+                     .where(SessionRow.breaker_state != "closed")
+                     .group_by(SessionRow.breaker_state))
+        with self._read() as session:
+            return {state: int(count) for state, count in session.execute(statement)}
 
     # --- scheduling: the due-session scan and queued-job markers ---------------------
 
@@ -330,12 +419,31 @@ class Store:
                     break
                 after = page.next_after
 
+    def count_scan_exclusions(self, criteria: DueCriteria, now: datetime) -> dict[str, int]:
+        """Sessions by the first reason a scan at ``now`` leaves them out (``db.Exclusion``),
+        and ``eligible`` ones; a full read, for explaining a scan, not for running one."""
+        with self._read() as session:
+            return count_exclusions(session, criteria, now)
+
     @contextmanager
     def queue_markers(self) -> Iterator[QueueMarkers]:
         """One write transaction over queued-job markers: what is marked or cleared
         through it commits together on exit, or not at all."""
         with self._write() as session:
             yield QueueMarkers(session.connection())
+
+    def held_sessions(self, *, queued_before: datetime, limit: int) -> list[HeldSession]:
+        """Sessions with a marker set before ``queued_before`` or a lease (the reconciler)."""
+        with self._read() as session:
+            return read_held_sessions(session, queued_before=queued_before, limit=limit)
+
+    def due_among(self, session_ids: Sequence[str], criteria: DueCriteria,
+                  now: datetime) -> dict[str, tuple[DueWhy, int]]:
+        """Of ``session_ids``, those the scan would take were their marker and lease free."""
+        if not session_ids:
+            return {}
+        with self._read() as session:
+            return read_due_among(session, session_ids, criteria, now)
 
     def clear_queue_marker(self, session_id: str, job_id: str) -> bool:
         """Clear the session's queued-job marker if it is still ``job_id``'s."""

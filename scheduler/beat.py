@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -23,7 +23,7 @@ from scheduler.enqueue import Publisher, ScanReport, run_scan
 from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
 from worker.celery_app import app
-from worker.contract import SCAN_TASK_NAME
+from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME
 from worker.keys import RedisKeys
 from worker.lifecycle import collect_garbage, gc_policy
 from worker.logging import get_logger
@@ -32,6 +32,7 @@ from worker.settings import Settings, get_settings
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
 GC_ENTRY_NAME = "compactor-gc"
 GC_TASK_NAME = "compactor.gc"
+RECONCILE_ENTRY_NAME = "compactor-reconcile"
 BEAT_SCHEDULE_FILENAME = "beat-schedule"
 # Refreshed after every page, so it only has to outlast one page; a scanner that dies
 # frees the lock within this time.
@@ -75,8 +76,9 @@ def scan_crontab(expression: str, setting: str = "scan_cron") -> crontab:
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The beat schedule: one scan at ``scan_cron``, and garbage collection at
-    ``gc_cron`` when set, both on the jobs' queue."""
+    """The beat schedule: one scan at ``scan_cron``, the reconciler every
+    ``reconcile_interval_s`` and garbage collection at ``gc_cron`` when set, all on the
+    jobs' queue."""
     schedule = {
         SCAN_ENTRY_NAME: {
             "task": SCAN_TASK_NAME,
@@ -84,6 +86,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "options": {"queue": settings.queue_name},
         }
     }
+    if settings.reconcile_interval_s:
+        schedule[RECONCILE_ENTRY_NAME] = {
+            "task": RECONCILE_TASK_NAME,
+            "schedule": timedelta(seconds=settings.reconcile_interval_s),
+            "options": {"queue": settings.queue_name},
+        }
     if settings.gc_cron:
         schedule[GC_ENTRY_NAME] = {
             "task": GC_TASK_NAME,
@@ -99,8 +107,9 @@ def start_beat(celery_app: Celery, settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     schedule_path = settings.data_dir / BEAT_SCHEDULE_FILENAME
     # quiet: Celery's banner is printed, not logged; logs are JSON lines only.
-    celery_app.Beat(schedule=str(schedule_path), loglevel=settings.log_level,
-                    quiet=True).run()
+    # CatchUpScheduler: a send that fails while Redis is down is retried until it goes out.
+    celery_app.Beat(schedule=str(schedule_path), loglevel=settings.log_level, quiet=True,
+                    scheduler="scheduler.catch_up:CatchUpScheduler").run()
 
 
 @dataclass(frozen=True)

@@ -72,18 +72,26 @@ def new_job_id() -> str:
 def trigger_sessions(
     store: Store, publisher: Publisher, session_ids: Sequence[str], *, reason: str,
     force: bool, now: datetime, marker_ttl_s: float,
+    is_lost: Callable[[str, str], bool] | None = None,
 ) -> list[MarkResult]:
     """Enqueue one job per session unless one is already queued.
 
     ``force`` is carried to the job (it skips the trigger and anti-thrash checks) but
-    does not bypass a fresh marker: the session already has a job coming, so the
-    result is ``already_queued`` with that job's id.
+    does not bypass a fresh marker whose job is alive: the session already has a job
+    coming, so the result is ``already_queued`` with that job's id. With ``force``, a
+    marker whose job ``is_lost(session_id, job_id)`` (neither queued, delivered nor
+    running) is replaced by the new job.
     """
     results = []
     for session_id in session_ids:
         job = QueuedJob(new_job_id(), job_kwargs(session_id, reason, force=force))
         with store.queue_markers() as markers:
             marked = markers.mark(session_id, job.job_id, now=now, marker_ttl_s=marker_ttl_s)
+        if (force and is_lost is not None and marked.status is MarkStatus.ALREADY_QUEUED
+                and marked.job_id is not None and is_lost(session_id, marked.job_id)):
+            with store.queue_markers() as markers:
+                if markers.replace(session_id, marked.job_id, job.job_id, now=now):
+                    marked = MarkResult(session_id, MarkStatus.ENQUEUED, job.job_id)
         if marked.status is MarkStatus.ENQUEUED:
             publish_or_release(store, publisher, [job])
         results.append(marked)

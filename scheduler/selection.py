@@ -7,12 +7,16 @@ around them: the summarizer tokens each would cost, and the cap and budget of on
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from db import DueCriteria, DueRow, DueWhy, Store
+from db import DueCriteria, DueRow, DueWhy, Exclusion, Store
+
+# A dirty session left out because it holds no more than the verbatim tail.
+TAIL_ONLY = "tail_only"
 
 
 class StopReason(StrEnum):
@@ -122,13 +126,27 @@ def estimate_summarizer_tokens(projection_tokens: int, tail_budget_tokens: int) 
     return max(0, projection_tokens - tail_budget_tokens)
 
 
+def due_why(projection_tokens: int, tokens_since_compaction: int, *, compacted: bool,
+            policy: ScanPolicy) -> DueWhy | None:
+    """Whether a session's size makes it due, and in which tier (None: it is not).
+
+    The Python form of the scan's SQL (``db/scan.py``, ``is_due_by_size``): over the
+    trigger, or "dirty": compacted before and grown by more than ``dirty_tokens`` since.
+    A session never compacted is due only over the trigger.
+    ``tests/integration/test_due_rule.py`` checks the two agree on both databases.
+    """
+    if projection_tokens > policy.trigger_tokens:
+        return DueWhy.OVER_TRIGGER
+    if compacted and tokens_since_compaction > policy.dirty_tokens:
+        return DueWhy.DIRTY
+    return None
+
+
 def iter_due_sessions(store: Store, policy: ScanPolicy, now: datetime) -> Iterator[DueSession]:
     """Yield every due session once, most to gain first (see ``Store.iter_due_sessions``)."""
     for row in store.iter_due_sessions(policy.criteria, now, page_size=policy.batch_size):
         due = _due_session(row, policy)
-        # A dirty session's job is forced, so it must hold more than the verbatim tail.
-        # Checked here: in SQL the planner may take it for an index range.
-        if due.why is DueWhy.OVER_TRIGGER or due.estimated_tokens > 0:
+        if _holds_more_than_tail(due):
             yield due
 
 
@@ -136,15 +154,60 @@ def select_due_sessions(
     store: Store, policy: ScanPolicy, now: datetime, *, limit: int | None = None
 ) -> tuple[list[DueSession], StopReason]:
     """Return the sessions one scan would take within its cap and budget, and why it
-    would stop (what ``compactor scan --dry-run`` shows)."""
+    would stop."""
+    taken, stopped, _ = _take_due(store, policy, now, limit)
+    return taken, stopped
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPreview:
+    """What a scan at one instant would take, why it would stop, and why it would leave
+    every other session out: reason -> sessions (a ``db.Exclusion``, ``tail_only``, or
+    the stop reason for due sessions beyond the job cap or token budget)."""
+
+    sessions: list[DueSession]
+    stopped: StopReason
+    left_out: dict[str, int]
+
+
+def preview_scan(store: Store, policy: ScanPolicy, now: datetime, *,
+                 limit: int | None = None) -> ScanPreview:
+    """What ``compactor scan --dry-run`` shows: ``select_due_sessions`` and what it
+    leaves out, by reason (one more read, over every session)."""
+    counts = store.count_scan_exclusions(policy.criteria, now)
+    taken, stopped, passed_over = _take_due(store, policy, now, limit)
+    left_out = {reason.value: counts.get(reason.value, 0) for reason in Exclusion}
+    left_out.update(passed_over)
+    return ScanPreview(taken, stopped,
+                       {reason: count for reason, count in left_out.items() if count})
+
+
+def _take_due(store: Store, policy: ScanPolicy, now: datetime, limit: int | None
+              ) -> tuple[list[DueSession], StopReason, Counter[str]]:
+    """Walk every due session in gain order: those a scan takes, why it stops, and the
+    due sessions it passes over (``tail_only``, or the stop reason for those after it)."""
     allowance = Allowance.of(policy, limit)
     taken: list[DueSession] = []
-    for due in iter_due_sessions(store, policy, now):
-        accepted, refusal = allowance.take([due])
-        if refusal is not None:
-            return taken, refusal
-        taken.extend(accepted)
-    return taken, StopReason.EXHAUSTED
+    stopped: StopReason | None = None
+    passed_over: Counter[str] = Counter()
+    for row in store.iter_due_sessions(policy.criteria, now, page_size=policy.batch_size):
+        due = _due_session(row, policy)
+        if not _holds_more_than_tail(due):
+            passed_over[TAIL_ONLY] += 1
+            continue
+        if stopped is None:
+            stopped = allowance.take([due])[1]
+        if stopped is None:
+            taken.append(due)
+        else:  # the scan ends at the first session that does not fit
+            passed_over[stopped.value] += 1
+    return taken, stopped or StopReason.EXHAUSTED, passed_over
+
+
+def _holds_more_than_tail(due: DueSession) -> bool:
+    # A dirty session's job is forced, so it must hold more than the verbatim tail.
+    # Checked here: in SQL the planner may take it for an index range.
+    return due.why is DueWhy.OVER_TRIGGER or due.estimated_tokens > 0
 
 
 def _due_session(row: DueRow, policy: ScanPolicy) -> DueSession:

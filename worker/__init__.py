@@ -8,22 +8,28 @@ package loads none of them: the Celery app is built only by ``worker.celery_app`
 """
 
 __all__ = [
+    "attempt_journal",
     "backfill",
     "celery_app",
+    "checks",
     "compaction",
     "contract",
     "dead_letters",
     "errors",
+    "figures",
     "ingest",
     "job",
     "keys",
     "lifecycle",
     "logging",
     "outcome",
+    "preview",
     "queue_items",
     "recall_tool",
     "runtime",
     "scrub",
     "sessions",
     "settings",
+    "settings_errors",
+    "views",
 ]

@@ -6,21 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from db import IndexedMessage
-from worker.compaction import identify_message, parse_message, search_text
-from worker.ingest import IngestStore, iter_session_ids
+# Intake and the core load when a backfill runs: `compactor db --help` shows the
+# default below without them.
+if TYPE_CHECKING:
+    from db import IndexedMessage
+    from worker.ingest import IngestStore
+
+    class BackfillStore(IngestStore, Protocol):
+        """The store as the backfill uses it (``db.Store``)."""
+
+        def unindexed_messages(self, session_id: str, *, limit: int
+                               ) -> list[tuple[int, Any]]: ...
+
+        def index_messages(self, session_id: str, indexed: list[IndexedMessage]) -> int: ...
 
 DEFAULT_BATCH_MESSAGES = 500
-
-
-class BackfillStore(IngestStore, Protocol):
-    """The store as the backfill uses it (``db.Store``)."""
-
-    def unindexed_messages(self, session_id: str, *, limit: int) -> list[tuple[int, Any]]: ...
-
-    def index_messages(self, session_id: str, indexed: list[IndexedMessage]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ def backfill(store: BackfillStore, *, batch_messages: int = DEFAULT_BATCH_MESSAG
              on_batch: Callable[[int], None] | None = None) -> BackfillReport:
     """Index every unindexed message of every session, one batch per transaction;
     ``on_batch`` hears how many each batch wrote (a progress display)."""
+    from worker.ingest import iter_session_ids
+
     sessions = messages = 0
     for session_id in iter_session_ids(store):
         written = sum(_report(count, on_batch) for count in
@@ -55,6 +59,9 @@ def _backfill_session(store: BackfillStore, session_id: str, batch_messages: int
 
 def index_body(seq: int, body: dict[str, Any]) -> IndexedMessage:
     """Compute a stored message's index as ingest would have."""
+    from db import IndexedMessage
+    from worker.compaction import identify_message, parse_message, search_text
+
     message = parse_message(body)
     return IndexedMessage(seq, tuple(identify_message(message)), search_text(message))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from typing import Any
 
 from celery import Celery
@@ -23,24 +24,35 @@ from celery.signals import (
     task_prerun,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutting_down,
 )
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
-from worker.contract import SCAN_TASK_NAME, TASK_NAME
-from worker.logging import configure_logging, get_logger
+from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME, TASK_NAME
+from worker.logging import get_logger
 from worker.settings import Settings, get_settings
+from worker.settings_errors import settings_or_exit
 from worker.transport import ITEM_POLICY_OPTION, item_policy
+
+_INCLUDE = ["worker.tasks", "scheduler.beat", "scheduler.reconcile"]
+EXIT_CHECK_FAILED = 1
 
 
 def create_app(settings: Settings) -> Celery:
-    """Build the app from settings; connects to nothing until used."""
+    """Build an app from settings; connects to nothing until used."""
     # Celery loads the scheduler's scan task by name: the scan runs as a task on a
     # worker, while nothing in worker/ imports scheduler/ (the dependency direction).
-    app = Celery("compactor", broker=settings.redis_url,
-                 include=["worker.tasks", "scheduler.beat"])
-    app.conf.update(
+    app = Celery("compactor", include=_INCLUDE)
+    app.config_from_object(celery_config(settings))
+    return app
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The app's configuration: Celery's names for the settings' values."""
+    return dict(
+        broker_url=settings.redis_url,
         task_serializer="json",
         accept_content=["json"],
         result_accept_content=["json"],
@@ -50,6 +62,17 @@ def create_app(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
+        # A lost broker connection lets the running jobs finish and record their outcome.
+        # Cancelling them instead (Celery 6's default) loses them outright when Redis
+        # restarts empty, as it does without persistence: their messages die with it
+        # (tests/chaos/test_chaos.py). A finished job whose ack cannot land is at worst
+        # delivered again, and a job is safe to run twice.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        # SIGTERM is a warm shutdown: running jobs finish (the deploy's grace period
+        # outlasts the hard time limit). A cold one first waits this long, and requeues
+        # the messages it holds, retries waiting on their countdown too (on idle as well).
+        worker_soft_shutdown_timeout=settings.worker_soft_shutdown_s,
+        worker_enable_soft_shutdown_on_idle=settings.worker_soft_shutdown_s > 0,
         # Inspects every queue item before kombu reads it; refused ones are dead-lettered.
         broker_transport="worker.transport:InspectingTransport",
         # Reports messages Celery still cannot turn into a request as rejected jobs.
@@ -58,10 +81,15 @@ def create_app(settings: Settings) -> Celery:
         task_time_limit=settings.task_hard_time_limit_s,
         task_default_queue=settings.queue_name,
         task_routes={TASK_NAME: {"queue": settings.queue_name},
-                     SCAN_TASK_NAME: {"queue": settings.queue_name}},
+                     SCAN_TASK_NAME: {"queue": settings.queue_name},
+                     RECONCILE_TASK_NAME: {"queue": settings.queue_name}},
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout_s,
             "global_keyprefix": settings.redis_key_prefix,
+            # A Redis that hangs fails a read instead of blocking the worker for good.
+            "socket_timeout": settings.redis_socket_timeout_s,
+            "socket_connect_timeout": settings.redis_socket_timeout_s,
+            "socket_keepalive": True,
             ITEM_POLICY_OPTION: item_policy(settings),
         },
         broker_connection_retry_on_startup=True,
@@ -73,10 +101,16 @@ def create_app(settings: Settings) -> Celery:
         timezone="UTC",
         enable_utc=True,
     )
-    return app
 
 
-app = create_app(get_settings())
+# The process's app. It reads the settings when Celery first needs its configuration,
+# not at import: importing a task module never fails on a bad setting.
+app = Celery("compactor", include=_INCLUDE)
+
+
+@app.on_configure.connect
+def _configure_from_settings(sender: Celery, **_: Any) -> None:
+    sender.config_from_object(celery_config(settings_or_exit()))
 
 
 @setup_logging.connect
@@ -84,8 +118,7 @@ def configure_process_logging(loglevel: int | str | None = None, **_: Any) -> No
     """Own the logging of worker, pool children and beat (Celery then sets up none of
     its own: no handler on the root logger, no redirected prints); Celery's loggers keep
     the level of its ``--loglevel``."""
-    settings = get_settings()
-    configure_logging(settings.log_format.value, settings.log_level)
+    settings_or_exit()  # configures logging from the settings
     if loglevel:
         logging.getLogger("celery").setLevel(loglevel)
 
@@ -97,6 +130,40 @@ def _quiet_worker(instance: Any = None, **_: Any) -> None:
     configure_process_logging()
     if instance is not None:
         instance.quiet = True
+
+
+@celeryd_init.connect
+def _refuse_broken_configuration(**_: Any) -> None:
+    """Run `compactor check`'s checks before the worker consumes anything; on a wrong
+    configuration, log one ``worker.check_failed`` line per problem and exit 1 (no job is
+    taken). A dependency that is only unreachable (an outage) is logged as
+    ``worker.check_unreachable`` and the worker starts: its jobs retry and the reconciler
+    catches up once it is back, where a refusal would only crash-loop the worker."""
+    from worker.checks import CheckStatus, run_checks
+
+    settings = get_settings()
+    results = run_checks(settings, probe_llm=settings.worker_check_llm)
+    failed = [result for result in results if result.status is CheckStatus.PROBLEM]
+    for result in results:
+        if result.status is CheckStatus.UNREACHABLE:
+            get_logger().warning("worker.check_unreachable", check=result.name,
+                                 detail=result.detail, fix=result.fix, message=result.line)
+    for result in failed:
+        get_logger().error("worker.check_failed", check=result.name, detail=result.detail,
+                           fix=result.fix, message=result.line)
+    if failed:
+        raise SystemExit(EXIT_CHECK_FAILED)
+    get_logger().info("worker.checks_passed", checks=[result.name for result in results])
+
+
+@celeryd_init.connect
+def _prepare_metrics(**_: Any) -> None:
+    """With ``metrics_port`` set, every process of this worker records its samples in one
+    emptied directory, set up before the pool forks (``worker/metrics.py``)."""
+    if get_settings().metrics_port is not None:
+        from worker.metrics import enable_metrics
+
+        enable_metrics()
 
 
 @worker_init.connect
@@ -135,6 +202,31 @@ def _announce_ready(sender: Any = None, **_: Any) -> None:
         install_worker_term_handler(controller, verbose=False)
     get_logger().info("worker.ready", queue=settings.queue_name,
                       summarizer=settings.effective_summarizer.value)
+    if settings.metrics_port is not None:
+        _serve_metrics(settings, settings.metrics_port)
+
+
+def _serve_metrics(settings: Settings, port: int) -> None:
+    """Serve the pool's metrics from the main process, once its children are forked."""
+    from worker.metrics import serve_metrics
+    from worker.metrics_state import FleetStateCollector, FleetStateReader
+
+    collector = FleetStateCollector(FleetStateReader(settings), settings.queue_name)
+    try:
+        serve_metrics(settings.metrics_host, port, [collector])
+    except OSError as exc:  # jobs still run; the operator reads why scrapes fail
+        get_logger().error("metrics.unavailable", host=settings.metrics_host, port=port,
+                           failure_message=str(exc))
+        return
+    get_logger().info("metrics.serving", host=settings.metrics_host, port=port,
+                      path="/metrics")
+
+
+@worker_process_shutdown.connect
+def _forget_child(pid: int | None = None, **_: Any) -> None:
+    from worker.metrics import mark_child_dead
+
+    mark_child_dead(pid or os.getpid())
 
 
 @worker_shutting_down.connect

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 TASK_NAME = "compactor.compact_session"
 SCAN_TASK_NAME = "compactor.scan"
 GC_TASK_NAME = "compactor.gc"  # registered by scheduler/beat.py
+RECONCILE_TASK_NAME = "compactor.reconcile"  # registered by scheduler/reconcile.py
 # The only task names a worker runs from its queue: Celery's built-in tasks
 # (``celery.accumulate``, ``celery.chord_unlock``...) are refused like any unknown name.
-SERVICE_TASK_NAMES = frozenset({TASK_NAME, SCAN_TASK_NAME, GC_TASK_NAME})
+SERVICE_TASK_NAMES = frozenset({TASK_NAME, SCAN_TASK_NAME, GC_TASK_NAME, RECONCILE_TASK_NAME})
 MAX_TASK_ID_CHARS = 255
 MAX_HEADERS_CHARS = 16_384  # the headers object as JSON: Celery's reprs stay near 1 KiB each
 MAX_SESSION_ID_CHARS = 512

@@ -11,6 +11,7 @@
     │   ├── SummaryInvalid             failed       no      session breaker (typed reason)
     │   ├── ContextOverflow            failed       no      session breaker (after one re-plan)
     │   ├── DeliveryCapExceeded        failed       no      session breaker
+    │   ├── JobTimedOut                failed       no      session breaker (soft time limit)
     │   └── InternalError              failed       no      session breaker (unexpected)
     ├── StaleSnapshot                  conflict     no      -
     ├── LeaseHeld                      skipped      no      -
@@ -54,6 +55,7 @@ __all__ = [
     "DeliveryCapExceeded",
     "InternalError",
     "JobRejected",
+    "JobTimedOut",
     "LeaseHeld",
     "MessagesRejected",
     "Outcome",
@@ -72,7 +74,13 @@ __all__ = [
 
 class ProviderBreakerOpen(TransientError):
     """Raised when the provider breaker is open: retry later, without counting another
-    provider failure (that would restart the cooldown and keep it open forever)."""
+    provider failure (that would restart the cooldown and keep it open forever), and no
+    sooner than ``retry_after_s``, when the breaker admits its trial."""
+
+    def __init__(self, message: str, *, reason: str | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after_s = retry_after_s
 
 
 class ProviderError(TransientError):
@@ -102,6 +110,11 @@ class ProviderAuthFailed(ConfigurationError):
 
 class DeliveryCapExceeded(SessionFailure):
     """Raised when a job was delivered more times than allowed (its worker keeps dying)."""
+
+
+class JobTimedOut(SessionFailure):
+    """Raised when a job outlives ``task_soft_time_limit_s`` (reason ``time_limit``): it
+    ends with its run row and event before the hard limit would kill it unrecorded."""
 
 
 class InternalError(SessionFailure):
@@ -146,6 +159,9 @@ class MessagesRejected(JobRejected):
 def to_job_error(exc: Exception) -> CompactionError:
     """Map what a job raised to the error its outcome reports: the one place where store
     errors become outcomes (an unexpected error counts on the session's breaker)."""
+    # Imported here: the tree is the command line's too, which never loads Celery.
+    from celery.exceptions import SoftTimeLimitExceeded
+
     if isinstance(exc, CompactionError):
         return exc
     if isinstance(exc, SessionNotFound):
@@ -156,5 +172,7 @@ def to_job_error(exc: Exception) -> CompactionError:
         return StaleSnapshot(str(exc), reason="lease_lost")
     if isinstance(exc, StoreUnavailable):
         return TransientError(f"database unavailable: {exc}", reason="store_unavailable")
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return JobTimedOut("the job outlived its soft time limit", reason="time_limit")
     # Only the class: an exception's text may quote message contents.
     return InternalError(f"unexpected {type(exc).__name__}", reason="internal_error")

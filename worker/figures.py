@@ -33,7 +33,8 @@ class JobFigures:
     identifiers_recall_only: int | None = _figure(
         "the span's identifiers (tool names aside) the block does not carry: each one "
         "recall away (`compactor recall`), never lost")
-    llm_calls: int | None = _figure("LLM requests made (0 for the extractive summarizer)")
+    llm_calls: int | None = _figure("LLM requests made, by a failed job too (its cost: "
+                                    "the token figures as well); 0 for the extractive summarizer")
     prompt_tokens: int | None = _figure("prompt tokens the endpoint reported, summed over "
                                         "the calls")
     completion_tokens: int | None = _figure("completion tokens the endpoint reported, "
@@ -41,8 +42,9 @@ class JobFigures:
     llm_retries: int | None = _figure("SDK-level retries of transient LLM errors")
     llm_latency_s: float | None = _figure("LLM call latency summed over the calls (s; "
                                           "concurrent calls overlap)")
-    chunks: int | None = _figure("map chunks of chunk-and-merge (1: the span fit one call)")
-    merge_rounds: int | None = _figure("reduce rounds of chunk-and-merge")
+    chunks: int | None = _figure("map chunks of chunk-and-merge: 1 when the span fit one "
+                                 "call, 0 for the extractive summarizer (no calls)")
+    merge_rounds: int | None = _figure("reduce rounds of chunk-and-merge (0 for one chunk)")
 
     def as_dict(self) -> dict[str, Any]:
         """Every figure by name (``None`` included): the event's and the runs row's keys."""

@@ -55,6 +55,20 @@ class DeliveryCounter:
             return 0
         return int(count)
 
+    def first_attempt_at(self, task_id: str, began: float, *, ttl_s: int) -> float | None:
+        """When the task's first attempt began (epoch seconds): ``began`` unless an
+        earlier attempt recorded its own. None when Redis is unreachable."""
+        key = self._keys.first_attempt(task_id)
+        try:
+            with self._client.pipeline() as pipe:
+                pipe.set(key, repr(began), nx=True, ex=max(1, ttl_s))
+                pipe.get(key)
+                _, stored = pipe.execute()
+        except redis.RedisError as exc:
+            log_redis_unavailable("retry_window", exc)
+            return None
+        return float(stored) if stored is not None else began
+
 
 class FleetRateLimiter:
     """Spaces LLM calls of the whole fleet at most ``calls_per_s`` apart (0: no limit)."""

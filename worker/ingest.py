@@ -43,6 +43,7 @@ from worker.compaction import (
 )
 from worker.contract import MAX_SESSION_ID_CHARS
 from worker.errors import MessagesRejected
+from worker.views import ExportView
 
 RECORD_KEYS = ("session_id", "messages")
 T = TypeVar("T")
@@ -78,11 +79,6 @@ class ImportStatus(StrEnum):
     REPAIRED = "repaired"  # imported after intake repaired it (problems say what)
     REJECTED = "rejected"  # nothing stored
     EXISTS = "exists"  # a session with this id is already stored; left as it was
-
-
-class ExportView(StrEnum):
-    FULL = "full"  # every stored message, as imported or appended
-    PROJECTION = "projection"  # what a model is sent: instructions, summary block, tail
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from db import NewRun
-from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy
+from db import NewRun, SessionState
+from worker.compaction import Breaker, StrategyConfig, SummaryBudget, TokenCounter, TriggerPolicy
 from worker.errors import CompactionError, Outcome
 from worker.figures import JobFigures
 from worker.ports import JobStore, ProviderBreakerPort
@@ -47,6 +47,16 @@ class JobPolicy:
     breaker_threshold: int
     breaker_cooldown_s: int
     fallback_when_open: bool
+    lease_heartbeat_s: float = 0.0  # 0: the lease is not renewed while the job runs
+    # The summary budget grows with what it covers (SummaryBudget): 0 keeps it fixed.
+    summary_budget_span_ratio: float = 0.0
+    summary_budget_max_tokens: int | None = None
+
+    @property
+    def summary_budget(self) -> SummaryBudget:
+        """The summary budget's rule: summary_budget_tokens, grown by the span ratio."""
+        return SummaryBudget(self.summary_budget_tokens, self.summary_budget_span_ratio,
+                             self.summary_budget_max_tokens)
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,10 @@ class JobResult:
     duration_ms: float
     run_recorded: bool = True
     record_error: str | None = None
+    # The run row the database refused: the task keeps it for the reconciler to write.
+    unrecorded_run: NewRun | None = None
+    # The job's last transaction cleared its queue marker: the task need not.
+    queue_marker_cleared: bool = False
 
 
 @dataclass
@@ -112,6 +126,8 @@ class JobTrace:
     breaker_state: str | None = None
     revision_id: int | None = None
     parent_revision_id: int | None = None
+    leased: SessionState | None = None  # the session row as the lease step read it
+    breaker: Breaker | None = None  # the session's breaker, as this job last wrote it
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:

@@ -19,6 +19,10 @@ class RedisKeys:
         """Counter of deliveries of one task attempt (retries get their own counter)."""
         return f"{self.prefix}deliveries:{task_id}:{retries}"
 
+    def first_attempt(self, task_id: str) -> str:
+        """When a task's first attempt began: its retries end with ``retry_window_s``."""
+        return f"{self.prefix}first-attempt:{task_id}"
+
     def rate_window(self, window: int) -> str:
         """Fleet-wide count of LLM calls in one rate-limit window."""
         return f"{self.prefix}llm-rate:{window}"
@@ -34,3 +38,13 @@ class RedisKeys:
     def dead_letters(self) -> str:
         """The dead-letter list: queue items the worker refused, newest first."""
         return f"{self.prefix}dead"
+
+    def unrecorded_runs(self) -> str:
+        """Run rows a job could not write (the database was down), newest first, until the
+        reconciler writes them."""
+        return f"{self.prefix}unrecorded-runs"
+
+    def pending_events(self) -> str:
+        """Hash of the attempts running now (task id: JSON), removed once their
+        ``compaction.job`` event is out; what a kill leaves the reconciler reports."""
+        return f"{self.prefix}pending-events"

@@ -7,10 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from db import DeletedSession, GcBatch, GcPolicy, SessionLeased, Store
+from db import DeletedSession, GcBatch, GcPolicy, SessionLeased
 from worker.logging import get_logger
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from db import Store
 
 GC_EVENT = "lifecycle.gc"
 DELETE_EVENT = "lifecycle.delete"

@@ -2,7 +2,8 @@
 
 Field names are a contract: the README's "Outcome events" table is generated from
 ``RESULT_FIELDS`` and ``JobFigures`` (``python -m scheduler.cli.config_table write``).
-Message contents and secrets never appear, only ids, counts and reasons.
+Message contents and secrets never appear, only ids, counts and reasons. The metrics
+(``worker/metrics.py``) are counted from the same fields as each event is emitted.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from worker.figures import JobFigures, figure_docs
 from worker.job import JobResult
 from worker.logging import JOB_EVENT
+from worker.metrics import record_job_event
 
 EVENT_TABLE_START = "<!-- event-table:start -->"
 EVENT_TABLE_END = "<!-- event-table:end -->"
@@ -33,7 +35,9 @@ RESULT_FIELDS: dict[str, str] = {
               "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`) or "
               "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "
               "`auth_failed`, `schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
-              "`store_unavailable`, `internal_error`, ...)",
+              "`store_unavailable`, `time_limit` (the soft time limit), `worker_lost` (the "
+              "worker died or was killed; recorded afterwards by the reconciler), "
+              "`internal_error`, ...)",
     "summarizer": "`llm`, `extractive` or `fallback`; null when no summary was made",
     "failure_class": "the error class (`ProviderError`, `SummaryInvalid`, `StaleSnapshot`, "
                      "...), null on success",
@@ -46,8 +50,9 @@ RESULT_FIELDS: dict[str, str] = {
     "duration_ms": "the job's wall time (ms)",
     "durations_ms": "wall time per step: `lease`, `breaker`, `snapshot`, `plan`, "
                     "`summarize`, `merge`, `validate`, `swap` (ms)",
-    "run_recorded": "false when even the run record could not be written (the database "
-                    "was down)",
+    "run_recorded": "false when the run record could not be written at the job's end "
+                    "(the database was down): it is kept in Redis and the reconciler "
+                    "writes it later",
 }
 
 
@@ -100,7 +105,16 @@ def render_event_table() -> str:
 
 
 def emit_job_event(logger: Any, result: JobResult, *, will_retry: bool = False) -> None:
-    """Log the one outcome event of this job attempt."""
+    """Log the one outcome event of this job attempt, and count it in the metrics."""
     fields = job_event_fields(result, will_retry=will_retry)
     level = "error" if result.outcome.value == "failed" and not will_retry else "info"
     getattr(logger, level)(JOB_EVENT, **fields)
+    record_job_event(fields)
+
+
+def emit_rejected_message(logger: Any, task_id: str | None, reason: str, failure_class: str,
+                          failure_message: str) -> None:
+    """Log the event of a queue item that never became a job, and count it."""
+    fields = rejected_message_fields(task_id, reason, failure_class, failure_message)
+    logger.error(JOB_EVENT, **fields)
+    record_job_event(fields)

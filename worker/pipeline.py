@@ -6,7 +6,6 @@ store's compare-and-swap of the active revision; the lease only saves wasted wor
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from worker.compaction import (
     MergedSummary,
     StoredMessage,
     Summary,
+    TextGrams,
     admit,
     apply_strategy,
     breaker_after_failure,
@@ -45,8 +45,12 @@ from worker.errors import (
     ProviderBreakerOpen,
     to_job_error,
 )
+from worker.heartbeat import LeaseHeartbeat
 from worker.job import JobDeps, JobPolicy, JobRequest, JobResult, JobTrace, Skip
 from worker.summarizers import Summarizer, SummaryDraft, SummaryWork
+
+# How many of the newest revisions the trigger weighs (their savings guard re-compaction).
+RECENT_HISTORY = 2
 
 
 @dataclass(frozen=True)
@@ -82,18 +86,19 @@ class Revision:
 
 
 def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
-    """Run one job to its outcome; never raises."""
+    """Run one job to its outcome; never raises. Three store transactions: the lease
+    (which reads the session row), the snapshot, and the one write that ends the job."""
     trace = JobTrace(request, started_at=deps.clock())
+    # The job's own counter: each distinct line or block is encoded once per job.
+    deps = dataclasses.replace(deps, counter=deps.counter.for_job())
     try:
         with trace.step("lease"):
-            _take_lease(request, deps, policy)
-        try:
-            return _compact(trace, deps, policy)
-        finally:
-            # A release that fails must not turn a committed swap into a failure: the
-            # lease then expires after lease_ttl_s (a redelivery takes it over at once).
-            with contextlib.suppress(StoreError):
-                deps.store.release_lease(request.session_id, deps.lease_owner(request))
+            trace.leased = leased = _take_lease(request, deps, policy)
+        # The job's last transaction releases the lease; the heartbeat only extends it
+        # while this owner still holds it.
+        with LeaseHeartbeat(lambda: _renew_lease(request, deps, policy),
+                            policy.lease_heartbeat_s):
+            return _compact(trace, deps, policy, leased)
     except Skip as skip:
         return _finish(trace, deps, Outcome.SKIPPED, skip.reason)
     except Exception as exc:
@@ -106,36 +111,39 @@ def record_failure(request: JobRequest, deps: JobDeps, policy: JobPolicy,
     return _fail(JobTrace(request, started_at=deps.clock()), deps, policy, exc)
 
 
-def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> None:
-    """Take the session's lease; a redelivery takes over the one its lost delivery left."""
-    store, session_id, now = deps.store, request.session_id, deps.clock()
-    owner = deps.lease_owner(request)
-    if store.acquire_lease(session_id, owner, policy.lease_ttl_s, now):
-        return
-    holder = store.get_session(session_id).lease_owner
-    # Owners end in the task id, so this holder is an earlier delivery of this message. Were
-    # it still alive, it would find its lease gone at the swap and write nothing.
-    if (request.redelivered and holder and holder.endswith(f":{request.task_id}")
-            and store.release_lease(session_id, holder)
-            and store.acquire_lease(session_id, owner, policy.lease_ttl_s, now)):
-        return
-    raise LeaseHeld("another job holds this session's lease", reason="lease_held")
+def _renew_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> bool:
+    return deps.store.renew_lease(request.session_id, deps.lease_owner(request),
+                                  policy.lease_ttl_s, deps.clock())
 
 
-def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
-    admitted = _admit(trace, deps, policy)
+def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> SessionState:
+    """Take the session's lease and read its row; a redelivery takes over the lease its
+    lost delivery left (owners end in the task id, so that holder is an earlier delivery
+    of this message: were it still alive, it would find its lease gone at the swap and
+    write nothing)."""
+    session = deps.store.start_job(
+        request.session_id, deps.lease_owner(request), policy.lease_ttl_s, deps.clock(),
+        take_over=request.task_id if request.redelivered else None)
+    if session is None:
+        raise LeaseHeld("another job holds this session's lease", reason="lease_held")
+    return session
+
+
+def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
+             leased: SessionState) -> JobResult:
+    admitted = _admit(trace, deps, policy, leased)
     with trace.step("snapshot"):
-        snapshot = deps.store.snapshot(trace.request.session_id)
+        snapshot = deps.store.job_snapshot(trace.request.session_id, history=RECENT_HISTORY)
     with trace.step("plan"):
-        plan = _plan(trace, deps, policy, snapshot)
+        plan = plan_job(trace, deps, policy, snapshot)
     with trace.step("summarize"):
-        work = _summary_work(trace, deps, policy, plan)
+        work = summary_work(trace, deps, policy, plan)
         draft = admitted.summarizer.summarize(work)
         trace.summarizer = draft.kind
         trace.note(**dataclasses.asdict(draft.usage))
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
-                                 budget_tokens=policy.summary_budget_tokens,
+                                 budget_tokens=work.budget_tokens,
                                  identifiers=_ranked_identifiers(work, draft))
     with trace.step("validate"):
         revision = _validate(trace, deps, plan, work, draft, merged)
@@ -146,22 +154,24 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
     trace.parent_revision_id = snapshot.session.active_revision_id
     if admitted.open_breaker is None:  # the swap closed it
         trace.breaker_state = BreakerState.CLOSED.value
-    return trace.result(admitted.outcome, plan.decision, None)
+    result = trace.result(admitted.outcome, plan.decision, None)
+    return dataclasses.replace(result, queue_marker_cleared=True)
 
 
-def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> Admitted:
+def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
+           session: SessionState) -> Admitted:
     """Pick the summarizer the session's breaker allows; raise when the job must not run."""
     with trace.step("breaker"):
-        session = deps.store.get_session(trace.request.session_id)
-        trace.breaker_state = session.breaker_state
-        breaker = _session_breaker(session)
+        breaker = trace.breaker = _session_breaker(session)
+        trace.breaker_state = breaker.state.value
         admission = admit(breaker, deps.clock(), policy.breaker_cooldown_s)
         if not admission.allowed:
             if not policy.fallback_when_open:
                 raise BreakerOpen("the session's breaker is open", reason="breaker_open")
             return Admitted(deps.fallback, Outcome.BREAKER_OPEN, breaker)
         if admission.breaker != breaker:  # the trial after the cooldown: record half-open
-            deps.store.set_breaker(session.session_id, _breaker_update(admission.breaker))
+            deps.store.set_breaker(trace.request.session_id, _breaker_update(admission.breaker))
+            trace.breaker = admission.breaker
             trace.breaker_state = admission.breaker.state.value
         return _admit_provider(deps, policy)
 
@@ -172,18 +182,21 @@ def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:
     if summarizer.uses_provider and not deps.provider_breaker.admit():
         if not policy.fallback_when_open:
             raise ProviderBreakerOpen("the provider breaker is open",
-                                      reason="provider_breaker_open")
+                                      reason="provider_breaker_open",
+                                      retry_after_s=deps.provider_breaker.reopens_in_s())
         return Admitted(deps.fallback, Outcome.FALLBACK, None)
     return Admitted(summarizer, Outcome.COMPACTED, None)
 
 
-def _plan(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapshot) -> JobPlan:
+def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapshot) -> JobPlan:
+    """Decide whether to compact the snapshot, and where the span ends; Skip when not
+    (``worker.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
     stored = [StoredMessage(m.seq, parse_message(m.body), m.tokens) for m in snapshot.messages]
     prior_tokens = revision.summary_tokens if revision else 0
     tokens_before = sum(m.tokens for m in stored) + prior_tokens
     request = trace.request
-    decision = decide_compaction(tokens_before, _recent_savings(deps, request.session_id),
+    decision = decide_compaction(tokens_before, _recent_savings(snapshot),
                                  policy.trigger, request.force)
     trace.note(tokens_before=tokens_before, decision=decision.reason.value)
     if not decision.compact:
@@ -196,15 +209,15 @@ def _plan(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapshot)
     return JobPlan(snapshot, boundary, decision.reason.value)
 
 
-def _recent_savings(deps: JobDeps, session_id: str) -> list[float]:
+def _recent_savings(snapshot: Snapshot) -> list[float]:
     """Share of the projection each of the last compactions saved, newest first."""
-    revisions = deps.store.revisions(session_id)[:2]
     return [1 - r.projection_tokens_after / r.projection_tokens_before
-            for r in revisions if r.projection_tokens_before > 0]
+            for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
 
 
-def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan
-                  ) -> SummaryWork:
+def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan
+                 ) -> SummaryWork:
+    """What the summarizer reads: the pruned span, the prior summary, its identifiers."""
     span_messages = [m for group in plan.boundary.span for m in group.messages]
     prior = plan.snapshot.revision
     span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
@@ -212,13 +225,15 @@ def _summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPl
         span = apply_strategy(span, policy.span_strategy, deps.counter)
     # The identifiers found at ingest: a job never scans the span for them again.
     stored = {m.seq: m.identifiers or () for m in plan.snapshot.messages}
+    span_tokens = sum(m.tokens for m in span_messages)
     work = SummaryWork(
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
         artifacts=tuple(collect_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
         failures=tuple(find_failures(plan.boundary.span)),
-        span_tokens=sum(m.tokens for m in span_messages),
-        budget_tokens=policy.summary_budget_tokens,
+        span_tokens=span_tokens,
+        budget_tokens=policy.summary_budget.for_span(span_tokens, plan.prior_summary_tokens),
+        counter=deps.counter,
     )
     trace.note(span_tokens=work.span_tokens, span_messages=len(span_messages),
                artifacts=len(work.artifacts))
@@ -247,9 +262,9 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     # The block was counted once, at the merge; only the message's framing is added.
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens
-    block_text = validated.fitted.text
+    block_text = TextGrams(validated.fitted.text)
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
-               identifiers_recall_only=sum(a.kind != "tool" and a.value not in block_text
+               identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
                                            for a in work.artifacts),
                tokens_after=plan.boundary.projected_tokens(summary_tokens))
     return Revision(validated.summary, block, summary_tokens)
@@ -257,7 +272,8 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
 
 def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
           draft: SummaryDraft, revision: Revision, admitted: Admitted) -> int:
-    """Compare-and-swap the revision in, with the run row, in one store transaction."""
+    """Compare-and-swap the revision in, with the run row, the lease release and the
+    queue marker, in one store transaction."""
     now, session = deps.clock(), plan.snapshot.session
     new_revision = NewRevision(
         through_seq=plan.boundary.through_seq, snapshot_head_seq=session.head_seq,
@@ -269,7 +285,7 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         model=draft.model, prompt_version=draft.prompt_version, summarizer=draft.kind,
     )
     open_breaker = admitted.open_breaker
-    return deps.store.swap_revision(
+    return deps.store.commit_job(
         session.session_id, expected_revision_id=session.active_revision_id,
         lease_owner=deps.lease_owner(trace.request), revision=new_revision,
         run=trace.new_run(admitted.outcome, plan.decision, None, now), now=now,
@@ -295,6 +311,8 @@ def _breaker_update(breaker: Breaker) -> BreakerUpdate:
 
 def _fail(trace: JobTrace, deps: JobDeps, policy: JobPolicy, exc: CompactionError) -> JobResult:
     """Record the run and the breaker update; nothing else is written."""
+    if exc.figures:  # what the failed step had spent (LLM calls and tokens)
+        trace.note(**exc.figures)
     breaker_update = None
     if exc.counts_on is BreakerScope.SESSION:
         breaker_update = _failed_breaker(trace, deps, policy)
@@ -308,13 +326,16 @@ def _fail(trace: JobTrace, deps: JobDeps, policy: JobPolicy, exc: CompactionErro
 
 
 def _failed_breaker(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> BreakerUpdate | None:
-    try:
-        session = deps.store.get_session(trace.request.session_id)
-    except StoreError:
-        # Unknown session, or a store that fails: the outcome event must still go out.
-        return None
-    breaker = breaker_after_failure(_session_breaker(session), deps.clock(),
-                                    policy.breaker_threshold)
+    """The breaker after this failure: from the row the lease read (no other job writes
+    it while the lease is held), else from a fresh read."""
+    breaker = trace.breaker
+    if breaker is None:
+        try:
+            breaker = _session_breaker(deps.store.get_session(trace.request.session_id))
+        except StoreError:
+            # Unknown session, or a store that fails: the outcome event must still go out.
+            return None
+    breaker = breaker_after_failure(breaker, deps.clock(), policy.breaker_threshold)
     trace.breaker_state = breaker.state.value
     return _breaker_update(breaker)
 
@@ -322,11 +343,19 @@ def _failed_breaker(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> Breake
 def _finish(trace: JobTrace, deps: JobDeps, outcome: Outcome, reason: str,
             error: CompactionError | None = None, breaker: BreakerUpdate | None = None
             ) -> JobResult:
+    """Record the run, the breaker, the lease release and (unless a retry may follow) the
+    queue marker's clearing, in one store transaction."""
     result = trace.result(outcome, reason, error)
+    final = error is None or not error.retryable
+    lease_owner = deps.lease_owner(trace.request) if trace.leased else None
+    run = trace.new_run(outcome, reason, error, deps.clock())
     try:
-        deps.store.record_run(trace.new_run(outcome, reason, error, deps.clock()),
-                              breaker=breaker)
+        deps.store.finish_job(run, lease_owner=lease_owner, breaker=breaker,
+                              clear_queue_marker=final)
+        result = dataclasses.replace(result, queue_marker_cleared=final)
     except StoreError as exc:
-        # The outcome event still goes out; the missing run row is named in it.
-        result = dataclasses.replace(result, run_recorded=False, record_error=str(exc))
+        # The outcome event still goes out, naming the missing run row; the task keeps
+        # the row for the reconciler to write.
+        result = dataclasses.replace(result, run_recorded=False, record_error=str(exc),
+                                     unrecorded_run=run)
     return result

@@ -8,35 +8,39 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from db import BreakerUpdate, NewRevision, NewRun, RevisionRecord, SessionState, Snapshot
+from db import BreakerUpdate, NewRevision, NewRun, SessionState, Snapshot
 
 
 class JobStore(Protocol):
-    """The store methods one job uses, with ``db.Store``'s contract.
+    """The store methods one job uses, with ``db.Store``'s contract: a job is three
+    transactions, ``start_job``, ``job_snapshot``, then ``commit_job`` or ``finish_job``
+    (``get_session`` and ``set_breaker`` only on a rare path: a failure before the lease,
+    the breaker's half-open trial; ``renew_lease`` from the heartbeat of a long job).
 
-    Unknown sessions raise ``db.SessionNotFound``; the swap raises ``db.LeaseLost`` or
-    ``db.RevisionConflict`` and then writes nothing; an unreachable database raises
-    ``db.StoreUnavailable``.
+    Unknown sessions raise ``db.SessionNotFound`` (``finish_job`` records the run
+    anyway); ``commit_job`` raises ``db.LeaseLost`` or ``db.RevisionConflict`` and then
+    writes nothing; an unreachable database raises ``db.StoreUnavailable``.
     """
 
-    def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool: ...
+    def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+                  take_over: str | None = None) -> SessionState | None: ...
 
-    def release_lease(self, session_id: str, owner: str) -> bool: ...
+    def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool: ...
 
     def get_session(self, session_id: str) -> SessionState: ...
 
     def set_breaker(self, session_id: str, update: BreakerUpdate) -> None: ...
 
-    def snapshot(self, session_id: str) -> Snapshot: ...
+    def job_snapshot(self, session_id: str, *, history: int = 2) -> Snapshot: ...
 
-    def revisions(self, session_id: str) -> list[RevisionRecord]: ...
-
-    def swap_revision(
-        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
+    def commit_job(
+        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
         revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
     ) -> int: ...
 
-    def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int: ...
+    def finish_job(self, run: NewRun, *, lease_owner: str | None,
+                   breaker: BreakerUpdate | None = None,
+                   clear_queue_marker: bool = False) -> int: ...
 
 
 class ProviderBreakerPort(Protocol):
@@ -46,3 +50,4 @@ class ProviderBreakerPort(Protocol):
     def record_success(self) -> None: ...
     def record_failure(self) -> None: ...
     def fail_trial(self) -> None: ...
+    def reopens_in_s(self) -> float | None: ...

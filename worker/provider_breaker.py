@@ -219,6 +219,15 @@ class ProviderBreaker:
         self._trial_at = None
         self._state.record_failure(self._clock(), self._threshold)
 
+    def reopens_in_s(self) -> float | None:
+        """Seconds until the open breaker admits its trial (None: not open): the earliest
+        a job it refused should be retried."""
+        breaker = self._state.load()
+        if breaker.state is not BreakerState.OPEN or breaker.opened_at is None:
+            return None
+        reopens_at = breaker.opened_at + timedelta(seconds=self._cooldown_s)
+        return max(0.0, (reopens_at - self._clock()).total_seconds())
+
     def fail_trial(self) -> None:
         """Reopen the breaker if this process's trial is still out; else do nothing."""
         trial_at, self._trial_at = self._trial_at, None

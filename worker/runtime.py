@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import redis
 
 from db import Store
+from worker.attempt_journal import AttemptJournal
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy, load_encoding
 from worker.fleet import DeliveryCounter, FleetRateLimiter
 from worker.job import JobDeps, JobPolicy
@@ -42,9 +43,12 @@ def job_policy(settings: Settings) -> JobPolicy:
             keep_last_tool_groups=settings.span_strategy_keep_last_tool_groups,
         ) if settings.span_strategy else None,
         lease_ttl_s=settings.lease_ttl_s,
+        lease_heartbeat_s=settings.effective_lease_heartbeat_s,
         breaker_threshold=settings.breaker_threshold,
         breaker_cooldown_s=settings.breaker_cooldown_s,
         fallback_when_open=settings.breaker_open_policy is BreakerOpenPolicy.FALLBACK,
+        summary_budget_span_ratio=settings.summary_budget_span_ratio,
+        summary_budget_max_tokens=settings.summary_budget_max_tokens,
     )
 
 
@@ -58,6 +62,7 @@ class Runtime:
     policy: JobPolicy
     redis: redis.Redis | None
     delivery_counter: DeliveryCounter | None
+    journal: AttemptJournal | None = None
 
     def close(self) -> None:
         """Release the database connections and the Redis client."""
@@ -71,7 +76,10 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
     store = Store.from_url(settings.effective_database_url,
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     counter = TokenCounter(load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir))
-    client = redis.Redis.from_url(settings.redis_url) if use_redis else None
+    client = redis.Redis.from_url(
+        settings.redis_url, socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=settings.redis_socket_timeout_s, socket_keepalive=True,
+    ) if use_redis else None
     keys = RedisKeys(settings.redis_key_prefix)
     state = ProviderBreakerStore(client, keys) if client else InMemoryBreakerState()
     provider_breaker = ProviderBreaker(state, threshold=settings.provider_breaker_threshold,
@@ -90,15 +98,21 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
         DeliveryCounter(client, keys, ttl_s=settings.broker_visibility_timeout_s * 4)
         if client else None
     )
-    return Runtime(settings, store, deps, job_policy(settings), client, delivery_counter)
+    journal = AttemptJournal(client, keys) if client else None
+    return Runtime(settings, store, deps, job_policy(settings), client, delivery_counter,
+                   journal)
 
 
 def share_before_fork(settings: Settings) -> None:
-    """Load, in a worker's main process, what every pool child only reads: the tokenizer
-    and, with the LLM summarizer, the SDK's modules. The children inherit them
-    copy-on-write instead of each building its own (``load_encoding`` is once per
-    process; imports are once per process)."""
+    """Load, in a worker's main process, what every pool child only reads: the tokenizer,
+    the database driver's modules and, with the LLM summarizer, the SDK's modules. The
+    children inherit them copy-on-write instead of each building its own
+    (``load_encoding`` is once per process; imports are once per process)."""
+    from sqlalchemy.engine import make_url
+
     load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir)
+    # The dialect and its driver (psycopg: ~9 MiB) load when a child creates its engine.
+    make_url(settings.effective_database_url).get_dialect().import_dbapi()
     if settings.effective_summarizer is SummarizerKind.LLM:
         importlib.import_module("worker.summarizers.llm")
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from db import (
     ArtifactRecord,
@@ -35,7 +35,6 @@ from db import (
     SessionLeased,
     SessionNotFound,
     SessionState,
-    Store,
     StoreError,
     StoreUnavailable,
 )
@@ -49,6 +48,9 @@ from worker.compaction import (
 )
 from worker.errors import MessagesRejected
 from worker.ingest import AppendReport, append_checked
+
+if TYPE_CHECKING:
+    from db import Store
 
 __all__ = [
     "Action",
@@ -93,6 +95,8 @@ class SessionStore:
         ``encoding`` must be the workers' (``COMPACTOR_TOKENIZER_ENCODING``): stored token
         counts drive their scheduling. Raises SchemaMissing on an unmigrated database.
         """
+        from db import Store  # SQLAlchemy loads when a store is opened, not on import
+
         counter = TokenCounter(load_encoding(encoding, tiktoken_cache_dir))
         store = Store.from_url(url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
         try:

@@ -12,9 +12,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Self
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker import setting_rules
 from worker.compaction import StrategyName
 
 
@@ -60,6 +61,18 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(
         10_000, ge=0, description="How long SQLite waits on a locked database (ms)."
     )
+    db_connect_timeout_s: int = Field(
+        10, gt=0, description="PostgreSQL connect timeout (s; libpq connect_timeout, "
+        "unless database_url sets it)."
+    )
+    db_statement_timeout_s: int = Field(
+        300, ge=0, description="Longest PostgreSQL statement of the service; migrations "
+        "excepted (s; 0 = none; unless database_url sets options)."
+    )
+    db_keepalives_idle_s: int = Field(
+        30, gt=0, description="Idle time before TCP keepalives probe a PostgreSQL "
+        "connection; 3 probes 10 s apart then drop a dead one (s)."
+    )
 
     # --- broker --------------------------------------------------------------------
     redis_url: str = Field(
@@ -69,6 +82,10 @@ class Settings(BaseSettings):
         "compactor:", description="Prefix of every Redis key the service writes (string)."
     )
     queue_name: str = Field("compaction", description="Celery queue the jobs go to (name).")
+    redis_socket_timeout_s: float = Field(
+        30.0, gt=0, description="Connect and read timeout of every Redis connection, the "
+        "broker's included; TCP keepalive is on (s)."
+    )
 
     # --- tokens --------------------------------------------------------------------
     tokenizer_encoding: str = Field(
@@ -100,7 +117,16 @@ class Settings(BaseSettings):
         1, ge=0, description="Recent user turns always kept verbatim (count)."
     )
     summary_budget_tokens: int = Field(
-        4_096, gt=0, description="Largest rendered summary block (tokens)."
+        4_096, gt=0, description="Smallest budget of the rendered summary block: what a "
+        "short span gets (tokens)."
+    )
+    summary_budget_span_ratio: float = Field(
+        0.06, ge=0, le=0.5, description="The block's budget grows by this share of every "
+        "span it takes in, above summary_budget_tokens (ratio; 0 = a fixed budget)."
+    )
+    summary_budget_max_tokens: int = Field(
+        16_384, gt=0, description="Largest rendered summary block, however much it covers "
+        "(tokens; at least summary_budget_tokens)."
     )
     audit_mode: bool = Field(
         False, description="Keep tool outputs whole in what the summarizer reads (flag)."
@@ -184,7 +210,12 @@ class Settings(BaseSettings):
         60, ge=0, description="Time the open provider breaker waits before a trial (s)."
     )
     lease_ttl_s: int = Field(
-        900, gt=0, description="How long a job's session lease lasts if its worker dies (s)."
+        90, gt=0, description="How long a job's session lease lasts unless renewed: a dead "
+        "worker's job is taken back by the reconciler after this (s)."
+    )
+    lease_heartbeat_s: float | None = Field(
+        None, gt=0, description="How often a running job renews its lease; at most a third "
+        "of lease_ttl_s (s; unset = a third of lease_ttl_s)."
     )
 
     # --- worker --------------------------------------------------------------------
@@ -201,12 +232,18 @@ class Settings(BaseSettings):
         3_600, gt=0, description="Redis visibility timeout: an unacknowledged job is "
         "redelivered after this (s)."
     )
+    worker_soft_shutdown_s: int = Field(
+        60, ge=0, description="Celery's soft shutdown: on a cold shutdown (SIGQUIT, or a "
+        "second SIGTERM) running jobs get this long before they are ended and their "
+        "messages requeued (s; 0 = off)."
+    )
     max_deliveries: int = Field(
         5, ge=1, description="Deliveries of one job before it is failed and acknowledged "
         "(count)."
     )
     retry_backoff_max_s: int = Field(
-        600, gt=0, description="Longest backoff between retries of a transient failure (s)."
+        600, gt=0, description="Longest backoff between retries of a transient failure; "
+        "also caps the wait for the provider breaker's reopening (s)."
     )
     max_queue_item_bytes: int = Field(
         1_048_576, ge=4_096, description="Largest queue item a worker accepts; a larger one "
@@ -216,9 +253,18 @@ class Settings(BaseSettings):
         1_000, ge=1, description="Refused queue items kept on the dead-letter list, newest "
         "first (count)."
     )
+    worker_check_llm: bool = Field(
+        True, description="A starting worker checks the LLM endpoint's key and model with "
+        "one tiny request, as `compactor check` does (flag; off: no request at start)."
+    )
     max_transient_retries: int = Field(
-        5, ge=0, description="Retries of a job after a transient failure; its last "
-        "attempt is this + 1 (count)."
+        20, ge=0, description="Most retries of a job after transient failures, a "
+        "backstop to retry_window_s; its last attempt is at most this + 1 (count)."
+    )
+    retry_window_s: int = Field(
+        3_600, gt=0, description="Transient failures are retried, with jittered "
+        "exponential backoff up to retry_backoff_max_s, until this long after the job's "
+        "first attempt (s)."
     )
 
     # --- scheduler -----------------------------------------------------------------
@@ -239,11 +285,24 @@ class Settings(BaseSettings):
         1_800, ge=0, description="Skip sessions appended to within this period (s)."
     )
     dirty_ratio: float = Field(
-        0.5, gt=0, description="Also due when tokens appended since the last compaction "
-        "exceed this share of the trigger (ratio)."
+        0.5, gt=0, description="A session compacted before is also due when tokens "
+        "appended since its last compaction exceed this share of the trigger (ratio)."
     )
     enqueue_marker_ttl_s: int = Field(
         7_200, gt=0, description="How long a queued-job marker blocks a second enqueue (s)."
+    )
+
+    reconcile_interval_s: int = Field(
+        300, ge=0, description="How often beat runs the reconciler, which re-sends or "
+        "clears the jobs Redis lost and releases dead leases (s; 0 = never)."
+    )
+    reconcile_grace_s: int = Field(
+        60, gt=0, description="A queued-job marker younger than this is never taken for "
+        "a lost job: its message may still be on its way (s)."
+    )
+    reconcile_max_sessions: int = Field(
+        10_000, gt=0, description="Sessions with a marker or lease one reconciler sweep "
+        "reads (count); the rest wait for the next sweep."
     )
 
     # --- data lifecycle ---------------------------------------------------------------
@@ -276,29 +335,76 @@ class Settings(BaseSettings):
         LogFormat.AUTO, description="How every process logs on stderr: json (one object "
         "per line), console (readable lines), or auto (console on a terminal, else json)."
     )
-    log_level: str = Field("INFO", description="Log level (name).")
+    log_level: str = Field("INFO", description="Log level: DEBUG, INFO, WARNING, ERROR or "
+                           "CRITICAL (name).")
+
+    # Values a type cannot check; each rule's ValueError says what is wrong.
+    _check_log_level = field_validator("log_level")(setting_rules.check_log_level)
+    _check_database_url = field_validator("database_url")(
+        lambda url: url if not url else setting_rules.check_database_url(url))
+    _check_redis_url = field_validator("redis_url")(setting_rules.check_redis_url)
+    _check_llm_base_url = field_validator("llm_base_url")(
+        lambda url: url if not url else setting_rules.check_http_url(url))
+    _check_scan_cron = field_validator("scan_cron")(setting_rules.check_cron)
+    _check_gc_cron = field_validator("gc_cron")(
+        lambda cron: cron if not cron else setting_rules.check_cron(cron))
+
+    # --- metrics -------------------------------------------------------------------
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Port of the worker's Prometheus endpoint "
+        "(`/metrics`), served by its main process for the whole pool (unset = off)."
+    )
+    metrics_host: str = Field(
+        "0.0.0.0", description="Address the metrics endpoint listens on (IP address)."
+    )
 
     @model_validator(mode="after")
     def _refuse_unsafe_limits(self) -> Self:
-        if self.task_hard_time_limit_s <= self.task_soft_time_limit_s:
-            raise ValueError("task_hard_time_limit_s must exceed task_soft_time_limit_s")
-        if self.task_soft_time_limit_s >= self.broker_visibility_timeout_s:
+        if self.summary_budget_max_tokens < self.summary_budget_tokens:
+            raise ValueError("COMPACTOR_SUMMARY_BUDGET_MAX_TOKENS must be at least "
+                             "COMPACTOR_SUMMARY_BUDGET_TOKENS")
+        if self.lease_heartbeat_s is not None and self.lease_heartbeat_s * 3 > self.lease_ttl_s:
             raise ValueError(
-                "task_soft_time_limit_s must be below broker_visibility_timeout_s, or Redis "
-                "redelivers a job that is still running"
+                "COMPACTOR_LEASE_HEARTBEAT_S must be at most a third of COMPACTOR_LEASE_TTL_S, "
+                "or a slow renewal "
+                "lets a running job's lease expire"
+            )
+        if self.task_hard_time_limit_s <= self.task_soft_time_limit_s:
+            raise ValueError("COMPACTOR_TASK_HARD_TIME_LIMIT_S must exceed "
+                             "COMPACTOR_TASK_SOFT_TIME_LIMIT_S")
+        if self.task_hard_time_limit_s >= self.broker_visibility_timeout_s:
+            raise ValueError(
+                f"COMPACTOR_BROKER_VISIBILITY_TIMEOUT_S={self.broker_visibility_timeout_s} must "
+                f"exceed the worst-case job, COMPACTOR_TASK_HARD_TIME_LIMIT_S="
+                f"{self.task_hard_time_limit_s} (worst-case LLM time "
+                f"{self.worst_case_llm_s:.0f}s is below the soft limit), or Redis redelivers a "
+                "job that is still running"
+            )
+        if self.lease_ttl_s >= self.broker_visibility_timeout_s:
+            raise ValueError(
+                f"COMPACTOR_LEASE_TTL_S={self.lease_ttl_s} must be below "
+                f"COMPACTOR_BROKER_VISIBILITY_TIMEOUT_S={self.broker_visibility_timeout_s}, "
+                "so that the reconciler takes back a dead worker's job before Redis does"
             )
         if self.retry_backoff_max_s >= self.broker_visibility_timeout_s:
             raise ValueError(
-                "retry_backoff_max_s must be below broker_visibility_timeout_s, or Redis "
+                "COMPACTOR_RETRY_BACKOFF_MAX_S must be below "
+                "COMPACTOR_BROKER_VISIBILITY_TIMEOUT_S, or Redis "
                 "delivers a waiting retry twice"
             )
         if self.worst_case_llm_s > self.task_soft_time_limit_s:
             raise ValueError(
-                f"worst-case LLM time {self.worst_case_llm_s:.0f}s (llm_read_timeout_s x "
-                f"(llm_max_retries + 1) x ceil(llm_max_calls_per_job / llm_concurrency)) "
-                f"exceeds task_soft_time_limit_s={self.task_soft_time_limit_s}s"
+                f"worst-case LLM time {self.worst_case_llm_s:.0f}s ((COMPACTOR_LLM_CONNECT_"
+                f"TIMEOUT_S + COMPACTOR_LLM_READ_TIMEOUT_S) x (COMPACTOR_LLM_MAX_RETRIES + 1) x "
+                f"ceil(COMPACTOR_LLM_MAX_CALLS_PER_JOB / COMPACTOR_LLM_CONCURRENCY)) exceeds "
+                f"COMPACTOR_TASK_SOFT_TIME_LIMIT_S={self.task_soft_time_limit_s}"
             )
         return self
+
+    @property
+    def effective_lease_heartbeat_s(self) -> float:
+        """How often a running job renews its lease (s)."""
+        return self.lease_heartbeat_s or self.lease_ttl_s / 3
 
     @property
     def worst_case_llm_s(self) -> float:
@@ -308,11 +414,23 @@ class Settings(BaseSettings):
         return per_call_s * (self.llm_max_retries + 1) * sequential_calls
 
     @property
-    def effective_database_url(self) -> str:
-        """The configured URL, or the embedded SQLite file under ``data_dir``."""
+    def configured_database_url(self) -> str:
+        """The configured URL, or the embedded SQLite file under ``data_dir``: the URL an
+        operator is shown."""
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'compactor.db').resolve()}"
+
+    @property
+    def effective_database_url(self) -> str:
+        """The URL connections are made with: the configured one, with the PostgreSQL
+        timeouts added unless it sets them."""
+        from db import with_postgres_timeouts  # SQLAlchemy's URL: not for --help
+
+        return with_postgres_timeouts(
+            self.configured_database_url, connect_timeout_s=self.db_connect_timeout_s,
+            statement_timeout_s=self.db_statement_timeout_s,
+            keepalives_idle_s=self.db_keepalives_idle_s)
 
     @property
     def effective_summarizer(self) -> SummarizerKind:

@@ -1,9 +1,12 @@
 """The task ``compactor.compact_session``: a thin view over ``pipeline.run``.
 
 It parses the message, counts the delivery, runs the pipeline, emits the one outcome
-event, and maps a transient failure to a Celery retry (at most ``max_transient_retries``);
-whatever ends the job clears the session's queue marker. Queue items that cannot even be
-read (pickle, garbage, forged task names) never become a task: the transport
+event, and maps a transient failure to a Celery retry (within ``retry_window_s`` of the
+first attempt, at most ``max_transient_retries``; ``worker/retries.py``); whatever ends
+the job clears the session's queue marker (when the database is down the reconciler
+repairs it). A failed or rejected job then ends in Celery's FAILURE state
+(``JobEndedInFailure``), so Flower and Celery's events count it. Queue items that cannot
+even be read (pickle, garbage, forged task names) never become a task: the transport
 (``worker/transport.py``) and the consumer (``worker/consumer.py``) report them as a
 ``rejected`` event and dead-letter them.
 """
@@ -11,7 +14,7 @@ read (pickle, garbage, forged task names) never become a task: the transport
 from __future__ import annotations
 
 import contextlib
-import random
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -22,12 +25,16 @@ from db import StoreError
 from worker import pipeline
 from worker.celery_app import app
 from worker.contract import MAX_SESSION_ID_CHARS, TASK_NAME, JobMessage
-from worker.errors import DeliveryCapExceeded, JobRejected
+from worker.errors import DeliveryCapExceeded, JobRejected, Outcome
 from worker.job import JobRequest, JobResult
 from worker.logging import get_logger
 from worker.outcome import emit_job_event
+from worker.retries import RetryPolicy, next_retry_s
 from worker.runtime import Runtime, get_runtime
 from worker.settings import get_settings
+
+# Outcomes Celery records as failures; the others (compacted, skipped, ...) succeed.
+FAILURE_OUTCOMES = frozenset({Outcome.FAILED, Outcome.REJECTED})
 
 
 def parse_job(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
@@ -45,32 +52,58 @@ def parse_job(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
     return JobRequest(message.session_id, message.reason, message.force, task_id, attempt)
 
 
-def retry_countdown_s(retries: int, retry_after_s: float | None, max_s: int) -> float:
-    """Exponential backoff with full jitter, never sooner than the server asked."""
-    backoff_s = random.uniform(0, min(max_s, 2 ** (retries + 2)))
-    return min(max_s, max(backoff_s, retry_after_s or 0.0))
+class JobEndedInFailure(Exception):
+    """Raised after a failed or rejected job's outcome event, so that Celery's own state
+    and ``task-failed`` event (what Flower counts) say FAILURE. Listed in the task's
+    ``throws``: Celery logs it at INFO without a traceback, and never retries it."""
 
 
-@app.task(name=TASK_NAME, bind=True, typing=False)
+@app.task(name=TASK_NAME, bind=True, typing=False, throws=(JobEndedInFailure,))
 def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
     settings = get_settings()
     runtime = get_runtime(settings)
     task_id, retries = str(self.request.id), int(self.request.retries)
+    journal = runtime.journal
+    # A kill before the event leaves this entry to the reconciler.
+    entry = journal.open(task_id, str(kwargs.get("session_id", ""))[:MAX_SESSION_ID_CHARS],
+                         retries + 1, runtime.deps.clock()) if journal is not None else None
     result = _run_delivery(runtime, args, kwargs, task_id, retries)
-    will_retry = should_retry(result, retries, settings.max_transient_retries)
-    emit_job_event(get_logger(), result, will_retry=will_retry)
-    if will_retry:  # the retry keeps this task id, so the session's queue marker stays
-        countdown = retry_countdown_s(retries, result.retry_after_s, settings.retry_backoff_max_s)
+    if result.unrecorded_run is not None and journal is not None:
+        journal.keep_unrecorded(result.unrecorded_run)
+    countdown = _retry_countdown(runtime, result, task_id, retries)
+    emit_job_event(get_logger(), result, will_retry=countdown is not None)
+    if journal is not None and entry is not None:
+        journal.close(entry)
+    if countdown is not None:  # the retry keeps this task id, so the queue marker stays
         # Passed explicitly: Celery's max_retries=None means its default of 3, not unbounded.
         raise self.retry(countdown=countdown, max_retries=settings.max_transient_retries)
-    # Every terminal outcome frees the session: the next scan or trigger may enqueue it.
-    _clear_queue_marker(runtime, result.session_id, task_id)
+    # Every terminal outcome frees the session: the next scan or trigger may enqueue it
+    # (the job's own last transaction usually did).
+    if not result.queue_marker_cleared:
+        _clear_queue_marker(runtime, result.session_id, task_id)
+    if result.outcome in FAILURE_OUTCOMES:
+        raise JobEndedInFailure(f"{result.outcome.value}: {result.reason}")
     return result.outcome.value
 
 
-def should_retry(result: JobResult, retries: int, max_retries: int) -> bool:
-    """True when a transient failure has retries left (``retries`` already made)."""
-    return result.retryable and retries < max_retries
+def _retry_countdown(runtime: Runtime, result: JobResult, task_id: str,
+                     retries: int) -> float | None:
+    """The countdown of a transient failure's next attempt; None when the job ends."""
+    if not result.retryable:
+        return None
+    settings = runtime.settings
+    counter = runtime.delivery_counter
+    now = time.time()
+    began = now - result.duration_ms / 1000
+    first = counter.first_attempt_at(task_id, began, ttl_s=settings.retry_window_s * 2
+                                     ) if counter else None
+    elapsed_s = (now - first) if first is not None else None
+    # The provider breaker's reopening is the earliest a retry can get past it.
+    earliest = max(result.retry_after_s or 0.0,
+                   runtime.deps.provider_breaker.reopens_in_s() or 0.0)
+    policy = RetryPolicy(settings.max_transient_retries, settings.retry_window_s,
+                         settings.retry_backoff_max_s)
+    return next_retry_s(policy, retries=retries, elapsed_s=elapsed_s, retry_after_s=earliest)
 
 
 def _clear_queue_marker(runtime: Runtime, session_id: str, task_id: str) -> None:

@@ -21,8 +21,8 @@ from kombu.transport import redis as kombu_redis
 
 from worker.dead_letters import DeadLetters, build_dead_letter
 from worker.keys import RedisKeys
-from worker.logging import JOB_EVENT, get_logger
-from worker.outcome import rejected_message_fields
+from worker.logging import get_logger
+from worker.outcome import emit_rejected_message
 from worker.queue_items import ItemLimits, ItemRejected, admit_item, item_limits
 from worker.settings import Settings
 
@@ -88,8 +88,8 @@ class InspectingChannel(kombu_redis.Channel):
 
     def refuse_item(self, raw: bytes, queue: str, rejected: ItemRejected) -> None:
         """Log the item's ``rejected`` event and move it to the dead-letter list."""
-        get_logger().error(JOB_EVENT, **rejected_message_fields(
-            rejected.task_id, rejected.reason, "ItemRejected", rejected.detail))
+        emit_rejected_message(get_logger(), rejected.task_id, rejected.reason, "ItemRejected",
+                              rejected.detail)
         policy = self._item_policy()
         letter = build_dead_letter(raw, queue, rejected, datetime.now(UTC))
         dead = DeadLetters(redis.Redis(connection_pool=self.pool),

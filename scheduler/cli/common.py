@@ -1,37 +1,40 @@
 """What every `compactor` command shares: consoles, JSON output, one-line errors for
-expected failures, and opening the store and the tokenizer from the settings."""
+expected failures, and opening the store and the tokenizer from the settings.
+
+The command modules import the database, the broker and the tokenizer inside the
+commands that use them (``TYPE_CHECKING`` imports for annotations), so `compactor
+--help` loads none of them; ``tests/unit/test_cli_imports.py`` keeps it so.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
-import pydantic
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
-from db import (
-    SchemaMissing,
-    SessionNotFound,
-    Store,
-    StoreError,
-    StoreUnavailable,
-    upgrade_database,
-)
-from worker.compaction import TokenCounter, load_encoding
-from worker.errors import TokenizerUnavailable
 from worker.scrub import mask_url, mask_urls
-from worker.settings import Settings
+
+if TYPE_CHECKING:
+    import pydantic
+
+    from db import Store
+    from worker.compaction import TokenCounter
+    from worker.settings import Settings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -43,9 +46,25 @@ PIPED_WIDTH = 160  # columns of tables written to a pipe or file (a terminal set
 def stdout_console() -> Console:
     # Built per call, so output follows sys.stdout even when a test runner swaps it.
     console = Console(file=sys.stdout)
-    if not console.is_terminal:
-        console.width = PIPED_WIDTH
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPED_WIDTH  # COLUMNS, when set, is the width the reader has
     return console
+
+
+def minute(moment: datetime) -> str:
+    """A timestamp to the minute (UTC, as stored): short enough for a table cell."""
+    return moment.strftime("%Y-%m-%d %H:%M")
+
+
+def readable_table(*headers: str, title: str | None = None,
+                   shrink: Collection[str] = ()) -> Table:
+    """A table that stays readable at 80 columns: no vertical rules, and no cell wraps,
+    so numbers, states and timestamps stay whole; the ``shrink`` columns (ids, free
+    text) give way to a narrow terminal first, long words cut with an ellipsis."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header in headers:
+        table.add_column(header, no_wrap=header not in shrink, overflow="ellipsis")
+    return table
 
 
 def stderr_console() -> Console:
@@ -86,32 +105,6 @@ def print_json(value: Any) -> None:
     sys.stdout.write(dumps_json(value) + "\n")
 
 
-# The databases the store supports, with an optional driver (postgresql+psycopg://).
-_SUPPORTED_URL = re.compile(r"^(sqlite|postgresql|postgres)(\+\w+)?://")
-
-
-class InvalidDatabaseUrl(ValueError):
-    """Raised when the configured database URL is not one the store supports."""
-
-
-def database_url(settings: Settings) -> str:
-    """The configured database URL, checked to be SQLite or PostgreSQL."""
-    url = settings.effective_database_url
-    if not _SUPPORTED_URL.match(url):
-        raise InvalidDatabaseUrl(
-            f"COMPACTOR_DATABASE_URL {display_url(url)!r} is not a sqlite:/// or "
-            "postgresql:// URL"
-        )
-    authority_and_path = url.partition("://")[2].partition("?")[0]
-    if "@" in authority_and_path.rpartition("@")[0]:
-        # The driver would read the host from inside the password and fail obscurely.
-        raise InvalidDatabaseUrl(
-            f"COMPACTOR_DATABASE_URL {display_url(url)!r}: an @ in the user name or "
-            "password must be percent-encoded (%40)"
-        )
-    return url
-
-
 def display_url(url: str) -> str:
     """The URL with its password hidden, however the password is written."""
     return mask_url(url)
@@ -122,12 +115,16 @@ def expected_errors(command: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        # Imported when a command runs: `--help` loads neither pydantic nor the store.
+        import pydantic
+
+        from db import SchemaMissing, SessionNotFound, StoreError, StoreUnavailable
+        from worker.compaction import TokenizerUnavailable
+
         try:
             return command(*args, **kwargs)
         except pydantic.ValidationError as error:
             fail(f"invalid settings (COMPACTOR_* environment): {_first_error(error)}")
-        except InvalidDatabaseUrl as error:
-            fail(str(error))
         except SessionNotFound as error:
             fail(f"unknown session: {error}")
         except SchemaMissing as error:
@@ -147,6 +144,33 @@ def _first_error(error: pydantic.ValidationError) -> str:
     return f"{'.'.join(str(loc) for loc in first['loc']) or 'settings'}: {first['msg']}"
 
 
+_AGO = re.compile(r"^(\d+)([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400, "w": 604_800}
+
+
+def parse_when(text: str) -> datetime:
+    """A point in time from an option: an ISO 8601 datetime (UTC when it names no zone) or
+    a span ago, like ``90m``, ``24h`` or ``7d`` (units s, m, h, d, w)."""
+    ago = _AGO.match(text.strip())
+    if ago:
+        seconds = int(ago.group(1)) * _UNIT_SECONDS[ago.group(2)]
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is neither an ISO datetime (2026-11-21T18:00, 2026-11-21) nor a "
+            "span ago (30m, 24h, 7d)") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def get_settings() -> Settings:
+    """The settings, read when a command runs: `--help` never loads pydantic-settings."""
+    from worker.settings import get_settings as read_settings
+
+    return read_settings()
+
+
 def is_embedded(settings: Settings) -> bool:
     """True for the default SQLite file under data_dir (no database_url configured)."""
     return not settings.database_url
@@ -160,7 +184,9 @@ def open_store(settings: Settings) -> Iterator[Store]:
     `compactor import` just works; any configured database must be upgraded with
     `compactor db upgrade` first (schema changes there are the operator's call).
     """
-    url = database_url(settings)
+    from db import Store, upgrade_database
+
+    url = settings.effective_database_url
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade_database(url)
@@ -180,4 +206,6 @@ def load_counter(settings: Settings) -> TokenCounter:
 @functools.cache
 def _load_counter(encoding: str, cache_dir: Path | None) -> TokenCounter:
     # An encoding is immutable and takes a while to build: once per process is enough.
+    from worker.compaction import TokenCounter, load_encoding
+
     return TokenCounter(load_encoding(encoding, cache_dir))

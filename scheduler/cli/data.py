@@ -13,41 +13,28 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from scheduler.cli.common import (
     dumps_json,
     expected_errors,
     fail,
+    get_settings,
     load_counter,
     open_store,
     print_json,
     stderr_console,
     stdout_console,
 )
-from worker.compaction import (
-    MAX_NESTING_DEPTH,
-    MAX_RECORD_BYTES,
-    Action,
-    IntakePolicy,
-    Problem,
-    ProblemKind,
-    measure_json_depth,
-)
-from worker.ingest import (
-    ExportView,
-    ImportStatus,
-    SessionReport,
-    export_session,
-    import_record,
-    iter_session_ids,
-)
-from worker.settings import get_settings
+from worker.views import ExportView
+
+if TYPE_CHECKING:
+    from worker.compaction import IntakePolicy, ProblemKind
+    from worker.ingest import SessionReport
 
 
 class PolicyName(StrEnum):
@@ -56,13 +43,19 @@ class PolicyName(StrEnum):
     LENIENT = "lenient"  # repair every problem that has a repair (drops orphan results)
 
 
-POLICIES = {
-    PolicyName.DEFAULT: IntakePolicy(),
-    PolicyName.STRICT: IntakePolicy.strict(),
-    PolicyName.LENIENT: IntakePolicy.lenient(),
-}
-STATUS_STYLES = {ImportStatus.IMPORTED: "green", ImportStatus.REPAIRED: "yellow",
-                 ImportStatus.REJECTED: "bold red", ImportStatus.EXISTS: "dim"}
+
+
+def intake_policy(name: PolicyName) -> IntakePolicy:
+    """The policy a name picks; built when a command runs (`--help` loads no intake)."""
+    from worker.compaction import IntakePolicy
+
+    return {PolicyName.DEFAULT: IntakePolicy, PolicyName.STRICT: IntakePolicy.strict,
+            PolicyName.LENIENT: IntakePolicy.lenient}[name]()
+
+
+# Keyed by ImportStatus's values (a StrEnum): the module loads no intake.
+STATUS_STYLES = {"imported": "green", "repaired": "yellow", "rejected": "bold red",
+                 "exists": "dim"}
 
 
 @expected_errors
@@ -87,15 +80,17 @@ def import_command(
     unless --continue-on-error. The embedded SQLite default is created on first use; a
     configured COMPACTOR_DATABASE_URL must be upgraded with `compactor db upgrade` first.
     """
+    from worker.ingest import ImportStatus, SessionReport, import_record
+
     settings = get_settings()
-    counter = load_counter(settings)
+    counter, chosen_policy = load_counter(settings), intake_policy(policy)
     now = datetime.now(UTC)
     rows: list[tuple[int, SessionReport]] = []
     with open_store(settings) as store, open_input(file) as (lines, size_bytes), \
             progress_bar(size_bytes) as advance:
         for line_number, size, item in read_jsonl_lines(lines):
             report = item if isinstance(item, SessionReport) else import_record(
-                item, store=store, counter=counter, policy=POLICIES[policy], now=now)
+                item, store=store, counter=counter, policy=chosen_policy, now=now)
             advance(size)
             rows.append((line_number, report))
             if as_json:
@@ -147,6 +142,13 @@ def read_jsonl_lines(
 def parse_line(line_number: int, text: str, size_bytes: int) -> dict[str, Any] | SessionReport:
     """Parse one line into a record, or reject it; the limits are checked first because
     the JSON parser recurses and would abort the whole import on a deep line."""
+    from worker.compaction import (
+        MAX_NESTING_DEPTH,
+        MAX_RECORD_BYTES,
+        ProblemKind,
+        measure_json_depth,
+    )
+
     if size_bytes > MAX_RECORD_BYTES:
         return line_rejected(f"line {line_number}: {size_bytes:,} bytes; at most "
                              f"{MAX_RECORD_BYTES:,}", ProblemKind.TOO_LARGE)
@@ -163,16 +165,26 @@ def parse_line(line_number: int, text: str, size_bytes: int) -> dict[str, Any] |
     return record
 
 
-def line_rejected(
-    detail: str, kind: ProblemKind = ProblemKind.MALFORMED_SESSION
-) -> SessionReport:
-    problem = Problem(kind, None, detail, Action.REJECT)
+def line_rejected(detail: str, kind: ProblemKind | None = None) -> SessionReport:
+    """A rejection report for a line (a malformed session unless ``kind`` says)."""
+    from worker.compaction import Action, Problem, ProblemKind
+    from worker.ingest import ImportStatus, SessionReport
+
+    problem = Problem(kind or ProblemKind.MALFORMED_SESSION, None, detail, Action.REJECT)
     return SessionReport("", ImportStatus.REJECTED, 0, 0, (problem,))
 
 
 @contextmanager
 def progress_bar(total_bytes: int | None) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(bytes)``; the bar shows on stderr only when it is a terminal."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     console = stderr_console()
     with Progress(
         TextColumn("importing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
@@ -192,6 +204,9 @@ def json_report(report: SessionReport) -> dict[str, Any]:
 
 
 def print_import_table(rows: list[tuple[int, SessionReport]], statuses: Counter[Any]) -> None:
+    from worker.compaction import Action
+    from worker.ingest import ImportStatus
+
     table = Table("line", "session", "status", "messages", "tokens", "problems")
     for line_number, report in rows:
         kinds = Counter(f"{p.kind.value} ({p.action.value})" for p in report.problems)
@@ -230,6 +245,8 @@ def export_command(
     With -o, a new file (mode 0600) is written beside FILE and renamed over it only when
     complete; nothing already in the directory is followed or overwritten meanwhile.
     """
+    from worker.ingest import export_session, iter_session_ids
+
     settings = get_settings()
     with open_store(settings) as store:
         for session_id in session or ():

@@ -7,21 +7,19 @@ import logging
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from db import current_revision, head_revision, upgrade_database
 from scheduler.cli.common import (
-    database_url,
     display_url,
     expected_errors,
+    fail,
+    get_settings,
     is_embedded,
     open_store,
     print_json,
     stderr_console,
     stdout_console,
 )
-from worker.backfill import DEFAULT_BATCH_MESSAGES, backfill
-from worker.settings import get_settings
+from worker.backfill import DEFAULT_BATCH_MESSAGES
 
 db_app = typer.Typer(
     help="The database schema (alembic migrations packaged with the service).",
@@ -38,36 +36,90 @@ def upgrade_command() -> None:
 
     For the embedded SQLite default, data_dir is created first.
     """
+    from db import current_revision, upgrade_database
+
     settings = get_settings()
-    url = database_url(settings)
+    url, shown_url = settings.effective_database_url, settings.configured_database_url
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it runs
     upgrade_database(url)
     stdout_console().print(
-        f"database {display_url(url)} is at revision {current_revision(url)} (head)",
+        f"database {display_url(shown_url)} is at revision {current_revision(url)} (head)",
         highlight=False,
     )
+
+
+# Exit status of `db current` when the schema is not the newest, of `db downgrade` when
+# it is refused for want of --yes.
+EXIT_BEHIND = 3
+EXIT_UNCONFIRMED = 4
 
 
 @db_app.command("current")
 @expected_errors
 def current_command(as_json: JsonOption = False) -> None:
-    """Show the schema revision of the database and whether it is the newest."""
+    """Show the schema revision of the database and whether it is the newest.
+
+    Exit status 3 when it is not (never migrated, or behind the head): a deploy check.
+    """
+    from db import current_revision, head_revision
+
     settings = get_settings()
-    url = database_url(settings)
+    url, shown_url = settings.effective_database_url, settings.configured_database_url
     never_created = is_embedded(settings) and not (settings.data_dir / "compactor.db").exists()
     current = None if never_created else current_revision(url)
     head = head_revision()
     if as_json:
-        print_json({"database": display_url(url), "current": current, "head": head,
+        print_json({"database": display_url(shown_url), "current": current, "head": head,
                     "up_to_date": current == head})
-        return
-    state = "up to date" if current == head else "run `compactor db upgrade`"
-    stdout_console().print(
-        f"database {display_url(url)}: revision {current or 'none'}, head {head} ({state})",
-        highlight=False,
-    )
+    else:
+        state = "up to date" if current == head else "behind: run `compactor db upgrade`"
+        stdout_console().print(
+            f"database {display_url(shown_url)}: revision {current or 'none'}, head {head} "
+            f"({state})",
+            highlight=False,
+        )
+    if current != head:
+        raise typer.Exit(EXIT_BEHIND)
+
+
+@db_app.command("downgrade")
+@expected_errors
+def downgrade_command(
+    revision: Annotated[str | None, typer.Argument(
+        metavar="[REVISION]", help="The revision to go back to, or `base` (no tables); "
+        "default: the one before the current.")] = None,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="Downgrade: what the newer revisions added is dropped, data in it "
+        "included.")] = False,
+) -> None:
+    """Take the schema back to an earlier revision (to run an older release).
+
+    Without --yes it only says what it would do, and exits with status 4.
+    """
+    from db import current_revision, downgrade_database, known_revisions
+
+    settings = get_settings()
+    url, shown_url = settings.effective_database_url, settings.configured_database_url
+    current = current_revision(url)
+    if current is None:
+        fail("the database has no schema: nothing to downgrade")
+    order = ["base", *known_revisions()]
+    target = revision or order[order.index(current) - 1]
+    if target not in order:
+        fail(f"no revision {target!r}; the revisions are {', '.join(order)}")
+    if order.index(target) >= order.index(current):
+        fail(f"revision {target} is not before the current revision {current}")
+    dropped = ", ".join(order[order.index(target) + 1: order.index(current) + 1])
+    plan = f"downgrade {display_url(shown_url)} from {current} to {target}, undoing {dropped}"
+    if not yes:
+        fail(f"would {plan}; what they added is dropped, data included: pass --yes",
+             exit_code=EXIT_UNCONFIRMED)
+    logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it undoes
+    downgrade_database(url, target)
+    stdout_console().print(f"database {display_url(shown_url)} is at revision "
+                           f"{current_revision(url) or 'none (base)'}", highlight=False)
 
 
 @db_app.command("backfill")
@@ -83,6 +135,16 @@ def backfill_command(
     Each message's identifiers and search text are computed and stored, and the
     session's artifact index updated, so jobs rank them and `compactor recall` finds them.
     """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from worker.backfill import backfill
+
     with open_store(get_settings()) as store:
         total = store.count_unindexed_messages()
         console = stderr_console()

@@ -7,19 +7,18 @@ import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import wraps
-from typing import Annotated, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
-import redis
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from scheduler.cli.common import expected_errors, fail, print_json, stdout_console
-from worker.dead_letters import DeadLetter, DeadLetters, RetryRefused
+from scheduler.cli.common import expected_errors, fail, get_settings, print_json, stdout_console
 from worker.keys import RedisKeys
-from worker.logging import configure_logging
-from worker.queue_items import item_limits
-from worker.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from worker.dead_letters import DeadLetter, DeadLetters
+    from worker.settings import Settings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,6 +39,8 @@ def redis_errors(command: Callable[P, R]) -> Callable[P, R]:
 
     @wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        import redis
+
         try:
             return command(*args, **kwargs)
         except redis.RedisError as error:
@@ -91,6 +92,9 @@ def show_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
 def retry_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
     """Put an item back on its queue, once it would be admitted (exit 4 if it would be
     refused again, or was kept cut short)."""
+    from worker.dead_letters import RetryRefused
+    from worker.queue_items import item_limits
+
     settings = _settings()
     try:
         letter = _dead_letters(settings).retry(entry_id, item_limits(settings),
@@ -145,6 +149,10 @@ def _find(letters: DeadLetters, entry_id: str) -> DeadLetter:
 
 
 def _dead_letters(settings: Settings) -> DeadLetters:
+    import redis
+
+    from worker.dead_letters import DeadLetters
+
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5,
                                   socket_timeout=10)
     return DeadLetters(client, RedisKeys(settings.redis_key_prefix),
@@ -152,6 +160,8 @@ def _dead_letters(settings: Settings) -> DeadLetters:
 
 
 def _settings() -> Settings:
+    from worker.logging import configure_logging
+
     settings = get_settings()
     configure_logging(settings.log_format.value, settings.log_level)
     return settings

@@ -12,13 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from kombu.exceptions import OperationalError as BrokerUnavailable
 
-from db import RunRecord, Store
-from scheduler.cli import demo_report
 from scheduler.cli.common import (
     display_url,
     expected_errors,
@@ -27,24 +24,13 @@ from scheduler.cli.common import (
     open_store,
     stdout_console,
 )
-from scheduler.cli.data import POLICIES, PolicyName, read_jsonl
-from scheduler.cli.demo_jobs import (
-    release_unfinished,
-    scan_and_enqueue,
-    session_of,
-    wait_for_jobs,
-)
-from scheduler.cli.demo_services import (
-    DemoServiceError,
-    delete_keys,
-    embedded_redis,
-    is_redis_reachable,
-    worker_process,
-)
-from scheduler.cli.demo_sessions import generate_sessions
-from scheduler.enqueue import QueuedJob
-from worker.ingest import ImportStatus, SessionReport, import_record
-from worker.settings import Settings
+from scheduler.cli.data import PolicyName, intake_policy, read_jsonl
+
+if TYPE_CHECKING:
+    from db import RunRecord, Store
+    from scheduler.enqueue import QueuedJob
+    from worker.ingest import SessionReport
+    from worker.settings import Settings
 
 DEMO_QUEUE = "compactor-demo"
 DEMO_KEY_PREFIX = "compactor-demo:"
@@ -101,6 +87,10 @@ def demo_command(
 def run_demo(settings: Settings, sessions: Path | None, count: int, seed: int, *,
              force_embedded: bool, concurrency: int, timeout_s: float) -> bool:
     """Import, scan, work, report; False when a job failed."""
+    # The demo's own modules load when it runs: `--help` loads no intake or store.
+    from scheduler.cli import demo_report
+    from worker.ingest import ImportStatus
+
     console = stdout_console()
     demo_report.print_setup(console, settings, _set_by_demo(settings))
     with open_store(settings) as store:
@@ -114,6 +104,8 @@ def run_demo(settings: Settings, sessions: Path | None, count: int, seed: int, *
 
 def demo_settings(queue: str, key_prefix: str) -> Settings:
     """The settings of this run: the operator's, the embedded database, the demo's queue."""
+    from worker.settings import Settings
+
     overrides = {name: value for name, value in DEMO_DEFAULTS.items()
                  if env_name(name) not in os.environ}
     settings = Settings(database_url=None, queue_name=queue, redis_key_prefix=key_prefix,
@@ -134,8 +126,11 @@ def _set_by_demo(settings: Settings) -> list[str]:
 def import_sessions(store: Store, settings: Settings, path: Path | None, count: int,
                     seed: int) -> list[SessionReport]:
     """Import the file's sessions, or the generated ones; already stored ones are `exists`."""
+    from scheduler.cli.demo_sessions import generate_sessions
+    from worker.ingest import SessionReport, import_record
+
     counter = load_counter(settings)
-    policy, now = POLICIES[PolicyName.DEFAULT], datetime.now(UTC)
+    policy, now = intake_policy(PolicyName.DEFAULT), datetime.now(UTC)
     records: Iterator[dict[str, Any] | SessionReport] = (
         (item for _, _, item in read_jsonl(path)) if path else generate_sessions(count, seed))
     return [item if isinstance(item, SessionReport) else
@@ -146,6 +141,8 @@ def import_sessions(store: Store, settings: Settings, path: Path | None, count: 
 @contextmanager
 def demo_redis(settings: Settings, *, force_embedded: bool) -> Iterator[str]:
     """Yield the Redis URL of this run: the configured one, or a private embedded one."""
+    from scheduler.cli.demo_services import DemoServiceError, embedded_redis, is_redis_reachable
+
     console = stdout_console()
     shown_url = display_url(settings.redis_url)
     if not force_embedded and is_redis_reachable(settings.redis_url):
@@ -170,6 +167,8 @@ def demo_redis(settings: Settings, *, force_embedded: bool) -> Iterator[str]:
 def run_jobs(store: Store, settings: Settings, session_ids: list[str], concurrency: int,
              timeout_s: float) -> bool:
     """Scan, then run a real worker until every job ended; False when a job failed."""
+    from scheduler.cli import demo_report
+
     console = stdout_console()
     jobs: list[QueuedJob] = []
     try:
@@ -184,6 +183,10 @@ def run_jobs(store: Store, settings: Settings, session_ids: list[str], concurren
 
 
 def _scan(settings: Settings) -> list[QueuedJob]:
+    from kombu.exceptions import OperationalError as BrokerUnavailable
+
+    from scheduler.cli.demo_jobs import scan_and_enqueue
+
     try:
         jobs = scan_and_enqueue(settings, datetime.now(UTC))
     except BrokerUnavailable as exc:
@@ -197,6 +200,9 @@ def _scan(settings: Settings) -> list[QueuedJob]:
 
 def _work(store: Store, settings: Settings, jobs: list[QueuedJob], concurrency: int,
           timeout_s: float) -> dict[str, RunRecord]:
+    from scheduler.cli.demo_jobs import wait_for_jobs
+    from scheduler.cli.demo_services import DemoServiceError, worker_process
+
     console = stdout_console()
     log_path = settings.data_dir / WORKER_LOG
     try:
@@ -225,6 +231,9 @@ def worker_env(settings: Settings) -> dict[str, str]:
 
 def _clean_up(store: Store, settings: Settings, jobs: list[QueuedJob]) -> None:
     """Free the sessions of jobs that never ran for the next scan; drop the demo's keys."""
+    from scheduler.cli.demo_jobs import release_unfinished, session_of
+    from scheduler.cli.demo_services import delete_keys, is_redis_reachable
+
     started = {run.task_id for job in jobs
                for run in store.runs(session_id=session_of(job), limit=50) if run.task_id}
     release_unfinished(settings, jobs, started)

@@ -8,17 +8,21 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from db import RunRecord, SessionState, Store
-from scheduler.cli.common import display_url
+from db import RunRecord, SessionState
+from scheduler.cli.common import display_url, readable_table
 from scheduler.cli.sessions import projection_table
 from worker.ingest import ImportStatus, SessionReport
-from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from db import Store
+    from worker.settings import Settings
 
 OUTCOME_ROWS = 40  # sessions listed in the outcome table; the rest are counted
 PROJECTION_ROWS = 12  # projection messages shown after the summary block
@@ -29,7 +33,7 @@ DEFAULT_DATA_DIR = Path(".compactor").resolve()
 
 def print_setup(console: Console, settings: Settings, set_by_demo: list[str]) -> None:
     console.print(
-        f"[bold]compactor demo[/]: database {escape(display_url(settings.effective_database_url))}"
+        f"[bold]compactor demo[/]: database {escape(display_url(settings.configured_database_url))}"
         f", summarizer {settings.effective_summarizer.value}, model window "
         f"{settings.model_context_tokens:,} tokens (compacts above {settings.trigger_tokens:,})",
         highlight=False, soft_wrap=True)
@@ -113,8 +117,8 @@ def _row(store: Store, settings: Settings, session_id: str, run: RunRecord | Non
 
 
 def _outcome_table(rows: list[_Row]) -> Table:
-    table = Table("session", "messages", "outcome", "reason", "tokens before", "tokens after",
-                  "saved", title="outcome per session")
+    table = readable_table("session", "msgs", "outcome", "reason", "before", "after",
+                           "saved", title="outcome per session", shrink=("session", "reason"))
     styles = {"compacted": "green", "compacted earlier": "green", "fallback": "yellow",
               "not due": "dim"}
     for row in rows[:OUTCOME_ROWS]:

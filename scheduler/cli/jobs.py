@@ -3,28 +3,33 @@ table, roll a session back, and inspect or reset its breaker."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
-from db import BreakerUpdate, SessionNotFound, Store
 from scheduler.cli.common import (
     expected_errors,
     fail,
+    get_settings,
+    minute,
     open_store,
+    parse_when,
     print_json,
+    readable_table,
     stdout_console,
     to_jsonable,
 )
-from worker import pipeline
-from worker.job import JobRequest, JobResult
-from worker.logging import get_logger
-from worker.outcome import emit_job_event, job_event_fields
-from worker.runtime import build_runtime
-from worker.settings import get_settings
+from worker.compaction import Outcome
+
+if TYPE_CHECKING:
+    from db import RevisionRecord, Store
+    from worker.job import JobResult
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
+T = TypeVar("T")
 breaker_app = typer.Typer(help="Inspect or reset a session's failure breaker.",
                           no_args_is_help=True)
 
@@ -34,6 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command("compact")(compact_command)
     app.command("runs")(runs_command)
     app.command("rollback")(rollback_command)
+    app.command("roll-forward")(roll_forward_command)
     app.add_typer(breaker_app, name="breaker")
 
 
@@ -56,16 +62,25 @@ def worker_command(
 def compact_command(
     sessions: Annotated[list[str] | None, typer.Argument(help="Session ids.")] = None,
     all_sessions: Annotated[bool, typer.Option("--all", help="Every stored session.")] = False,
-    inline: Annotated[bool, typer.Option("--inline", help="Run in this process, no queue "
-                                         "(required: use `compactor trigger` to enqueue).")
-                      ] = False,
+    inline: Annotated[bool, typer.Option(
+        "--inline", help="Run in this process, no queue (required unless --dry-run: use "
+        "`compactor trigger` to enqueue).")] = False,
     force: Annotated[bool, typer.Option(help="Compact even under the trigger.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print each job's plan (span, tail, LLM calls and tokens); run "
+        "and write nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Run the compaction pipeline in-process for debugging and small installs."""
-    if not inline:
-        fail("`compact` runs jobs in this process: pass --inline, or enqueue with "
-             "`compactor trigger SESSION...`", exit_code=2)
+    from scheduler.cli.previews import print_compaction_plans
+    from worker import pipeline
+    from worker.job import JobRequest
+    from worker.outcome import emit_job_event
+    from worker.runtime import build_runtime
+
+    if not inline and not dry_run:
+        fail("`compact` runs jobs in this process: pass --inline (or --dry-run for the "
+             "plan), or enqueue with `compactor trigger SESSION...`", exit_code=2)
     if not sessions and not all_sessions:
         fail("name at least one session, or pass --all", exit_code=2)
     settings = get_settings()
@@ -74,10 +89,21 @@ def compact_command(
     runtime = build_runtime(settings, use_redis=False)
     try:
         ids = sessions or _all_session_ids(runtime.store)
-        results = [pipeline.run(JobRequest(sid, "operator", force), runtime.deps, runtime.policy)
-                   for sid in ids]
+        if dry_run:
+            from worker.preview import preview_compaction
+
+            previews = [preview_compaction(JobRequest(sid, "operator", force), runtime.deps,
+                                           runtime.policy) for sid in ids]
+        else:
+            results = [pipeline.run(JobRequest(sid, "operator", force), runtime.deps,
+                                    runtime.policy) for sid in ids]
     finally:
         runtime.close()
+    if dry_run:
+        print_compaction_plans(previews, as_json)
+        return
+    from worker.logging import get_logger
+
     for result in results:
         emit_job_event(get_logger(), result)
     _print_results(results, as_json)
@@ -95,13 +121,16 @@ def _all_session_ids(store: Store) -> list[str]:
 
 
 def _print_results(results: list[JobResult], as_json: bool) -> None:
+    from worker.outcome import job_event_fields
+
     if as_json:
         for result in results:
             print_json(job_event_fields(result))
         return
-    table = Table("session", "outcome", "reason", "tokens before", "tokens after", "revision")
+    table = readable_table("session", "outcome", "reason", "before", "after", "revision",
+                           shrink=("session", "reason"))
     for r in results:
-        table.add_row(r.session_id, r.outcome.value, r.reason,
+        table.add_row(escape(r.session_id), r.outcome.value, escape(r.reason),
                       _num(r.figures.tokens_before), _num(r.figures.tokens_after),
                       str(r.revision_id or ""))
     stdout_console().print(table)
@@ -114,8 +143,14 @@ def _num(value: object) -> str:
 @expected_errors
 def runs_command(
     session: Annotated[str | None, typer.Option(help="Only this session.")] = None,
-    outcome: Annotated[str | None, typer.Option(help="Only this outcome.")] = None,
-    limit: Annotated[int, typer.Option(help="Newest N runs.")] = 50,
+    outcome: Annotated[Outcome | None, typer.Option(help="Only this outcome.")] = None,
+    since: Annotated[datetime | None, typer.Option(
+        parser=parse_when, metavar="WHEN",
+        help="Only runs started at or after WHEN: an ISO datetime (UTC unless it says) "
+        "or a span ago (30m, 24h, 7d).")] = None,
+    until: Annotated[datetime | None, typer.Option(
+        parser=parse_when, metavar="WHEN", help="Only runs started before WHEN.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Newest N runs.")] = 50,
     as_json: JsonFlag = False,
 ) -> None:
     """List job runs, newest first: outcome, reason, tokens, failure.
@@ -124,7 +159,8 @@ def runs_command(
     active chain (null: the run made no revision).
     """
     with open_store(get_settings()) as store:
-        runs = store.runs(session_id=session, outcome=outcome, limit=limit)
+        runs = store.runs(session_id=session, outcome=outcome.value if outcome else None,
+                          since=since, until=until, limit=limit)
         chains = {sid: _active_chain(store, sid)
                   for sid in {run.session_id for run in runs if run.revision_id is not None}}
     if as_json:
@@ -133,11 +169,12 @@ def runs_command(
                            else run.revision_id not in chains[run.session_id])
             print_json({**to_jsonable(run), "rolled_back": rolled_back})
         return
-    table = Table("id", "session", "started", "outcome", "reason", "before", "after", "failure")
+    table = readable_table("id", "session", "started", "outcome", "reason", "before", "after",
+                           "failure", shrink=("session", "reason", "failure"))
     for run in runs:
         figures = run.figures or {}
-        table.add_row(str(run.id), run.session_id, run.started_at.isoformat(timespec="seconds"),
-                      run.outcome, str(figures.get("outcome_reason") or run.reason),
+        table.add_row(str(run.id), escape(run.session_id), minute(run.started_at),
+                      run.outcome, escape(str(figures.get("outcome_reason") or run.reason)),
                       _num(figures.get("tokens_before")), _num(figures.get("tokens_after")),
                       run.failure_class or "")
     stdout_console().print(table)
@@ -145,16 +182,15 @@ def runs_command(
 
 def _active_chain(store: Store, session_id: str) -> set[int]:
     """The session's active revision and its ancestors: the revisions still in force."""
+    from db import SessionNotFound
+
     try:
         current = store.get_session(session_id).active_revision_id
     except SessionNotFound:  # erased since its runs were recorded
         return set()
-    parents = {r.id: r.parent_revision_id for r in store.revisions(session_id)}
-    chain: set[int] = set()
-    while current is not None and current not in chain:
-        chain.add(current)
-        current = parents.get(current)
-    return chain
+    if current is None:
+        return set()
+    return {current, *_ancestors(current, store.revisions(session_id))}
 
 
 @expected_errors
@@ -164,19 +200,93 @@ def rollback_command(
                                            "chain (default: the parent).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Point the session back at an earlier revision; nothing is deleted."""
+    """Point the session back at an earlier revision; nothing is deleted
+    (`compactor roll-forward` re-activates a later one)."""
     with open_store(get_settings()) as store:
-        if store.get_session(session).active_revision_id is None:
+        active = store.get_session(session).active_revision_id
+        if active is None:
             fail(f"session {session} has no summary to roll back")
-        revision = store.rollback(session, to_revision_id=to)
+        revisions = store.revisions(session)
+        if to is not None:
+            _check_target(session, to, revisions, _ancestors(active, revisions),
+                          "earlier", "roll-forward")
+        revision = _revision_errors(lambda: store.rollback(session, to_revision_id=to))
         state = store.get_session(session)
-    active = revision.id if revision else None
+    _print_active(session, revision.id if revision else None, state.projection_tokens,
+                  as_json)
+
+
+@expected_errors
+def roll_forward_command(
+    session: Annotated[str, typer.Argument(help="Session id.")],
+    to: Annotated[int | None, typer.Option("--to", help="A later revision, descending from "
+                                           "the active one (default: the newest).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-activate a later revision after a rollback; nothing is deleted."""
+    with open_store(get_settings()) as store:
+        active = store.get_session(session).active_revision_id
+        revisions = store.revisions(session)
+        later = [r.id for r in revisions
+                 if active is None or active in _ancestors(r.id, revisions)]
+        if to is None and not later:
+            fail(f"session {session} has no revision later than the active one "
+                 f"({active or 'none'})")
+        target = to if to is not None else max(later)
+        _check_target(session, target, revisions, set(later), "later", "rollback")
+        revision = _revision_errors(lambda: store.roll_forward(session,
+                                                               to_revision_id=target))
+        state = store.get_session(session)
+    _print_active(session, revision.id, state.projection_tokens, as_json)
+
+
+def _ancestors(revision_id: int, revisions: list[RevisionRecord]) -> set[int]:
+    """The revisions ``revision_id`` descends from."""
+    parents = {r.id: r.parent_revision_id for r in revisions}
+    found: set[int] = set()
+    current = parents.get(revision_id)
+    while current is not None and current not in found:
+        found.add(current)
+        current = parents.get(current)
+    return found
+
+
+def _check_target(session: str, target: int, revisions: list[RevisionRecord],
+                  allowed: set[int], direction: str, other_command: str) -> None:
+    """Fail with what is wrong with ``target`` and what the session has instead."""
+    ids = sorted(r.id for r in revisions)
+    if target not in ids:
+        fail(f"session {session} has no revision {target}; it has {_id_list(ids)}")
+    if target not in allowed:
+        choices = _id_list(sorted(allowed)) if allowed else "none"
+        fail(f"revision {target} of session {session} is not {direction} than the active "
+             f"one; {direction} ones: {choices} (see `compactor {other_command}`)")
+
+
+def _id_list(ids: list[int]) -> str:
+    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def _revision_errors(change: Callable[[], T]) -> T:
+    """Run a rollback or roll-forward; a revision that moved meanwhile is a plain error."""
+    from db import RevisionNotFound
+
+    try:
+        return change()
+    except RevisionNotFound as error:
+        fail(f"{error} (the session changed meanwhile; look again with `compactor show`)")
+
+
+def _print_active(session: str, active: int | None, projection_tokens: int,
+                  as_json: bool) -> None:
     if as_json:
         print_json({"session_id": session, "active_revision_id": active,
-                    "projection_tokens": state.projection_tokens})
+                    "projection_tokens": projection_tokens})
         return
     stdout_console().print(f"{session}: active revision is now {active or 'none (full history)'}"
-                           f", projection {state.projection_tokens:,} tokens")
+                           f", projection {projection_tokens:,} tokens", highlight=False)
 
 
 @breaker_app.command("status")
@@ -199,6 +309,8 @@ def breaker_status(session: Annotated[str, typer.Argument()], as_json: JsonFlag 
 @expected_errors
 def breaker_reset(session: Annotated[str, typer.Argument()]) -> None:
     """Close a session's breaker so the next job runs normally."""
+    from db import BreakerUpdate
+
     with open_store(get_settings()) as store:
         store.set_breaker(session, BreakerUpdate(state="closed", failures=0, opened_at=None))
     stdout_console().print(f"{session}: breaker closed")

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from db import GcBatch, SessionLeased
 from scheduler.cli.common import (
     expected_errors,
     fail,
+    get_settings,
     open_store,
     print_json,
     stderr_console,
     stdout_console,
 )
-from worker.lifecycle import collect_garbage, delete_session, gc_policy
-from worker.logging import configure_logging
-from worker.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from db import GcBatch
+    from worker.settings import Settings
 
 # A refusal an operator may override (--force), apart from errors (1).
 EXIT_REFUSED = 4
@@ -41,6 +42,8 @@ def gc_command(
     """Remove superseded revisions and old run records, and erase sessions idle for
     longer than gc_session_retention_s when it is set, in batches (safe while workers
     run): the active revision and gc_keep_revisions before it always stay."""
+    from worker.lifecycle import collect_garbage, gc_policy
+
     settings = _settings()
     with open_store(settings) as store:
         report = collect_garbage(store, gc_policy(settings), datetime.now(UTC),
@@ -67,6 +70,9 @@ def delete_command(
 
     Exit status 4 when a job holds the session's lease and --force is not given.
     """
+    from db import SessionLeased
+    from worker.lifecycle import delete_session
+
     settings = _settings()
     with open_store(settings) as store:
         try:
@@ -90,6 +96,8 @@ def _show_batch(batch: GcBatch) -> None:
 
 
 def _settings() -> Settings:
+    from worker.logging import configure_logging
+
     settings = get_settings()
     configure_logging(settings.log_format.value, settings.log_level)
     return settings

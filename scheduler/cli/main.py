@@ -8,17 +8,32 @@ all of them), through ``get_settings()``; helpers shared by every command live i
 from __future__ import annotations
 
 import logging
+from typing import Annotated, Any
 
-import pydantic
 import typer
+from typer.core import TyperGroup
 
-from scheduler.cli import data, demo, jobs, lifecycle, platform, recall, schedule, sessions
+from scheduler.cli import check, data, demo, jobs, lifecycle, platform, recall, schedule, sessions
 from scheduler.cli.db import db_app
 from scheduler.cli.dead import dead_app
-from worker.logging import configure_logging
-from worker.settings import get_settings
+
+HELP_FLAGS = ("--help", "-h")
+
+
+class _HelpAwareGroup(TyperGroup):
+    """Notes whether a subcommand's help was asked for, before the callback runs: help
+    is shown whatever the settings (`compactor check` reports them)."""
+
+    # typer passes its own Context; the base class names typer's private click copy's.
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        words = [*ctx._protected_args, *ctx.args]
+        words = words[:words.index("--")] if "--" in words else words
+        ctx.meta["help_requested"] = any(flag in words for flag in HELP_FLAGS)
+        return super().invoke(ctx)
+
 
 app = typer.Typer(
+    cls=_HelpAwareGroup,
     name="compactor",
     help="Offline compaction of stored AI-agent sessions.",
     no_args_is_help=True,
@@ -26,20 +41,34 @@ app = typer.Typer(
     rich_markup_mode="markdown",  # help paragraphs reflow; `code` renders as code
     # Locals can hold message contents and secrets: never print them in a traceback.
     pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
+def _print_version(requested: bool) -> None:
+    if requested:
+        from importlib.metadata import version
+
+        typer.echo(f"compactor {version('session-compactor')}")
+        raise typer.Exit()
+
 
 @app.callback()
-def _configure_logging() -> None:
+def _configure_logging(
+    ctx: typer.Context,
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the installed version and exit.")] = False,
+) -> None:
     # Every command logs on stderr as the workers do (alembic's records included);
-    # stdout keeps the command's own answer.
-    try:
-        settings = get_settings()
-    except pydantic.ValidationError:
-        configure_logging()  # the command reports the invalid settings itself
+    # stdout keeps the command's own answer. Invalid settings end every command but help
+    # here: one line per problem, exit status 78. Help logs nothing and reads no
+    # settings: it loads neither pydantic-settings nor structlog (issue 14's 0.3 s).
+    if ctx.meta.get("help_requested"):
         return
-    configure_logging(settings.log_format.value, settings.log_level)
+    from worker.settings_errors import settings_or_exit
+
+    settings_or_exit()
     # The embedded database is checked on every command: alembic's per-connection notes
     # would open each one's stderr. `compactor db upgrade` reports its migrations again.
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -58,3 +87,4 @@ jobs.register(app)
 schedule.register(app)
 lifecycle.register(app)
 demo.register(app)
+check.register(app)

@@ -6,23 +6,25 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from scheduler.cli.common import (
     expected_errors,
     fail,
+    get_settings,
     load_counter,
     open_store,
     print_json,
     stderr_console,
     stdout_console,
 )
-from scheduler.cli.data import POLICIES, PolicyName
+from scheduler.cli.data import PolicyName, intake_policy
 from scheduler.cli.sessions import projection_table
-from worker.sessions import AppendReport, MessagesRejected, Problem, SessionStore
-from worker.settings import get_settings
+
+if TYPE_CHECKING:
+    from worker.sessions import AppendReport, Problem
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
@@ -45,10 +47,12 @@ def append_command(
     messages' seqs and what intake repaired; exits 1, storing nothing, when intake
     rejects them (the problems say why).
     """
+    from worker.sessions import AppendReport, MessagesRejected, SessionStore
+
     messages = read_messages(file)
     settings = get_settings()
     with open_store(settings) as store:
-        sessions = SessionStore(store, load_counter(settings), POLICIES[policy])
+        sessions = SessionStore(store, load_counter(settings), intake_policy(policy))
         try:
             report = sessions.append(session_id, messages, create=create)
         except MessagesRejected as rejected:

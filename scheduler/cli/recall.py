@@ -9,8 +9,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from scheduler.cli.common import expected_errors, fail, open_store, print_json, stdout_console
-from worker.settings import get_settings
+from scheduler.cli.common import (
+    expected_errors,
+    fail,
+    get_settings,
+    open_store,
+    print_json,
+    stdout_console,
+)
 
 
 @expected_errors

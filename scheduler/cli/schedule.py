@@ -1,4 +1,4 @@
-"""The scheduling commands of `compactor`: `trigger`, `scan` and `beat`.
+"""The scheduling commands of `compactor`: `trigger`, `scan`, `reconcile` and `beat`.
 
 Settings are read here, in the command functions, and handed down as plain values.
 """
@@ -9,38 +9,40 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from kombu.exceptions import OperationalError as BrokerUnavailable
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
-from db import MarkResult, MarkStatus, upgrade_database
-from scheduler.beat import run_scheduled_scan, scan_policy, start_beat
 from scheduler.cli.common import (
+    display_url,
     expected_errors,
     fail,
+    get_settings,
     is_embedded,
     open_store,
     print_json,
+    readable_table,
     stdout_console,
 )
-from scheduler.enqueue import CeleryPublisher, ScanReport, trigger_sessions
-from scheduler.selection import DueSession, StopReason, select_due_sessions
-from worker.celery_app import create_app
-from worker.contract import MAX_REASON_CHARS
-from worker.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from db import MarkResult
+    from scheduler.enqueue import ScanReport
+    from scheduler.selection import ScanPreview
+    from worker.settings import Settings
 
 # Exit status of `trigger` when some id names no session, of `scan` when the lock is held.
 EXIT_PARTIAL = 3
 
 
 def register(app: typer.Typer) -> None:
-    """Add `trigger`, `scan` and `beat` to the `compactor` app."""
+    """Add `trigger`, `scan`, `reconcile` and `beat` to the `compactor` app."""
     app.command("trigger")(trigger)
     app.command("scan")(scan)
     app.command("beat")(beat)
+    app.command("reconcile")(reconcile)
 
 
 @expected_errors
@@ -55,16 +57,27 @@ def trigger(
     """Enqueue a compaction job per session, unless one is already queued.
 
     A session that already has a queued job (marker younger than enqueue_marker_ttl_s)
-    is reported already_queued, with --force too. Exit status 3 when an id is unknown.
+    is reported already_queued; with --force only while that job is queued, delivered
+    or running: a marker naming a job Redis lost is replaced. Exit status 3 when an id
+    is unknown.
     """
+    from db import MarkStatus
+    from scheduler.enqueue import CeleryPublisher, trigger_sessions
+    from scheduler.reconcile import broker_jobs, is_job_lost
+    from worker.celery_app import create_app
+    from worker.contract import MAX_REASON_CHARS
+
     if not 0 < len(reason) <= MAX_REASON_CHARS:
         fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
     settings = get_settings()
     publisher = CeleryPublisher(create_app(settings), settings.queue_name)
-    with open_store(settings) as store, _broker_errors():
-        results = trigger_sessions(store, publisher, session_ids, reason=reason, force=force,
-                                   now=datetime.now(UTC),
-                                   marker_ttl_s=settings.enqueue_marker_ttl_s)
+    now = datetime.now(UTC)
+    with open_store(settings) as store, _broker_errors(settings), broker_jobs(settings) as broker:
+        results = trigger_sessions(
+            store, publisher, session_ids, reason=reason, force=force, now=now,
+            marker_ttl_s=settings.enqueue_marker_ttl_s,
+            is_lost=lambda session_id, job_id: is_job_lost(store, broker, session_id,
+                                                            job_id, now))
     if as_json:
         print_json(results)
     else:
@@ -85,16 +98,19 @@ def scan(
 
     Exit status 3 when another scan holds the scan lock.
     """
+    from scheduler.beat import run_scheduled_scan, scan_policy
+    from scheduler.selection import preview_scan
+
     settings = get_settings()
     now = datetime.now(UTC)
     if dry_run:
         with open_store(settings) as store:
-            due, stopped = select_due_sessions(store, scan_policy(settings), now, limit=limit)
-        _print_dry_run(due, stopped, as_json)
+            preview = preview_scan(store, scan_policy(settings), now, limit=limit)
+        _print_dry_run(preview, as_json)
         return
     _create_embedded_schema(settings)
     with _progress(enabled=not as_json and sys.stdout.isatty()) as on_progress, \
-            _broker_errors():
+            _broker_errors(settings):
         report = run_scheduled_scan(settings, now, limit=limit, on_progress=on_progress)
     if report is None:
         fail("another scan holds the scan lock; nothing enqueued", exit_code=EXIT_PARTIAL)
@@ -102,8 +118,38 @@ def scan(
 
 
 @expected_errors
+def reconcile(
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show what would be repaired; change nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line.")] = False,
+) -> None:
+    """Repair what Redis and the database disagree on (what beat runs every
+    reconcile_interval_s): re-send or clear the jobs Redis lost, release dead leases and
+    record their attempts."""
+    from scheduler.reconcile import run_scheduled_reconcile
+
+    settings = get_settings()
+    with _broker_errors(settings):
+        repairs = run_scheduled_reconcile(settings, datetime.now(UTC), dry_run=dry_run)
+    if as_json:
+        print_json({"dry_run": dry_run, "repairs": repairs, "count": len(repairs)})
+        return
+    table = Table("session", "problem", "action", "job id", "new job id",
+                  title="would repair" if dry_run else "repaired")
+    for repair in repairs:
+        table.add_row(repair.session_id, repair.problem, repair.action, repair.job_id or "-",
+                      repair.new_job_id or "-")
+    console = stdout_console()
+    console.print(table)
+    console.print(f"{len(repairs)} repairs{' (dry run)' if dry_run else ''}")
+
+
+@expected_errors
 def beat() -> None:
     """Run the beat process: sends `compactor.scan` at scan_cron (UTC)."""
+    from scheduler.beat import start_beat
+    from worker.celery_app import create_app
+
     settings = get_settings()
     try:
         start_beat(create_app(settings), settings)
@@ -114,17 +160,23 @@ def beat() -> None:
 
 
 def _create_embedded_schema(settings: Settings) -> None:
+    from db import upgrade_database
+
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade_database(settings.effective_database_url)
 
 
 @contextmanager
-def _broker_errors() -> Iterator[None]:
+def _broker_errors(settings: Settings) -> Iterator[None]:
+    from kombu.exceptions import OperationalError as BrokerUnavailable
+    from redis import RedisError
+
     try:
         yield
-    except BrokerUnavailable as exc:
-        fail(f"broker unreachable: {exc}")
+    except (BrokerUnavailable, RedisError) as exc:
+        fail(f"broker unreachable at COMPACTOR_REDIS_URL={display_url(settings.redis_url)}: "
+             f"{str(exc).rstrip('.')}; start Redis or fix the URL, then run the command again")
 
 
 @contextmanager
@@ -132,6 +184,8 @@ def _progress(*, enabled: bool) -> Iterator[Callable[[ScanReport], None] | None]
     if not enabled:
         yield None
         return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=stdout_console(), transient=True) as progress:
         task = progress.add_task("scanning")
@@ -144,6 +198,8 @@ def _progress(*, enabled: bool) -> Iterator[Callable[[ScanReport], None] | None]
 
 
 def _print_trigger_table(results: list[MarkResult]) -> None:
+    from db import MarkStatus
+
     table = Table("session", "status", "job id")
     styles = {MarkStatus.ENQUEUED: "green", MarkStatus.ALREADY_QUEUED: "yellow",
               MarkStatus.UNKNOWN_SESSION: "red"}
@@ -153,22 +209,29 @@ def _print_trigger_table(results: list[MarkResult]) -> None:
     stdout_console().print(table)
 
 
-def _print_dry_run(due: list[DueSession], stopped: StopReason, as_json: bool) -> None:
+def _print_dry_run(preview: ScanPreview, as_json: bool) -> None:
+    due = preview.sessions
     total_tokens = sum(session.estimated_tokens for session in due)
     if as_json:
         print_json({"dry_run": True, "sessions": due, "count": len(due),
-                    "estimated_tokens": total_tokens, "stopped": stopped})
+                    "estimated_tokens": total_tokens, "stopped": preview.stopped,
+                    "left_out": preview.left_out})
         return
-    table = Table("#", "session", "why", "projection", "since compaction", "est. tokens",
-                  title="would enqueue (most to gain first)")
-    for rank, session in enumerate(due, start=1):
-        table.add_row(str(rank), session.session_id, session.why.value,
-                      str(session.projection_tokens), str(session.tokens_since_compaction),
-                      str(session.estimated_tokens))
     console = stdout_console()
-    console.print(table)
-    console.print(f"{len(due)} sessions, {total_tokens} estimated summarizer tokens; "
-                  f"stopped: {stopped.value}")
+    if due:
+        table = readable_table("#", "session", "why", "projection", "since compaction",
+                               "est. tokens", title="would enqueue (most to gain first)",
+                               shrink=("session",))
+        for rank, session in enumerate(due, start=1):
+            table.add_row(str(rank), escape(session.session_id), session.why.value,
+                          f"{session.projection_tokens:,}",
+                          f"{session.tokens_since_compaction:,}",
+                          f"{session.estimated_tokens:,}")
+        console.print(table)
+    console.print(f"{len(due)} sessions, {total_tokens:,} estimated summarizer tokens; "
+                  f"stopped: {preview.stopped.value}", highlight=False)
+    left_out = ", ".join(f"{count:,} {reason}" for reason, count in preview.left_out.items())
+    console.print(f"left out: {left_out or 'none'}", highlight=False)
 
 
 def _print_scan_report(report: ScanReport, as_json: bool) -> None:

@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from db import RevisionRecord, SessionState
 from scheduler.cli.common import (
     expected_errors,
+    get_settings,
+    minute,
     open_store,
     print_json,
+    readable_table,
     stdout_console,
     to_jsonable,
 )
-from worker.settings import get_settings
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 PREVIEW_CHARS = 100
+
+if TYPE_CHECKING:
+    from db import RevisionRecord, SessionState
+
+
+class BreakerFilter(StrEnum):
+    """A breaker state as the command line spells it."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+
+    @property
+    def stored(self) -> str:
+        """The state as the sessions table stores it."""
+        return self.value.replace("-", "_")
 
 
 @expected_errors
@@ -27,24 +45,26 @@ def sessions_command(
     limit: Annotated[int, typer.Option(min=1, help="Most sessions to list.")] = 50,
     after: Annotated[str | None, typer.Option(
         help="List sessions whose id sorts after this one (paging).")] = None,
+    breaker: Annotated[BreakerFilter | None, typer.Option(
+        help="Only sessions whose breaker is in this state.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """List stored sessions in id order: size, tokens, revisions, breaker."""
     with open_store(get_settings()) as store:
-        states = store.list_sessions(after=after, limit=limit)
+        states = store.list_sessions(after=after, limit=limit,
+                                     breaker_state=breaker.stored if breaker else None)
         revision_counts = {s.session_id: len(store.revisions(s.session_id)) for s in states}
     if as_json:
         print_json([{**to_jsonable(state), "messages": state.head_seq,
                      "revisions": revision_counts[state.session_id]} for state in states])
         return
-    table = Table("session", "messages", "total tokens", "projection tokens", "revisions",
-                  "last compacted", "breaker")
+    table = readable_table("session", "msgs", "tokens", "projection", "revs",
+                           "last compacted", "breaker", shrink=("session", "breaker"))
     for state in states:
         table.add_row(
             escape(state.session_id), str(state.head_seq), f"{state.total_tokens:,}",
             f"{state.projection_tokens:,}", str(revision_counts[state.session_id]),
-            state.last_compacted_at.isoformat(timespec="seconds")
-            if state.last_compacted_at else "never",
+            minute(state.last_compacted_at) if state.last_compacted_at else "never",
             breaker_text(state),
         )
     stdout_console().print(table)
@@ -55,19 +75,30 @@ def show_command(
     session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
     as_json: JsonOption = False,
 ) -> None:
-    """Show one session: its state, revision history and the projection a model is sent."""
-    with open_store(get_settings()) as store:
+    """Show one session: its state, revision history and the projection a model is sent.
+
+    ``due`` says whether its size makes it due for the scan (over_trigger, dirty, or
+    none); the scan also waits for the quiet period, the lease and the breaker.
+    """
+    from scheduler.beat import scan_policy  # the scan's modules, only for this command
+    from scheduler.selection import due_why
+
+    settings = get_settings()
+    with open_store(settings) as store:
         state = store.get_session(session_id)
         revisions = store.revisions(session_id)
         projection = store.projection(session_id)
+    due = due_why(state.projection_tokens, state.tokens_since_compaction,
+                  compacted=state.last_compacted_at is not None, policy=scan_policy(settings))
     if as_json:
-        print_json({"session": state, "revisions": revisions, "projection": projection})
+        print_json({"session": state, "revisions": revisions, "projection": projection,
+                    "due": due})
         return
     console = stdout_console()
     console.print(
         f"[bold]{escape(session_id)}[/]: {state.head_seq} messages, {state.total_tokens:,} tokens, "
         f"projection {state.projection_tokens:,} tokens ({len(projection)} messages), "
-        f"breaker {breaker_text(state)}", highlight=False)
+        f"breaker {breaker_text(state)}, due: {due.value if due else 'no'}", highlight=False)
     console.print(revision_table(revisions, state.active_revision_id))
     console.print(projection_table(projection))
 
@@ -79,24 +110,25 @@ def breaker_text(state: SessionState) -> str:
 
 
 def revision_table(revisions: list[RevisionRecord], active_id: int | None) -> Table:
-    table = Table("revision", "parent", "through seq", "summary tokens",
-                  "projection before → after", "summarizer", "model", "prompt", "created",
-                  title="revisions (newest first)")
+    table = readable_table("rev", "parent", "through", "summary", "projection",
+                           "created", "made by", title="revisions (newest first; * active)",
+                           shrink=("made by",))
     for revision in revisions:
-        marker = " (active)" if revision.id == active_id else ""
+        marker = "*" if revision.id == active_id else ""
+        made_by = " ".join(filter(None, (revision.summarizer, revision.model,
+                                         revision.prompt_version)))
         table.add_row(
             f"{revision.id}{marker}", str(revision.parent_revision_id or "-"),
             str(revision.through_seq), f"{revision.summary_tokens:,}",
             f"{revision.projection_tokens_before:,} → {revision.projection_tokens_after:,}",
-            escape(revision.summarizer), escape(revision.model or "-"),
-            escape(revision.prompt_version or "-"),
-            revision.created_at.isoformat(timespec="seconds"),
+            minute(revision.created_at), escape(made_by),
         )
     return table
 
 
 def projection_table(projection: list[dict[str, Any]]) -> Table:
-    table = Table("#", "role", "preview", title="projection (what a model is sent)")
+    table = readable_table("#", "role", "preview", title="projection (what a model is sent)",
+                           shrink=("preview",))
     for position, body in enumerate(projection, start=1):
         table.add_row(str(position), escape(str(body.get("role"))), escape(preview_message(body)))
     return table

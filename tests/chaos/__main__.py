@@ -24,6 +24,10 @@ def parse_config(argv: list[str] | None) -> ChaosConfig:
     parser.add_argument("--concurrency", type=int, default=2, help="pool children per worker")
     parser.add_argument("--redis-restarts", type=int, default=2)
     parser.add_argument("--pg-drops", type=int, default=4)
+    parser.add_argument("--pg-restarts", type=int, default=1)
+    parser.add_argument("--pg-hangs", type=int, default=1)
+    parser.add_argument("--pg-hang-s", type=float, default=20.0, help="each hang (s)")
+    parser.add_argument("--poison-rounds", type=int, default=2)
     parser.add_argument("--llm-latency-ms", type=int, default=400)
     parser.add_argument("--drain-timeout-s", type=float, default=240.0)
     parser.add_argument("--seed", type=int, default=1)
@@ -37,6 +41,8 @@ def parse_config(argv: list[str] | None) -> ChaosConfig:
         kills=args.kills,
         duration_s=args.duration_s, workers=args.workers, concurrency=args.concurrency,
         redis_restarts=args.redis_restarts, pg_drops=args.pg_drops,
+        pg_restarts=args.pg_restarts, pg_hangs=args.pg_hangs, pg_hang_s=args.pg_hang_s,
+        poison_rounds=args.poison_rounds,
         llm_latency_ms=args.llm_latency_ms, drain_timeout_s=args.drain_timeout_s,
         seed=args.seed)
 

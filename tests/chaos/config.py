@@ -22,6 +22,13 @@ class ChaosConfig:
     append_pause_s: float = 0.15
     redis_restarts: int = 2
     pg_drops: int = 4
+    pg_restarts: int = 1
+    pg_hangs: int = 1
+    pg_hang_s: float = 20.0  # past the workers' statement timeouts, if they have them
+    poison_rounds: int = 2
+    scan_cron: str = "* * * * *"  # the real beat's scan, every minute
+    reconcile_interval_s: int = 10  # the beat's reconciler sweep
+    reconcile_grace_s: int = 10  # a younger marker is never taken for a lost job
     llm_latency_ms: int = 400
     failing_share: float = 0.05
     drain_timeout_s: float = 240.0

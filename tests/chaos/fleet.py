@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import Engine, exc, text
@@ -32,6 +33,16 @@ _TRANSACTION_STATUS = text(
     "SELECT txid_status(((pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32) << 32)"
     " + :xid)"
 )
+
+
+@dataclass(frozen=True)
+class Death:
+    """One SIGKILL: when it landed, its kind, and the pool children (job processes) it
+    ended; their leases name the jobs that must run again."""
+
+    at: datetime
+    kind: str
+    pids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class Fleet:
         self._stopping = False
         self._starts = 0
         self.kills: Counter[str] = Counter()
+        self.deaths: list[Death] = []  # each kill: when, and the job processes it ended
         self.crashes: list[Path] = []  # logs of workers that exited without being killed
 
     def start_all(self) -> None:
@@ -102,9 +114,11 @@ class Fleet:
             slot, worker = self._rng.choice(live)
             self._slots[slot] = None
         assert worker.process is not None
+        children = worker.child_pids()
         os.killpg(worker.process.pid, signal.SIGKILL)
         worker.process.wait(10)
         self.kills["whole_worker"] += 1
+        self.deaths.append(Death(datetime.now(UTC), "whole_worker", tuple(children)))
         self._restart_slot(slot)
         return True
 
@@ -156,6 +170,7 @@ class Fleet:
         except ProcessLookupError:
             return False
         self.kills[kind] += 1
+        self.deaths.append(Death(datetime.now(UTC), kind, (pid,)))
         return True
 
     def restart_crashed(self) -> None:

@@ -30,7 +30,12 @@ class Ending(StrEnum):
 
 VIOLATION_KINDS = ("lost_or_altered_messages", "invalid_projections", "broken_revision_chains",
                    "half_written_swaps", "unsettled_sessions", "false_successes",
-                   "traffic_problems", "worker_crashes")
+                   "traffic_problems", "worker_crashes", "beat_crashes", "stranded_markers",
+                   "stranded_leases", "broker_not_empty", "attempts_without_event",
+                   "attempts_without_run",
+                   "runs_not_recorded", "poison_not_refused_once", "hostile_headers_obeyed",
+                   "healthy_not_compacted", "cached_token_counts_wrong",
+                   "llm_calls_over_plan")
 
 
 @dataclass
@@ -38,16 +43,24 @@ class Verdict:
     """What the checks found over all sessions."""
 
     endings: Counter[str] = field(default_factory=Counter)
+    session_endings: dict[str, str] = field(default_factory=dict)
     runs: Counter[str] = field(default_factory=Counter)
     revisions: int = 0
     over_trigger_at_end: int = 0
     violation_kinds: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
+    _by_kind: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, kind: str, problems: list[str]) -> None:
         if problems:
-            self.violation_kinds[kind] += 1  # sessions (or appends) with this kind
+            self.violation_kinds[kind] += len(problems)
             self.violations.extend(problems)
+            self._by_kind.setdefault(kind, []).extend(problems)
+
+    def examples(self, per_kind: int) -> list[str]:
+        """The first few violations of each kind, named by it."""
+        return [f"[{kind}] {problem}" for kind, problems in self._by_kind.items()
+                for problem in problems[:per_kind]]
 
 
 def classify(session: SessionState, runs: list[RunRecord]) -> Ending:
@@ -95,6 +108,7 @@ def check_session(store: Store, ledger: Ledger, session_id: str, verdict: Verdic
         verdict.add("false_successes", named(["compacted although every summary was "
                                               "malformed"]))
     verdict.endings[ending.value] += 1
+    verdict.session_endings[session_id] = ending.value
     verdict.runs.update(run.outcome for run in runs)
     verdict.revisions += len(revisions)
     verdict.over_trigger_at_end += int(session.projection_tokens > trigger_tokens)

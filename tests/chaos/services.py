@@ -1,6 +1,7 @@
-"""The services a chaos run owns and throws away: a private redis-server, a dedicated
-PostgreSQL database, and the OpenAI-protocol test server in a process of its own (so its
-work does not contend with the driver's threads for one interpreter)."""
+"""The services a chaos run owns and throws away: a private redis-server, a private
+PostgreSQL server (restarted and hung by the monkey), and the OpenAI-protocol test
+server in a process of its own (so its work does not contend with the driver's threads
+for one interpreter)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,20 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from db import upgrade_database
+from tests.chaos.postgres import PrivatePostgres
 from tests.support.chaos import PrivateRedis, free_port
-from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT
 
 
 @dataclass(frozen=True)
 class Services:
     redis: PrivateRedis
-    database_url: str
+    postgres: PrivatePostgres
     llm_base_url: str
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
 
     def database_url_as(self, application_name: str) -> str:
         """The database URL whose connections show up under ``application_name``."""
@@ -38,13 +43,10 @@ class Services:
 @contextmanager
 def start_services(work_dir: Path, *, llm_latency_ms: int) -> Iterator[Services]:
     """Start every service; each is stopped or dropped on the way out."""
-    with PrivateRedis(work_dir) as private_redis, llm_server(llm_latency_ms) as llm_url:
-        database_url = create_postgres_database()
-        try:
-            upgrade_database(database_url)
-            yield Services(private_redis, database_url, llm_url)
-        finally:
-            drop_postgres_database(database_url)
+    with PrivateRedis(work_dir) as private_redis, PrivatePostgres() as postgres, \
+            llm_server(llm_latency_ms) as llm_url:
+        upgrade_database(postgres.url)
+        yield Services(private_redis, postgres, llm_url)
 
 
 @contextmanager

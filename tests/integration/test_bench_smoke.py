@@ -1,5 +1,5 @@
 """The benchmark scripts run end to end in their tiny ``--quick`` mode and print their
-figures, so they cannot rot. The six start at once (each has its own database, Redis
+figures, so they cannot rot. They start at once (each has its own database, Redis
 prefix, queue and server port); the slowest one sets the wall time. The fidelity
 benchmark runs on its own, and its figures are checked against the projection."""
 
@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 QUICK_RUN_TIMEOUT_S = 150
 # Per script: table columns that must hold positive numbers in every row.
 FIGURES = {
+    "job_cpu": ("CPU ms min", "CPU ms median", "wall ms min"),
     "job_overhead": ("per-job wall ms median", "x no-op min", "x no-op median", "median ms",
                      "SQL statements", "tokenizer calls"),
     "throughput": ("jobs/s steady", "ideal jobs/s", "worker CPU s/job"),
@@ -33,6 +34,8 @@ FIGURES = {
     "memory_bench": ("child HWM peak MiB", "raw JSON MiB", "growth / raw", "child PSS",
                      "child private"),
     "projection_bench": ("min ms", "median ms", "p95 ms"),
+    "metrics_bench": ("CPU us per event median", "scrape CPU ms median"),
+    "startup_bench": ("wall min", "wall median"),
 }
 
 
@@ -125,6 +128,9 @@ def test_fidelity_reports_every_kind_source_and_round_for_each_summarizer(
     assert {row["group"] for row in figures["by_source"]} == set(SOURCES)
     assert [row["round"] for row in figures["per_round"]] == list(range(report["rounds"] + 1))
     assert all(row["not_compacted"] == 0 for row in figures["per_round"])
+    # Each block within its own job's budget, and far smaller than what it covers.
+    assert all(row["over_budget"] == 0 for row in figures["per_round"])
+    assert all(0 < row["summary_pct_of_history"] < 50 for row in figures["per_round"])
     assert all(row["joined_goals_current"] in ("0/1", "1/1") for row in figures["per_round"])
     assert {row["session"].split("-")[0] for row in figures["sessions"]} == {
         "coding", "customer", "joined"}

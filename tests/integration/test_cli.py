@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Compactor, compactor_for, read_jsonl, write_jsonl
+from worker.settings_errors import EXIT_INVALID_SETTINGS
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +52,14 @@ def assert_one_line_error(result: Any, fragment: str) -> None:
     assert fragment in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def assert_invalid_setting(result: Any, variable: str, fragment: str) -> None:
+    """Invalid settings end a command before it runs: one JSON line, exit status 78."""
+    assert result.exit_code == EXIT_INVALID_SETTINGS
+    [event] = [json.loads(line) for line in result.stderr.splitlines()]
+    assert (event["event"], event["variable"]) == ("settings.invalid", variable)
+    assert fragment in event["message"]
 
 
 def test_import_reports_every_line_and_exits_1_when_any_was_rejected(
@@ -146,6 +155,7 @@ def test_show_json_gives_the_projection_and_revision_history(
 
     assert shown["revisions"] == []
     assert shown["session"]["session_id"] == "s-dup"
+    assert shown["due"] is None  # a few tokens, never compacted
     assert shown["projection"] == [USER, calling("a"), result("a"), calling("a_dup1"),
                                    result("a_dup1"), REPLY]
 
@@ -157,6 +167,7 @@ def test_show_prints_the_projection_as_a_table(compactor: Compactor, mixed_file:
 
     assert result.exit_code == 0
     assert "→ get_reservation" in result.stdout and "[c1]" in result.stdout
+    assert "breaker closed, due: no" in result.stdout
 
 
 def test_an_unknown_session_is_a_one_line_error(compactor: Compactor) -> None:
@@ -226,7 +237,7 @@ def test_a_password_with_a_raw_at_sign_is_a_one_line_error_without_it(tmp_path: 
 
     result = compactor("db", "current")
 
-    assert_one_line_error(result, "must be percent-encoded (%40)")
+    assert_invalid_setting(result, "COMPACTOR_DATABASE_URL", "must be percent-encoded (%40)")
     assert "pa@ss" not in result.output and "app:***@127.0.0.1:1/nowhere" in result.stderr
 
 
@@ -236,7 +247,8 @@ def test_a_database_without_schema_says_to_run_db_upgrade(
     compactor = compactor_for(empty_database_url, tmp_path / "data")
 
     assert_one_line_error(compactor("sessions"), "run `compactor db upgrade`")
-    assert compactor.json("db", "current")["up_to_date"] is False
+    behind = compactor("db", "current", "--json")
+    assert behind.exit_code == 3 and json.loads(behind.stdout)["up_to_date"] is False
 
     upgraded = compactor("db", "upgrade")
 
@@ -257,7 +269,8 @@ def test_an_unsupported_database_url_is_a_one_line_error_without_its_password(
 ) -> None:
     result = compactor_for("mysql://user:s3cret@db.example/compactor", tmp_path)("sessions")
 
-    assert_one_line_error(result, "is not a sqlite:/// or postgresql:// URL")
+    assert_invalid_setting(result, "COMPACTOR_DATABASE_URL",
+                           "not a sqlite:/// or postgresql:// URL")
     assert "s3cret" not in result.output and "user:***@" in result.stderr
 
 

@@ -95,7 +95,7 @@ def redis_keys(prefix: str) -> list[bytes]:
 
 
 def assert_compacted_and_saved(output: str) -> None:
-    assert re.search(r"│ demo-s7-01-\S+\s+│ \d+\s+│ compacted", output), output
+    assert re.search(r"^ ?demo-s7-01-\S+\s+\d+\s+compacted", output, re.MULTILINE), output
     saved = re.search(r"Saved ([\d,]+) tokens \((\d+)%\) by compacting (\d+) of 6 sessions",
                       output)
     assert saved is not None, output

@@ -266,8 +266,10 @@ def test_each_fault_at_each_call_ends_in_its_outcome_and_breaker_effect(
     result = run_job(job, session_id)
 
     assert_fault_hit_its_point(server.requests, behaviour, point)
-    if point is not Point.SINGLE_MAP and expected_for(behaviour, point) == COMPACTED:
-        assert result.figures.chunks == 2
+    if expected_for(behaviour, point) == COMPACTED:  # as the README's event table says
+        one_call = point is Point.SINGLE_MAP
+        assert (result.figures.chunks, result.figures.merge_rounds) == \
+            ((1, 0) if one_call else (2, 1))
     assert_job_ended_as_expected(job, session_id, result, expected_for(behaviour, point),
                                  revisions_before)
 
@@ -299,3 +301,25 @@ def test_a_provider_fault_that_clears_within_the_sdk_retries_still_compacts(
     assert [r.behaviour for r in server.requests] == [Behaviour(fault.split(":")[0]),
                                                       Behaviour.OK]
     assert job.provider_state.load().failures == 0
+
+
+@pytest.mark.parametrize("point", [Point.SINGLE_MAP, Point.CHUNK_MAP],
+                         ids=[Point.SINGLE_MAP.value, Point.CHUNK_MAP.value])
+def test_a_job_whose_summary_fails_validation_reports_what_its_calls_cost(
+    base_runtime: Runtime, sqlite_store: Store, server: OpenAIServer, point: Point
+) -> None:
+    job = build_job(base_runtime, sqlite_store, server, point)
+    session_id = prepare_session(job.runtime, server, Behaviour.WRONG_SCHEMA, point)
+
+    result = run_job(job, session_id)
+
+    assert (result.outcome, result.reason) == (Outcome.FAILED, "schema_mismatch")
+    requests = server.requests
+    expected = {"llm_calls": len(requests),
+                "prompt_tokens": sum(r.prompt_tokens for r in requests)}
+    figures = result.figures
+    assert {"llm_calls": figures.llm_calls, "prompt_tokens": figures.prompt_tokens} == expected
+    assert figures.completion_tokens and figures.completion_tokens > 0
+    [run] = job.store.runs(session_id=session_id)
+    assert {name: run.figures[name] for name in expected} == expected
+    assert run.figures["completion_tokens"] == figures.completion_tokens

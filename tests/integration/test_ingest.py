@@ -14,13 +14,13 @@ from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.errors import MessagesRejected
 from worker.ingest import (
-    ExportView,
     ImportStatus,
     append_checked,
     append_messages,
     export_session,
     import_sessions,
 )
+from worker.views import ExportView
 
 pytestmark = pytest.mark.integration
 

@@ -29,6 +29,7 @@ from scheduler.selection import (
     ScanPolicy,
     StopReason,
     iter_due_sessions,
+    preview_scan,
     select_due_sessions,
 )
 from tests.support.raw_producer import read_queue
@@ -55,9 +56,14 @@ def put_mixed_fleet(store: Store, engine: Engine) -> list[tuple[str, DueWhy]]:
     put: dict[str, Any] = dict(store=store, engine=engine, now=NOW)
     put_session(session_id="over-5000", projection_tokens=5_000, **put)
     put_session(session_id="over-3000", projection_tokens=3_000, **put)
-    put_session(session_id="dirty-700", projection_tokens=900, since_tokens=700, **put)
-    put_session(session_id="dirty-600", projection_tokens=800, since_tokens=600, **put)
+    put_session(session_id="dirty-700", projection_tokens=900, since_tokens=700, compacted=True,
+                **put)
+    put_session(session_id="dirty-600", projection_tokens=800, since_tokens=600, compacted=True,
+                **put)
     put_session(session_id="small", projection_tokens=400, **put)
+    # Grown as much as dirty-700, but never compacted: due only over the trigger.
+    put_session(session_id="never-compacted-900", projection_tokens=900, since_tokens=900,
+                **put)
     put_session(session_id="at-trigger", projection_tokens=1_000, since_tokens=100, **put)
     put_session(session_id="clean-900", projection_tokens=900, since_tokens=100, **put)
     put_session(session_id="active", projection_tokens=4_000,
@@ -109,7 +115,7 @@ def test_keyset_pages_of_two_return_each_due_session_once(store: Store, engine: 
                     **put)
     for index in range(5):
         put_session(session_id=f"dirty-{index}", projection_tokens=700, since_tokens=600,
-                    **put)
+                    compacted=True, **put)
     put_session(session_id="not-due", projection_tokens=100, **put)
     small_pages = replace(POLICY, batch_size=2)
 
@@ -119,6 +125,28 @@ def test_keyset_pages_of_two_return_each_due_session_once(store: Store, engine: 
     assert paged == whole
     assert sorted(paged) == sorted({*(f"over-{i}" for i in range(7)),
                                     *(f"dirty-{i}" for i in range(5))})
+
+
+def test_a_preview_counts_every_session_left_out_by_its_first_reason(
+    store: Store, engine: Engine
+) -> None:
+    put_mixed_fleet(store, engine)
+    # dirty-600 (800 tokens) holds no more than an 800-token tail; the cap leaves 5 out.
+    policy = replace(POLICY, tail_budget_tokens=800, max_jobs=2)
+
+    preview = preview_scan(store, policy, NOW)
+
+    assert [d.session_id for d in preview.sessions] == ["over-5000", "breaker-cooled"]
+    assert preview.stopped is StopReason.MAX_JOBS
+    assert preview.left_out == {
+        "under_trigger": 4,  # small, never-compacted-900, at-trigger, clean-900
+        "quiet_period": 1, "leased": 1, "already_queued": 1,
+        "breaker_open": 2,  # open and half-open (a trial is out), both cooling down
+        "tail_only": 1, "max_jobs": 5,
+    }
+    everyone = preview_scan(store, POLICY, NOW)
+    assert len(everyone.sessions) == 8 and everyone.stopped is StopReason.EXHAUSTED
+    assert "max_jobs" not in everyone.left_out and "tail_only" not in everyone.left_out
 
 
 def test_scan_stops_at_the_job_cap_and_at_the_token_budget(store: Store, engine: Engine) -> None:
@@ -397,7 +425,8 @@ def test_scan_dry_run_lists_the_due_sessions_in_order_and_enqueues_nothing(
     now = datetime.now(UTC)
     put_session(store, engine, "big", 9_000, now=now)
     put_session(store, engine, "bigger", 12_000, now=now)
-    put_session(store, engine, "dirty", 6_000, now=now, since_tokens=4_000)
+    put_session(store, engine, "dirty", 6_000, now=now, since_tokens=4_000,
+                compacted=True)
     put_session(store, engine, "small", 1_000, now=now)
 
     result = run_cli(broker, "scan", "--dry-run", "--json")
@@ -412,6 +441,26 @@ def test_scan_dry_run_lists_the_due_sessions_in_order_and_enqueues_nothing(
     table = run_cli(broker, "scan", "--dry-run", "--limit", "1")
     assert "bigger" in table.stdout and "big " not in table.stdout
     assert "stopped: max_jobs" in table.stdout
+
+
+def test_a_dry_run_that_finds_nothing_says_why_each_session_was_left_out(
+    store: Store, engine: Engine, broker: Broker
+) -> None:
+    now = datetime.now(UTC)
+    put_session(store, engine, "busy", 9_000, now=now, last_appended_at=now)
+    put_session(store, engine, "grown-never-compacted", 6_000, now=now, since_tokens=6_000)
+    put_session(store, engine, "failing", 9_000, now=now, breaker_state="open",
+                breaker_opened_at=now)
+
+    shown = json.loads(run_cli(broker, "scan", "--dry-run", "--json").stdout)
+    table = run_cli(broker, "scan", "--dry-run")
+
+    assert shown["count"] == 0
+    assert shown["left_out"] == {"under_trigger": 1, "quiet_period": 1, "breaker_open": 1}
+    assert table.exit_code == 0, table.output
+    assert table.stdout.splitlines()[-2:] == [
+        "0 sessions, 0 estimated summarizer tokens; stopped: exhausted",
+        "left out: 1 under_trigger, 1 quiet_period, 1 breaker_open"]
 
 
 def test_scan_and_trigger_commands_enqueue_once_and_report_per_session(

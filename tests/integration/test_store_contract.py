@@ -19,8 +19,11 @@ from db import (
     NewRevision,
     NewRun,
     RevisionConflict,
+    RevisionRecord,
+    RevisionSizes,
     RunRecord,
     SessionNotFound,
+    Snapshot,
     ToolCallState,
     upgrade_database,
 )
@@ -36,7 +39,24 @@ SESSION = "s-contract"
 
 
 class ContractStore(JobStore, Protocol):
-    """What the checks need besides the port: setting a session up and reading runs."""
+    """What the checks need besides the port: setting a session up, reading it back, and
+    the single-purpose lease, swap and run methods operators and tools use."""
+
+    def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime
+                      ) -> bool: ...
+
+    def release_lease(self, session_id: str, owner: str) -> bool: ...
+
+    def snapshot(self, session_id: str) -> Snapshot: ...
+
+    def revisions(self, session_id: str) -> Sequence[RevisionRecord]: ...
+
+    def swap_revision(
+        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
+        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
+    ) -> int: ...
+
+    def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int: ...
 
     def import_session(self, session_id: str, metadata: dict[str, Any],
                        messages: Sequence[NewMessage], now: datetime) -> object: ...
@@ -89,7 +109,7 @@ def a_revision(through_seq: int, head_seq: int = 7) -> NewRevision:
                        summarizer="extractive")
 
 
-def swap(store: JobStore, expected: int | None, through_seq: int, owner: str | None = "a",
+def swap(store: ContractStore, expected: int | None, through_seq: int, owner: str | None = "a",
          now: datetime = T0, breaker: BreakerUpdate | None = None) -> int:
     return store.swap_revision(SESSION, expected_revision_id=expected, lease_owner=owner,
                                revision=a_revision(through_seq), run=a_run(), now=now,
@@ -101,6 +121,10 @@ def test_every_session_method_raises_session_not_found_for_an_unknown_session(
 ) -> None:
     calls: list[Callable[[], object]] = [
         lambda: store.acquire_lease("nope", "a", TTL_S, T0),
+        lambda: store.start_job("nope", "a", TTL_S, T0),
+        lambda: store.job_snapshot("nope"),
+        lambda: store.commit_job("nope", expected_revision_id=None, lease_owner="a",
+                                 revision=a_revision(2), run=a_run(session_id="nope"), now=T0),
         lambda: store.release_lease("nope", "a"),
         lambda: store.get_session("nope"),
         lambda: store.set_breaker("nope", BreakerUpdate("open", 3, T0)),
@@ -249,3 +273,81 @@ def test_a_recorded_run_sets_the_breaker_and_invalid_breakers_are_refused(
         ("open", 3, None)
     with pytest.raises(ValueError):
         store.set_breaker(SESSION, BreakerUpdate("ajar", 0, None))
+
+
+def test_a_job_starts_with_the_lease_and_the_row_unless_another_owner_holds_it(
+    store: ContractStore,
+) -> None:
+    started = store.start_job(SESSION, "w1:task-1", TTL_S, T0)
+    assert started is not None and started == store.get_session(SESSION)
+    assert (started.lease_owner, started.lease_expires_at, started.head_seq) == \
+        ("w1:task-1", T0 + timedelta(seconds=TTL_S), 7)
+
+    assert store.start_job(SESSION, "w2:task-2", TTL_S, T0) is None
+    # A redelivery of task-1 takes over the lease its lost delivery left.
+    assert store.start_job(SESSION, "w2:task-2", TTL_S, T0, take_over="task-2") is None
+    taken = store.start_job(SESSION, "w2:task-1", TTL_S, T0, take_over="task-1")
+    assert taken is not None and taken.lease_owner == "w2:task-1"
+
+
+def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
+    store: ContractStore,
+) -> None:
+    assert store.job_snapshot(SESSION).recent_revisions == ()
+    first = swap(store, None, 2, owner=None)
+    second = swap(store, first, 3, owner=None)
+    swap(store, second, 4, owner=None)
+    revisions = store.revisions(SESSION)
+
+    snapshot = store.job_snapshot(SESSION, history=2)
+
+    assert snapshot.recent_revisions == tuple(
+        RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
+        for r in revisions[:2])
+    plain = store.snapshot(SESSION)
+    assert (snapshot.session, snapshot.revision, snapshot.messages) == \
+        (plain.session, plain.revision, plain.messages)
+
+
+def test_a_job_commit_swaps_records_the_run_and_releases_the_lease_in_one_go(
+    store: ContractStore,
+) -> None:
+    store.start_job(SESSION, "a", TTL_S, T0)
+
+    revision_id = store.commit_job(SESSION, expected_revision_id=None, lease_owner="a",
+                                   revision=a_revision(4), run=a_run(), now=T0)
+
+    state = store.get_session(SESSION)
+    assert (state.active_revision_id, state.lease_owner, state.lease_expires_at) == \
+        (revision_id, None, None)
+    assert state.projection_tokens == 10 + 5 + 14 + 15 + 16
+    [run] = store.runs(session_id=SESSION)
+    assert run.revision_id == revision_id
+    with pytest.raises(LeaseLost):  # the lease went with the commit
+        store.commit_job(SESSION, expected_revision_id=revision_id, lease_owner="a",
+                         revision=a_revision(5), run=a_run(), now=T0)
+    store.start_job(SESSION, "a", TTL_S, T0)
+    with pytest.raises(RevisionConflict):
+        store.commit_job(SESSION, expected_revision_id=None, lease_owner="a",
+                         revision=a_revision(5), run=a_run(), now=T0)
+    assert store.get_session(SESSION).lease_owner == "a"  # nothing written on a conflict
+    assert len(store.runs(session_id=SESSION)) == 1
+
+
+def test_a_finished_job_records_its_run_and_breaker_and_releases_only_its_own_lease(
+    store: ContractStore,
+) -> None:
+    store.start_job(SESSION, "a", TTL_S, T0)
+    store.finish_job(a_run("failed"), lease_owner="b", breaker=BreakerUpdate("closed", 1, None))
+    state = store.get_session(SESSION)
+    assert (state.lease_owner, state.breaker_failures) == ("a", 1)
+
+    store.finish_job(a_run("failed"), lease_owner="a", breaker=BreakerUpdate("open", 2, T0),
+                     clear_queue_marker=True)
+    state = store.get_session(SESSION)
+    assert (state.lease_owner, state.breaker_state, state.breaker_failures) == \
+        (None, "open", 2)
+    store.finish_job(a_run("rejected", "nope"), lease_owner="a", clear_queue_marker=True)
+    assert [r.outcome for r in store.runs(limit=3)] == ["rejected", "failed", "failed"]
+    with pytest.raises(ValueError):
+        store.finish_job(a_run("failed"), lease_owner=None, breaker=BreakerUpdate("ajar", 0, None))

@@ -43,6 +43,9 @@ JOB_DEFAULTS: dict[str, Any] = {
     "llm_connect_timeout_s": 2,
     "llm_read_timeout_s": 20,
     "llm_max_retries": 0,
+    # The test server counts requests and spends "fail N times" behaviours per request:
+    # a worker's start probe would take one (tests/e2e/test_worker_start.py turns it on).
+    "worker_check_llm": False,
     "llm_max_calls_per_job": 4,
     "llm_concurrency": 2,
     "task_soft_time_limit_s": 50,

@@ -23,6 +23,7 @@ from db import (
     NewRun,
     RevisionConflict,
     RevisionRecord,
+    RevisionSizes,
     RunRecord,
     SessionExists,
     SessionNotFound,
@@ -113,6 +114,46 @@ class FakeStore:
 
     # --- the job's port (worker.ports.JobStore) ---------------------------------------
 
+    def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+                  take_over: str | None = None) -> SessionState | None:
+        self._check("start_job")
+        holder = self._find(session_id).lease_owner
+        if take_over is not None and holder is not None and holder.endswith(f":{take_over}"):
+            self.release_lease(session_id, holder)
+        return self._find(session_id) if self.acquire_lease(session_id, owner, ttl_s, now) \
+            else None
+
+    def job_snapshot(self, session_id: str, *, history: int = 2) -> Snapshot:
+        self._check("job_snapshot")
+        snapshot = self.snapshot(session_id)
+        recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
+                       for r in self.revisions(session_id)[:history])
+        return dataclasses.replace(snapshot, recent_revisions=recent)
+
+    def commit_job(
+        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
+        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
+    ) -> int:
+        self._check("commit_job")
+        revision_id = self.swap_revision(
+            session_id, expected_revision_id=expected_revision_id, lease_owner=lease_owner,
+            revision=revision, run=run, now=now, breaker=breaker)
+        self.release_lease(session_id, lease_owner)
+        self._clear_marker(session_id, run.task_id)
+        return revision_id
+
+    def finish_job(self, run: NewRun, *, lease_owner: str | None,
+                   breaker: BreakerUpdate | None = None,
+                   clear_queue_marker: bool = False) -> int:
+        self._check("finish_job")
+        run_id = self.record_run(run, breaker=breaker)
+        if run.session_id in self._sessions:
+            if lease_owner is not None:
+                self.release_lease(run.session_id, lease_owner)
+            if clear_queue_marker:
+                self._clear_marker(run.session_id, run.task_id)
+        return run_id
+
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         self._check("acquire_lease")
         if ttl_s <= 0:
@@ -123,6 +164,16 @@ class FakeStore:
         if state.lease_owner not in (None, owner) and (expires_at is None or expires_at > now):
             return False
         self._put(state, lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
+        return True
+
+    def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
+        self._check("renew_lease")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        state = self._find(session_id)
+        if state.lease_owner != owner:
+            return False
+        self._put(state, lease_expires_at=now + timedelta(seconds=ttl_s))
         return True
 
     def release_lease(self, session_id: str, owner: str) -> bool:
@@ -227,6 +278,11 @@ class FakeStore:
         if state is None:
             raise SessionNotFound(f"no session {session_id!r}")
         return state
+
+    def _clear_marker(self, session_id: str, job_id: str | None) -> None:
+        state = self._find(session_id)
+        if job_id is not None and state.queued_job_id == job_id:
+            self._put(state, queued_at=None, queued_job_id=None)
 
     def _put(self, state: SessionState, **changes: Any) -> None:
         self._sessions[state.session_id] = dataclasses.replace(state, **changes)

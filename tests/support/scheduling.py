@@ -24,14 +24,17 @@ LONG_AGO = timedelta(days=1)
 
 
 def put_session(store: Store, engine: Engine, session_id: str, projection_tokens: int, *,
-                now: datetime, since_tokens: int | None = None, **columns: Any) -> None:
+                now: datetime, since_tokens: int | None = None, compacted: bool = False,
+                **columns: Any) -> None:
     """Import a session of one message worth ``projection_tokens``, appended a day before
-    ``now``, then set ``tokens_since_compaction`` and any other column directly."""
+    ``now``, then set ``tokens_since_compaction`` and any other column directly;
+    ``compacted`` marks it compacted two days before ``now`` (only then can it be dirty)."""
     message = NewMessage({"role": "user", "content": f"hello from {session_id}"}, "user",
                          None, projection_tokens)
     store.import_session(session_id, {}, [message], now - LONG_AGO)
     values = {"tokens_since_compaction": projection_tokens if since_tokens is None
-              else since_tokens, **columns}
+              else since_tokens,
+              "last_compacted_at": now - 2 * LONG_AGO if compacted else None, **columns}
     with engine.begin() as conn:
         conn.execute(update(SessionRow).where(SessionRow.session_id == session_id)
                      .values(**values))

@@ -40,20 +40,21 @@ class WorkerProcess:
     stdout to ``stdout_path``."""
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, concurrency: int = 1,
-                 queue: str | None = None) -> None:
+                 queue: str | None = None, send_events: bool = False) -> None:
         self.env = {**os.environ, **env, "COMPACTOR_LOG_FORMAT": "json",
                     "PYTHONPATH": str(REPO_ROOT)}
         self.log_path = log_path
         self.stdout_path = log_path.with_name(f"{log_path.name}.stdout")
         self.concurrency = concurrency
         self.queue = queue or self.env.get("COMPACTOR_QUEUE_NAME", "compaction")
+        self.send_events = send_events  # -E: Celery's task events, as Flower needs them
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
                 "--pool", "prefork", "--concurrency", str(self.concurrency), "-Q", self.queue,
                 "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip",
-                "--without-mingle", "--loglevel", "INFO"]
+                "--without-mingle", "--loglevel", "INFO", *(["-E"] if self.send_events else [])]
 
     def start(self, timeout_s: float = 60.0) -> WorkerProcess:
         argv = self.argv()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import SUMMARIES, filled
-from worker.compaction.budget import FRESH_SHARE, fit_summary, truncate_text
+from worker.compaction.budget import FRESH_SHARE, SummaryBudget, fit_summary, truncate_text
 from worker.compaction.schema import (
     LIST_SECTIONS,
     Summary,
@@ -85,6 +85,31 @@ def test_the_new_spans_items_keep_their_reserved_share_against_a_full_prior() ->
     assert kept_prior == prior[:len(kept_prior)]  # a merge lists the prior's newest first
     share = len(kept_fresh) / (len(kept_fresh) + len(kept_prior))
     assert FRESH_SHARE - 0.1 <= share <= FRESH_SHARE + 0.1
+
+
+def test_the_budget_grows_with_what_the_summary_covers_between_its_floor_and_ceiling() -> None:
+    budget = SummaryBudget(4_096, span_ratio=0.06, max_tokens=16_384)
+    assert budget.for_span(10_000) == 4_096  # a short span: the floor
+    assert budget.for_span(192_000) == 11_520  # a long first span: 6% of it
+    assert budget.for_span(40_000, prior_summary_tokens=11_500) == 13_900  # prior + 6%
+    assert budget.for_span(40_000, prior_summary_tokens=16_000) == 16_384  # the ceiling
+    assert SummaryBudget(4_096).for_span(1_000_000, 4_000) == 4_096  # no ratio: fixed
+    with pytest.raises(ValueError, match="max_tokens"):
+        SummaryBudget(4_096, 0.06, max_tokens=1_000)
+
+
+def test_artifacts_share_lines_so_a_value_costs_about_its_own_tokens() -> None:
+    counter = shared_counter()
+    values = [f"credit_card_{n:07d}" for n in range(400)]
+    summary = filled(goal="Refund the order", relevant_artifacts=values)
+    budget_tokens = count_summary_tokens(empty_summary(), counter) + 1_000
+    fitted = fit_summary(summary, budget_tokens, counter)
+    kept = fitted.summary.relevant_artifacts
+    line_tokens = counter.count_text(f"- {values[0]}\n")  # a bullet line per value: 8
+    assert fitted.tokens <= budget_tokens
+    assert kept == values[:len(kept)]
+    assert len(kept) > 1.1 * 1_000 / line_tokens
+    assert "- credit_card_0000000, credit_card_0000001, " in fitted.text
 
 
 def test_a_budget_below_an_empty_block_is_refused() -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from scheduler.cli.config_table import ENV_EXAMPLE_PATH, render_env_example, setting_rows
 from tests.unit.cli_tree import check_invocation
+from worker.settings import Settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose.yml"
@@ -262,3 +263,66 @@ def test_every_k8s_container_has_requests_and_limits_and_runs_as_non_root() -> N
         resources = container["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]) & set(resources["limits"])
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_compose_and_k8s_workers_serve_metrics_where_their_scrape_labels_point() -> None:
+    worker = compose_services()["worker"]
+    port = worker["environment"]["COMPACTOR_METRICS_PORT"]
+    assert worker["environment"]["COMPACTOR_QUEUE_NAME"] == "compaction"  # the anchor merged
+    assert worker["expose"] == [port]
+    assert worker["labels"] == {"prometheus.io/scrape": "true", "prometheus.io/port": port,
+                                "prometheus.io/path": "/metrics"}
+    pod = k8s_objects()[("Deployment", "compactor-worker")]["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    [metrics_port] = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert str(metrics_port["containerPort"]) == env["COMPACTOR_METRICS_PORT"]
+    assert pod["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": env["COMPACTOR_METRICS_PORT"],
+        "prometheus.io/path": "/metrics"}
+
+
+# A warm shutdown waits for the running job; the grace must outlast the longest one.
+SHUTDOWN_MARGIN_S = 60
+
+
+def compose_duration_s(value: str) -> int:
+    """A compose duration such as ``32m`` or ``1m30s`` in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", value)
+    assert parts and value, f"unreadable duration {value!r}"
+    hours, minutes, seconds = (int(p or 0) for p in parts.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def worker_grace_periods_s() -> dict[str, int]:
+    [compose_worker] = [s for s in compose_services().values() if s.get("command") == ["worker"]]
+    k8s_worker = k8s_objects()[("Deployment", "compactor-worker")]["spec"]["template"]["spec"]
+    systemd_worker = systemd_units()["compactor-worker.service"]["Service"]
+    return {"compose stop_grace_period": compose_duration_s(compose_worker["stop_grace_period"]),
+            "k8s terminationGracePeriodSeconds": int(k8s_worker["terminationGracePeriodSeconds"]),
+            "systemd TimeoutStopSec": int(systemd_worker["TimeoutStopSec"])}
+
+
+def deployed_hard_time_limit_s() -> int:
+    """The hard time limit the deploy files run with: the default unless one sets it."""
+    name = "COMPACTOR_TASK_HARD_TIME_LIMIT_S"
+    values = {int(m.group(1)) for path in deploy_files() if path.suffix != ".example"
+              for m in re.finditer(rf"^\s*{name}\s*[=:]\s*\"?(\d+)", path.read_text(
+                  encoding="utf-8"), re.MULTILINE)}
+    assert len(values) <= 1, f"the deploy files disagree on {name}: {values}"
+    return values.pop() if values else Settings().task_hard_time_limit_s
+
+
+def test_every_worker_grace_period_outlasts_the_worst_case_job() -> None:
+    hard_s = deployed_hard_time_limit_s()
+    settings = Settings()
+    assert settings.worst_case_llm_s < settings.task_soft_time_limit_s < hard_s
+    too_short = {name: grace for name, grace in worker_grace_periods_s().items()
+                 if grace < hard_s + SHUTDOWN_MARGIN_S}
+    assert too_short == {}, (f"a warm shutdown must outlast the hard time limit {hard_s}s "
+                             f"+ {SHUTDOWN_MARGIN_S}s")
+
+
+def test_compose_durations_read_as_compose_does() -> None:
+    assert [compose_duration_s(v) for v in ("2m", "32m", "1m30s", "1h")] == [
+        120, 1920, 90, 3600]

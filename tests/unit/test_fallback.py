@@ -15,11 +15,17 @@ from hypothesis import strategies as st
 from tests.support.corpus import load_corpus, skip_without_corpus
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
 from tests.unit.test_identifiers import _labelled_ids
-from worker.compaction.fallback import MAX_ARTIFACTS, NO_WORDS_GOAL, fallback_summary
+from worker.compaction.fallback import (
+    MAX_ARTIFACTS,
+    NO_WORDS_GOAL,
+    _PassedValues,
+    fallback_summary,
+)
 from worker.compaction.grouping import Group, group_messages
 from worker.compaction.identifiers import Artifact, extract_identifiers
 from worker.compaction.merge import merge_summaries
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
+from worker.compaction.pruning import prune_groups
 from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
 from worker.compaction.validation import validate_summary
 
@@ -89,6 +95,21 @@ def test_fallback_rules_on_a_known_span(section: str, expected: object) -> None:
 def test_artifacts_are_listed_by_salience_without_tool_names() -> None:
     # The open request's HAT170 and the failure's ZFA04Y lead; newest first, then the rest.
     assert summarize(SPAN).relevant_artifacts == ["HAT170", "ZFA04Y", "4WQ150", "mia_li_3668"]
+
+
+def test_a_pruned_result_is_reported_by_its_status_not_its_size() -> None:
+    record = json.dumps({"order_id": "#W2378156", "status": "processed", "items": ["x"] * 400})
+    messages = [{"role": "user", "content": "Please refund order #W2378156."},
+                *exchange("c1", "refund", {"order_id": "#W2378156"}, record),
+                *exchange("c2", "refund", {"order_id": "#W2378157"}, "[" + "1, " * 400 + "2]"),
+                {"role": "assistant", "content": "The refund is on its way."}]
+    stored = to_stored(messages, shared_counter(), first_seq=1)
+    span = prune_groups(group_messages(stored), audit_mode=False, counter=shared_counter())
+    summary = fallback_summary(span, artifacts=extract_identifiers(stored), budget_tokens=2_000,
+                               counter=shared_counter())
+    assert "called refund(#W2378156) → ok (status: processed)" in summary.completed_actions
+    assert "called refund(#W2378157) → ok" in summary.completed_actions
+    assert "digest" not in "\n".join(summary.completed_actions)
 
 
 def test_an_answered_request_is_not_pending() -> None:
@@ -204,3 +225,16 @@ def test_only_a_result_that_leads_or_ends_with_an_error_counts_as_a_failed_call(
             *exchange("c1", "run_check", {"ticket": "OPS-12"}, result)]
     failures = [a for a in summarize(span).pending if a.startswith("Open error: run_check")]
     assert bool(failures) is is_failure
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=25),
+       st.lists(st.integers(0, 32), max_size=25))
+def test_the_passed_values_sweep_returns_the_values_covering_each_call_in_any_order(
+    ranges: list[tuple[int, int]], seqs: list[int],
+) -> None:
+    artifacts = [Artifact(f"v{i}", "id", 1, min(a, b), max(a, b), frozenset({"tool_argument"}))
+                 for i, (a, b) in enumerate(ranges)]
+    passed = _PassedValues(artifacts)
+    for seq in [*sorted(seqs), *seqs]:  # in seq order, then as drawn (restarts)
+        covering = {a.value for a in passed.covering(seq)}
+        assert covering == {a.value for a in artifacts if a.first_seq <= seq <= a.last_seq}

@@ -38,6 +38,8 @@ from worker.compaction.messages import StoredMessage, parse_message
         ("call me at +1 415-555-0100", "+1 415-555-0100", "phone"),
         ("or at (415) 555-0100 after five", "(415) 555-0100", "phone"),
         ("order #W2378156 shipped", "#W2378156", "id"),
+        ("order #ORD-6703259, please", "#ORD-6703259", "id"),
+        ("refund ORD-6703259 today", "ORD-6703259", "id"),
         ("use gift_card_7091239 for the rest", "gift_card_7091239", "id"),
     ],
 )

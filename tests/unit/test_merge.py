@@ -114,3 +114,18 @@ def test_a_full_prior_leaves_the_new_spans_facts_their_reserved_share() -> None:
     assert merged.reattached == tuple(fresh)
     assert merged.fitted.tokens <= budget_tokens
     assert any(item.startswith("OLD") for item in merged.summary.relevant_artifacts)
+
+
+def test_indexed_values_lead_whatever_order_the_summarizer_listed_them_in() -> None:
+    counter = shared_counter()
+    ranked = [f"pm_{n:07d}" for n in range(60)]
+    # An LLM lists code-local names and the span's values in its own order.
+    listed = [*(f"queue_{n}" for n in range(60)), *reversed(ranked[:30])]
+    new = filled(goal="Refund the orders", relevant_artifacts=listed)
+    budget_tokens = count_summary_tokens(filled(goal="Refund the orders"), counter) + 300
+    merged = merge_summaries(None, new, budget_tokens=budget_tokens, counter=counter,
+                             identifiers=ranked)
+    kept = merged.summary.relevant_artifacts
+    assert merged.fitted.tokens <= budget_tokens
+    assert kept == ranked[:len(kept)]  # the model's names and order gave way to salience
+    assert merged.reattached == tuple(value for value in ranked[30:] if value in kept)

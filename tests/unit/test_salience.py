@@ -5,12 +5,16 @@ within a tier an error code, then the newest, then the rarer value."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import exchange
+from worker.compaction import salience
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import Artifact, extract_identifiers
 from worker.compaction.salience import (
+    TAIL_LINES,
     failing_lines,
     failure_values,
     featured_values,
@@ -43,6 +47,13 @@ def test_within_a_tier_the_newest_then_the_rarer_value_comes_first() -> None:
     old, new = artifact("OLD001", seq=1), artifact("NEW001", seq=8)
     common, rare = artifact("COMMON1", count=12, seq=5), artifact("RARE001", count=1, seq=5)
     assert rank_artifacts([old, common, rare, new]) == (new, rare, common, old)
+
+
+def test_a_bare_number_only_a_tool_returned_follows_the_typed_values_of_its_tier() -> None:
+    item = artifact("1326618788", seq=9, sources=("tool_output",))
+    email = artifact("omar.garcia51@example.org", "email", seq=2, sources=("tool_output",))
+    said_number = artifact("4410", seq=1, sources=("user",))
+    assert rank_artifacts([item, email, said_number]) == (said_number, email, item)
 
 
 @pytest.mark.parametrize(
@@ -79,3 +90,32 @@ def test_the_error_codes_on_a_failed_calls_last_lines_are_its_failure_values() -
     assert {"ERR-3283", "OPS-12", "sqlalchemy==2.0.1"} <= featured_values(
         [failure], decided, artifacts)
     assert "src/db.py" not in featured_values([failure], decided, artifacts)
+
+
+def _failing_lines_of_all_lines(text: str) -> tuple[str, ...]:
+    """failing_lines as first written, over every line of the text: the reference."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ()
+    if salience._FAILED_LEAD.match(text):
+        return (lines[0], *lines[1:][-TAIL_LINES + 1:]) if len(lines) > 1 else (lines[0],)
+    if not salience._FAILED_END.search(lines[-1]):
+        return ()
+    details = [line for line in lines[-TAIL_LINES:-1] if salience._FAILURE_DETAIL.search(line)]
+    return (*details, lines[-1])
+
+
+LINE_PIECES = st.sampled_from(["Error: disk full", "2 failed, 3 passed", "FAILED t.py", "ok",
+                               "  ", "E1234 here", "x" * 900, "", "ValueError: bad"])
+BREAKS = st.sampled_from(["\n", "\r\n", "\r", "\n\n", "\u2028", "\x1c"])
+
+
+@given(st.lists(st.tuples(LINE_PIECES, BREAKS), max_size=40), st.booleans())
+# Long lines that a slice of the text's ends cuts: the cut line must not count.
+@example([("see FAILED " + "a" * 1_500, "\n"), ("b" * 1_500, "\r\n"), ("2 failed", "")], False)
+@example([("Error: " + "a" * 3_000, "\r\n"), ("b" * 1_500, "\n"), ("c" * 1_500, "")], False)
+def test_failing_lines_reads_only_the_ends_and_answers_as_over_every_line(
+    pieces: list[tuple[str, str]], lead_blank: bool,
+) -> None:
+    text = ("\n \n" if lead_blank else "") + "".join(line + end for line, end in pieces)
+    assert failing_lines(text) == _failing_lines_of_all_lines(text)

@@ -132,7 +132,7 @@ def test_render_lists_extra_artifacts_the_summary_lacks_once() -> None:
     summary = filled(completed_actions=["cancelled ZFA04Y"], relevant_artifacts=["mia_li_3668"])
     text = render_summary_block(summary, artifacts=["ZFA04Y", "HAT170", "HAT170", "mia_li_3668"])
     section = text.split("Relevant artifacts:\n", 1)[1].split("\nRemaining work:", 1)[0]
-    assert section.splitlines() == ["- mia_li_3668", "- HAT170"]
+    assert section.splitlines() == ["- mia_li_3668, HAT170"]
 
 
 def test_summary_block_message_is_a_user_message_with_the_text() -> None:

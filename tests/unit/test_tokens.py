@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-from worker.compaction import tokens
+from worker.compaction import rank_cache, tokens
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import (
     SUPPORTED_ENCODINGS,
@@ -98,8 +99,30 @@ def test_text_counts_equal_tiktokens_own_encode(
 def test_the_ranks_parsed_offline_equal_tiktokens_own_parse(
     name: str, reference: dict[str, tiktoken.Encoding]
 ) -> None:
-    # _mergeable_ranks is the dict tiktoken builds its Rust tables from.
-    assert load_encoding(name)._mergeable_ranks == reference[name]._mergeable_ranks
+    assert ranks_of(load_encoding(name), reference[name]) == reference[name]._mergeable_ranks
+
+
+def ranks_of(encoding: tiktoken.Encoding, reference: tiktoken.Encoding) -> dict[bytes, int]:
+    """The token → rank table of ``encoding``'s Rust tables, at the reference's ranks
+    (tiktoken's own dict, which ``load_encoding`` frees once the tables are built)."""
+    table = {encoding.decode_single_token_bytes(rank): rank
+             for rank in reference._mergeable_ranks.values()}
+    assert len(encoding._core_bpe.token_byte_values()) == len(table)
+    return table
+
+
+def test_an_encoding_keeps_no_python_ranks_and_pickles_as_its_offline_load(
+    reference: dict[str, tiktoken.Encoding]
+) -> None:
+    encoding = load_encoding("o200k_base")
+
+    restored = pickle.loads(pickle.dumps(encoding))  # rebuilt by load_encoding
+
+    assert not hasattr(encoding, "_mergeable_ranks")
+    assert len(pickle.dumps(encoding)) < 1_000  # a call, not 200,000 ranks
+    expected = [reference["o200k_base"].encode(text) for text in TEXTS]
+    assert [encoding.encode(text) for text in TEXTS] == expected
+    assert [restored.encode(text) for text in TEXTS] == expected
 
 
 def test_empty_text_counts_zero(counters: dict[str, TokenCounter]) -> None:
@@ -233,15 +256,17 @@ def test_an_encoding_is_built_once_per_process_and_shared_by_every_caller() -> N
     assert load_encoding("o200k_base") is not load_encoding("cl100k_base")
 
 
-def test_a_worker_builds_the_tokenizer_and_loads_the_sdk_before_its_pool_forks() -> None:
+def test_a_worker_loads_the_tokenizer_the_driver_and_the_sdk_before_its_pool_forks() -> None:
     script = textwrap.dedent("""
         import sys
         from worker.compaction.tokens import load_encoding
         from worker.runtime import share_before_fork
         from worker.settings import Settings
 
-        share_before_fork(Settings(summarizer="llm", llm_base_url="http://127.0.0.1:9/v1"))
-        print(load_encoding.cache_info().currsize, "worker.summarizers.llm" in sys.modules)
+        share_before_fork(Settings(summarizer="llm", llm_base_url="http://127.0.0.1:9/v1",
+                                   database_url="postgresql+psycopg://nobody@127.0.0.1:9/x"))
+        print(load_encoding.cache_info().currsize, "worker.summarizers.llm" in sys.modules,
+              "psycopg" in sys.modules)
     """)
     env = {key: value for key, value in os.environ.items() if not key.startswith("COMPACTOR_")}
 
@@ -249,4 +274,82 @@ def test_a_worker_builds_the_tokenizer_and_loads_the_sdk_before_its_pool_forks()
                           text=True, timeout=60, check=False)
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "True"]
+    assert done.stdout.split() == ["1", "True", "True"]
+
+
+def cached_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.ranks"))
+
+
+def test_the_first_load_caches_the_ranks_and_the_next_reads_them_without_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: dict[str, tiktoken.Encoding]
+) -> None:
+    load_encoding.__wrapped__("cl100k_base", tmp_path)  # uncached: a new process's load
+    [cached] = cached_files(tmp_path)
+    assert cached.name.startswith("cl100k_base.tiktoken.")
+
+    def no_parse(data: bytes) -> dict[bytes, int]:
+        raise AssertionError("the cached ranks were not used")
+
+    monkeypatch.setattr(tokens, "_parse_bpe", no_parse)
+    from_cache = load_encoding.__wrapped__("cl100k_base", tmp_path)
+
+    cl100k = reference["cl100k_base"]
+    assert ranks_of(from_cache, cl100k) == cl100k._mergeable_ranks
+    for text in TEXTS:
+        assert from_cache.encode(text) == reference["cl100k_base"].encode(text)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "other format"])
+def test_a_damaged_cache_is_ignored_and_rewritten(
+    damage: str, tmp_path: Path, reference: dict[str, tiktoken.Encoding]
+) -> None:
+    load_encoding.__wrapped__("cl100k_base", tmp_path)
+    [cached] = cached_files(tmp_path)
+    data = bytearray(cached.read_bytes())
+    if damage == "flipped byte":
+        data[len(data) // 2] ^= 0xFF
+    elif damage == "truncated":
+        del data[len(data) // 3:]
+    else:
+        data[:len(rank_cache.FORMAT)] = b"x" * len(rank_cache.FORMAT)
+    cached.write_bytes(bytes(data))
+    assert rank_cache.read(cached) is None
+
+    rebuilt = load_encoding.__wrapped__("cl100k_base", tmp_path)
+
+    cl100k = reference["cl100k_base"]
+    assert ranks_of(rebuilt, cl100k) == cl100k._mergeable_ranks
+    assert rank_cache.read(cached) == reference["cl100k_base"]._mergeable_ranks
+
+
+def test_the_cache_is_keyed_by_the_encoding_files_hash(tmp_path: Path) -> None:
+    old = rank_cache.cache_path("o200k_base.tiktoken", "a" * 64, tmp_path)
+    new = rank_cache.cache_path("o200k_base.tiktoken", "b" * 64, tmp_path)
+
+    assert old is not None and new is not None and old != new
+    assert rank_cache.cache_path("o200k_base.tiktoken", None, tmp_path) is None
+
+
+def test_an_unwritable_cache_directory_only_costs_the_parse(
+    tmp_path: Path, reference: dict[str, tiktoken.Encoding]
+) -> None:
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")  # the ranks come from the package; no cache fits here
+    assert not rank_cache.write(not_a_directory / "x.ranks", {b"a": 0})
+
+    encoding = load_encoding.__wrapped__("cl100k_base", not_a_directory)
+
+    cl100k = reference["cl100k_base"]
+    assert ranks_of(encoding, cl100k) == cl100k._mergeable_ranks
+    assert list(tmp_path.glob("**/*.tmp")) == []
+
+
+def test_the_default_cache_directory_follows_xdg_cache_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    path = rank_cache.cache_path("o200k_base.tiktoken", "c" * 64, None)
+
+    assert path is not None and path.is_relative_to(tmp_path / "compactor")

@@ -39,6 +39,9 @@ class CompactionError(Exception):
         super().__init__(message)
         self.message = message
         self.reason = reason or type(self).__name__
+        # What the failed step had measured (job figure names: LLM calls and tokens
+        # spent before the failure), so that a failed job reports its cost too.
+        self.figures: dict[str, int | float] = {}
 
 
 class TransientError(CompactionError):

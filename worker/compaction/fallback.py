@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from worker.compaction.budget import fit_summary, truncate_text
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
+from worker.compaction.pruning import DIGEST_FIRST_LINE, DIGEST_MARKER
 from worker.compaction.requests import RequestLedger, read_requests
 from worker.compaction.salience import (
     Failure,
@@ -69,6 +70,7 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 _LOOKUP = re.compile(r"(?i:\A(?:get|search|list|find|read|fetch|lookup|view|show|cat|grep|ls|"
                      r"think|calculate|query|check|describe)(?:_|\b|[A-Z]))")
 # A pinned version as people write it: "sqlalchemy==2.0.1", "node@20.1", "v1 >= 1.4".
+_STATUS_FIELD = re.compile(r'"status"\s*:\s*"([^"]{1,40})"')
 _VERSION_PIN = re.compile(r"\b([A-Za-z][\w.-]*?)\s*(?:==|>=|<=|~=|@)\s*(v?\d[\w.+-]*\w)")
 
 
@@ -207,13 +209,14 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
     """Each call that changed something, with its result; look-ups tallied per tool."""
     results = {m.message.tool_call_id: m.message.text for m in messages
                if m.message.role is Role.TOOL and m.message.tool_call_id}
-    passed = [a for a in artifacts if a.kind != "tool" and "tool_argument" in a.sources]
+    passed = _PassedValues(a for a in artifacts
+                           if a.kind != "tool" and "tool_argument" in a.sources)
     lookups: dict[str, _Lookups] = {}
     actions: list[str] = []
     for stored in messages:
         for call in stored.message.tool_calls or ():
             name = call.function.name
-            values = _call_values(call.function.arguments, stored.seq, passed)
+            values = _call_values(call.function.arguments, passed.covering(stored.seq))
             if _LOOKUP.match(name):
                 tally = lookups.setdefault(name, _Lookups(0, {}))
                 tally.calls += 1
@@ -229,12 +232,40 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
     return looked + actions
 
 
-def _call_values(arguments: str, seq: int, passed: Sequence[Artifact]) -> list[str]:
+def _call_values(arguments: str, passed: Sequence[Artifact]) -> list[str]:
     """The identifiers a call passed, in argument order, from the span's stored index (the
-    arguments are not scanned again)."""
-    found = [(arguments.find(a.value), a.value) for a in passed
-             if a.first_seq <= seq <= a.last_seq and a.value in arguments]
+    arguments are not scanned for identifiers again)."""
+    found = [(arguments.find(a.value), a.value) for a in passed if a.value in arguments]
     return [value for _, value in sorted(found)]
+
+
+class _PassedValues:
+    """The span's values passed to tools, asked for those whose seq range covers a call.
+
+    Calls come in seq order, so one sweep keeps the covering values: a 1M-token span
+    has ~2.5k calls and thousands of values, and trying every value on every call cost
+    ~0.25 s. A call earlier than the last one asked restarts the sweep.
+    """
+
+    def __init__(self, artifacts: Iterable[Artifact]) -> None:
+        self._by_first = sorted(artifacts, key=lambda a: a.first_seq)
+        self._restart()
+
+    def _restart(self) -> None:
+        self._next, self._seq = 0, -1
+        self._active: list[Artifact] = []
+
+    def covering(self, seq: int) -> list[Artifact]:
+        """The values with ``first_seq <= seq <= last_seq``."""
+        if seq < self._seq:
+            self._restart()
+        self._seq = seq
+        by_first, start = self._by_first, self._next
+        while self._next < len(by_first) and by_first[self._next].first_seq <= seq:
+            self._next += 1
+        self._active = [a for a in (*self._active, *by_first[start:self._next])
+                        if a.last_seq >= seq]
+        return self._active
 
 
 def _digest_result(text: str, counter: TokenCounter) -> str:
@@ -245,6 +276,11 @@ def _digest_result(text: str, counter: TokenCounter) -> str:
     failed = failing_lines(stripped)
     if failed:
         return _clip(" / ".join(failed), SENTENCE_TOKENS, counter)
+    if stripped.startswith(DIGEST_MARKER):
+        # A pruned result: its size says nothing; its first line may hold the status.
+        first = stripped.partition(DIGEST_FIRST_LINE)[2]
+        status = _STATUS_FIELD.search(first)
+        return f"ok (status: {status.group(1)})" if status else "ok"
     try:
         value = json.loads(stripped)
     except ValueError:

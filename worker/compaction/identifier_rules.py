@@ -58,6 +58,9 @@ _VERSION = re.compile(rf"v\d+(?:\.\d+){{1,3}}{_PRERELEASE}|\d+(?:\.\d+){{2,3}}{_
 _SHORT_VERSION = re.compile(r"\d+\.\d+")
 _TICKET = re.compile(r"([A-Z][A-Z0-9]{1,9})-\d{1,6}")
 _HASH_TICKET = re.compile(r"#(\d{2,7}|[A-Z]\d{3,12})")
+# A record number with a short prefix (``ORD-6703259``, ``#ORD-6703259``): longer than a
+# ticket's number.
+_RECORD_ID = re.compile(r"#?[A-Z]{2,6}-\d{7,12}")
 _HASH = re.compile(r"[0-9a-f]{7,64}")
 _CODE = re.compile(r"[A-Z0-9]{5,16}")
 _TOKEN = re.compile(r"[A-Za-z0-9]{8,40}")
@@ -214,6 +217,8 @@ def _classify_code(word: str, said: bool) -> tuple[str, str] | None:
     hashed = _HASH_TICKET.fullmatch(word)
     if hashed:
         return word, "ticket" if hashed.group(1).isdigit() else "id"
+    if _RECORD_ID.fullmatch(word):
+        return word, "id"
     return _classify_id(word, said)
 
 

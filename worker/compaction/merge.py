@@ -46,26 +46,38 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     resolved entry of ``new`` names leave (the resolved entry records them); the goal is
     the newer non-empty one. ``identifiers`` (most salient first) that the merged text
     lacks, or holds only in history that ages out first (``HISTORY_SECTIONS``), join the
-    new span's artifacts. Artifacts list the new span's first, then the prior's, so the
-    list reads newest and most salient first. The budget is shared by section, the new
+    new span's artifacts. Artifacts list the new span's first (the indexed values the
+    summarizer listed or left out, most salient first, then its other items), then the
+    prior's, so the list reads newest and most salient first: an LLM's listing order
+    decides nothing the index ranks. The budget is shared by section, the new
     span's items first up to their reserved share (:func:`fit_summary`).
     """
     merged = new if prior is None else _merge_sections(prior, new)
     known = "\n".join([merged.goal, *(item for name in LIST_SECTIONS
                                       if name not in HISTORY_SECTIONS
                                       for item in merged.items_of(name))])
-    wanted = dict.fromkeys(value.strip() for value in identifiers)
+    wanted = [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
     # A listed identifier costs at least a few tokens: more than this could never fit.
     most = budget_tokens // MIN_ARTIFACT_TOKENS
-    missing = [value for value in wanted if value and value not in known][:most]
+    missing = [value for value in wanted if value not in known][:most]
+    # The span's indexed values lead in salience order, whichever summarizer listed them
+    # or left them out; the summarizer's other items follow.
+    listed = {normalize_item(item) for item in new.relevant_artifacts}
+    leading = [value for value in wanted if normalize_item(value) in listed]
     earlier = prior.relevant_artifacts if prior else []
-    fresh = _dedupe([*new.relevant_artifacts, *missing])
+    fresh = _dedupe([*_in_order(leading, missing, wanted), *new.relevant_artifacts])
     artifacts = _dedupe([*fresh, *earlier])
     merged = merged.model_copy(update={"relevant_artifacts": artifacts})
     prior_items = _prior_items(prior, merged, len(fresh))
     fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
     return MergedSummary(fitted, tuple(value for value in missing if value in kept))
+
+
+def _in_order(first: Sequence[str], second: Sequence[str], order: Sequence[str]) -> list[str]:
+    """The values of ``first`` and ``second`` in the order ``order`` lists them."""
+    chosen = {*first, *second}
+    return [value for value in order if value in chosen]
 
 
 def normalize_item(text: str) -> str:

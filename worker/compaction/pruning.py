@@ -14,6 +14,8 @@ from worker.compaction.messages import Role, StoredMessage
 from worker.compaction.tokens import TokenCounter
 
 DIGEST_LINE_CHARS = 160
+DIGEST_MARKER = "[tool result digest]"
+DIGEST_FIRST_LINE = "; first line: "
 UNKNOWN_TOOL = "unknown_tool"
 _NOISE = frozenset(string.punctuation + string.whitespace)
 
@@ -38,8 +40,8 @@ def digest_tool_output(tool_name: str, content_text: str) -> str:
     line_count = len(content_text.splitlines())
     first = first_meaningful_line(content_text) or "(none)"
     return (
-        f"[tool result digest] {tool_name}: {len(content_text):,} chars, "
-        f"{line_count:,} lines; first line: {first}"
+        f"{DIGEST_MARKER} {tool_name}: {len(content_text):,} chars, "
+        f"{line_count:,} lines{DIGEST_FIRST_LINE}{first}"
     )
 
 

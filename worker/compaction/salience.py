@@ -3,8 +3,9 @@ rather than by how often a value repeats.
 
 Tiers, most salient first: values that ended a tool call or a test run and values the
 caller features (decisions, open requests); values a user or the assistant said; values
-only a tool returned; tool names. Within a tier an error code leads, then the newest
-value, then the rarer one: a code seen once outranks an id a search listed fifty times.
+only a tool returned (bare numbers last); tool names. Within a tier an error code leads,
+then the newest value, then the rarer one: a code seen once outranks an id a search
+listed fifty times.
 """
 
 from __future__ import annotations
@@ -61,15 +62,47 @@ def find_failures(span: Sequence[Group]) -> list[Failure]:
 
 def failing_lines(text: str) -> tuple[str, ...]:
     """Return the lines of a tool result that say it failed (none when it did not)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
+    tail = _last_lines(text, TAIL_LINES)  # the non-blank lines' last TAIL_LINES, stripped
+    if not tail:
         return ()
     if _FAILED_LEAD.match(text):
-        return (lines[0], *lines[1:][-TAIL_LINES + 1:]) if len(lines) > 1 else (lines[0],)
-    if not _FAILED_END.search(lines[-1]):
+        first = _first_line(text)
+        # tail holds every line but the first only when there are at most TAIL_LINES.
+        return (first, *tail[1 if len(tail) < TAIL_LINES else 0:][-TAIL_LINES + 1:])
+    if not _FAILED_END.search(tail[-1]):
         return ()
-    details = [line for line in lines[-TAIL_LINES:-1] if _FAILURE_DETAIL.search(line)]
-    return (*details, lines[-1])
+    details = [line for line in tail[:-1] if _FAILURE_DETAIL.search(line)]
+    return (*details, tail[-1])
+
+
+# A tool result can be megabytes: its first and last lines are read from growing slices
+# of its ends, never by splitting all of it. A slice's cut line is dropped (splitlines
+# on the rest gives the whole text's lines, a cut inside "\r\n" leaving only a blank).
+_SLICE_CHARS = 2_048
+
+
+def _last_lines(text: str, count: int) -> list[str]:
+    size = _SLICE_CHARS
+    while True:
+        whole = size >= len(text)
+        parts = text.splitlines() if whole else text[-size:].splitlines()[1:]
+        lines = [line.strip() for line in parts if line.strip()]
+        if whole or len(lines) >= count:
+            return lines[-count:]
+        size *= 4
+
+
+def _first_line(text: str) -> str:
+    size = _SLICE_CHARS
+    while True:
+        whole = size >= len(text)
+        parts = text.splitlines() if whole else text[:size].splitlines()[:-1]
+        for line in parts:
+            if line.strip():
+                return line.strip()
+        if whole:
+            return ""
+        size *= 4
 
 
 def failure_values(failures: Sequence[Failure], artifacts: Sequence[Artifact]) -> frozenset[str]:
@@ -95,12 +128,15 @@ def rank_artifacts(artifacts: Sequence[Artifact], *, featured: Collection[str] =
 
 
 def _salience_key(artifact: Artifact, featured: Collection[str]
-                  ) -> tuple[int, int, int, int, int, str]:
+                  ) -> tuple[int, int, int, int, int, int, str]:
     if artifact.kind == "tool":
         tier = 3
     elif artifact.value in featured:
         tier = 0
     else:
         tier = 1 if artifact.is_said else 2
-    return (tier, int(artifact.kind != "error"), -artifact.last_seq, artifact.count,
+    # A bare number only a tool returned (a catalogue's item ids, labelled by a JSON key)
+    # says nothing of what it is: it follows the typed values of its tier.
+    bare = int(tier == 2 and artifact.value.isdigit())
+    return (tier, bare, int(artifact.kind != "error"), -artifact.last_seq, artifact.count,
             artifact.first_seq, artifact.value)

@@ -4,6 +4,7 @@ rendering of the block a model reads as background (merging lives in ``merge.py`
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -57,6 +58,11 @@ BLOCK_HEADER = (
 )
 BLOCK_FOOTER = "[End of summary]"
 EMPTY_ITEM_LINE = "- (none)"
+# Relevant artifacts share lines ("- a, b, c") up to this many characters: a bullet line
+# per value costs two tokens more than the value, a shared line one.
+ARTIFACT_LINE_CHARS = 160
+ARTIFACT_VALUE_CHARS = 100
+ARTIFACT_SEPARATOR = ", "
 # The originals are never lost: an agent that needs more than the summary says asks for it.
 RECALL_LINE = ("Earlier details (full messages and tool outputs) are retrievable by seq or "
                "identifier with the `recall` tool.")
@@ -143,7 +149,10 @@ def render_block_lines(summary: Summary) -> list[str]:
     for name in LIST_SECTIONS:
         items = summary.items_of(name)
         lines.append(f"{HEADINGS[name]}:")
-        lines.extend(item_line(item) for item in items)
+        if name == "relevant_artifacts":
+            lines.extend(artifact_lines(items))
+        else:
+            lines.extend(item_line(item) for item in items)
         if not items:
             lines.append(EMPTY_ITEM_LINE)
     lines.extend([RECALL_LINE, BLOCK_FOOTER])
@@ -158,6 +167,38 @@ def goal_line(goal: str) -> str:
 def item_line(item: str) -> str:
     """Return one item's bullet line of the block."""
     return f"- {_one_line(item)}"
+
+
+@functools.lru_cache(maxsize=4096)  # a job asks it of the same values for every render
+def is_packable(item: str) -> bool:
+    """Whether an artifact can share a line: one short value, not a phrase (at most one
+    word with letters: ``pm_5wq``, ``HTTP 503``, ``+44 20 7946 2801``; no separators)."""
+    words = item.split()
+    return (0 < len(item) <= ARTIFACT_VALUE_CHARS and not any(mark in item for mark in ",;")
+            and sum(any(char.isalpha() for char in word) for word in words) <= 1)
+
+
+def artifact_lines(items: Sequence[str]) -> list[str]:
+    """Return the relevant artifacts' lines: values packed in order, comma-separated, up
+    to ``ARTIFACT_LINE_CHARS`` a line; an item that cannot share a line gets its own."""
+    lines: list[str] = []
+    packed: list[str] = []
+    width = 0
+    for item in items:
+        if not is_packable(item):
+            if packed:
+                lines.append(item_line(ARTIFACT_SEPARATOR.join(packed)))
+                packed, width = [], 0
+            lines.append(item_line(item))
+            continue
+        if packed and width + len(ARTIFACT_SEPARATOR) + len(item) > ARTIFACT_LINE_CHARS:
+            lines.append(item_line(ARTIFACT_SEPARATOR.join(packed)))
+            packed, width = [], 0
+        width += (len(ARTIFACT_SEPARATOR) if packed else 0) + len(item)
+        packed.append(item)
+    if packed:
+        lines.append(item_line(ARTIFACT_SEPARATOR.join(packed)))
+    return lines
 
 
 def summary_text(summary: Summary) -> str:

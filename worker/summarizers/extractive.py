@@ -26,7 +26,7 @@ class ExtractiveSummarizer:
             artifacts=work.artifacts,
             failures=work.failures,
             budget_tokens=work.budget_tokens,
-            counter=self._counter,
+            counter=work.counter or self._counter,
             prior=work.prior,
         )
         return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,

@@ -27,7 +27,7 @@ from worker.compaction import (
     rank_artifacts,
     summary_json_schema,
 )
-from worker.errors import ContextOverflow, SessionFailure, SummaryInvalid
+from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
 from worker.fleet import FleetRateLimiter
 from worker.llm import LLMClient, LLMUsage
 from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
@@ -62,27 +62,34 @@ class LLMSummarizer:
     def summarize(self, work: SummaryWork) -> SummaryDraft:
         usage = LLMUsage()
         try:
-            summary, plan = self._run(work, usage, self._window_tokens)
-        except ContextOverflow:
-            # Our token counts undershot the endpoint's; retry once with more room.
-            summary, plan = self._run(work, usage, int(self._window_tokens * REPLAN_RATIO))
-        totals = usage.as_dict()
+            try:
+                summary, plan = self._run(work, usage, self._window_tokens)
+            except ContextOverflow:
+                # Our token counts undershot the endpoint's; retry once with more room.
+                summary, plan = self._run(work, usage, int(self._window_tokens * REPLAN_RATIO))
+        except CompactionError as exc:
+            exc.figures.update(_usage_figures(usage))  # a failed job's cost is reported too
+            raise
         return SummaryDraft(summary=summary, kind=self.kind, model=self._client.model,
                             prompt_version=PROMPT_VERSION, usage=SummaryUsage(
-                                llm_calls=int(totals["calls"]),
-                                prompt_tokens=int(totals["prompt_tokens"]),
-                                completion_tokens=int(totals["completion_tokens"]),
-                                llm_retries=int(totals["retries"]),
-                                llm_latency_s=round(totals["latency_s"], 3),
-                                chunks=len(plan.chunks),
+                                **_usage_figures(usage), chunks=len(plan.chunks),
                                 merge_rounds=len(plan.merge_rounds)))
 
-    def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
-             ) -> tuple[Summary, ChunkPlan]:
+    def plan_calls(self, work: SummaryWork) -> tuple[ChunkPlan, int]:
+        """The calls ``summarize`` would make (before any replan) and each one's output
+        budget, without making them: what ``compactor compact --dry-run`` shows."""
+        identifiers, output_tokens = self._prompt_inputs(work)
+        return self._plan(work, identifiers, output_tokens, self._window_tokens), output_tokens
+
+    def _prompt_inputs(self, work: SummaryWork) -> tuple[list[str], int]:
         featured = featured_values(work.failures, [], work.artifacts)
         ranked = rank_artifacts(work.artifacts, featured=featured)
         identifiers = [a.value for a in ranked if a.kind != "tool"][:PROMPT_IDENTIFIERS]
-        output_tokens = output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
+        return identifiers, output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
+
+    def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
+             ) -> tuple[Summary, ChunkPlan]:
+        identifiers, output_tokens = self._prompt_inputs(work)
         plan = self._plan(work, identifiers, output_tokens, window_tokens)
         single = len(plan.chunks) == 1
         partials = self._map(plan, work.prior if single else None, identifiers,
@@ -97,7 +104,8 @@ class LLMSummarizer:
               window_tokens: int) -> ChunkPlan:
         plan = plan_summary_calls(work.span, prior=work.prior, identifiers=identifiers,
                                   window_tokens=window_tokens, margin_ratio=self._margin_ratio,
-                                  output_tokens=output_tokens, counter=self._counter)
+                                  output_tokens=output_tokens,
+                                  counter=work.counter or self._counter)
         if plan.calls > self._max_calls:
             raise SessionFailure(
                 f"the span needs {plan.calls} LLM calls, over llm_max_calls_per_job="
@@ -157,3 +165,12 @@ class LLMSummarizer:
                 if future in done and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]  # checked not None
             return [future.result() for future in futures]
+
+
+def _usage_figures(usage: LLMUsage) -> dict[str, Any]:
+    """The job figures of what the calls so far cost."""
+    totals = usage.as_dict()
+    return {"llm_calls": int(totals["calls"]), "prompt_tokens": int(totals["prompt_tokens"]),
+            "completion_tokens": int(totals["completion_tokens"]),
+            "llm_retries": int(totals["retries"]),
+            "llm_latency_s": round(totals["latency_s"], 3)}

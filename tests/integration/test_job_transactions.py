@@ -1,0 +1,146 @@
+"""A job is three transactions and at most twelve database round trips, on PostgreSQL and
+SQLite: the lease (one ``UPDATE ... RETURNING``), the snapshot (one read transaction),
+and one write that ends it (the swap with the run row, lease release and queue marker;
+or, for any other outcome, the run row with the breaker and lease release).
+
+Counted with SQLAlchemy's own events on the real engine: every statement
+(``before_cursor_execute``) and every transaction (``begin``); a transaction that is not
+AUTOCOMMIT costs a BEGIN and a COMMIT round trip besides its statements (SQLite's
+``BEGIN IMMEDIATE`` is that BEGIN, not one more statement)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, Engine, event
+
+from db import Store
+from tests.support.e2e import append_turns, build_job_env, import_records, token_counter
+from tests.support.generated import generated_session, generated_turns
+from worker import pipeline
+from worker.compaction import SummaryInvalid
+from worker.errors import Outcome
+from worker.job import JobDeps, JobRequest, JobResult
+from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
+from worker.runtime import job_policy
+from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryWork
+
+pytestmark = pytest.mark.integration
+
+SESSION = "generated-transactions"
+MAX_TRANSACTIONS = 3
+MAX_ROUND_TRIPS = 12
+
+
+@dataclass
+class Traffic:
+    """What one job sent to its database."""
+
+    statements: list[str] = field(default_factory=list)
+    transactions: int = 0
+    autocommit_transactions: int = 0
+
+    @property
+    def round_trips(self) -> int:
+        explicit = self.transactions - self.autocommit_transactions
+        return len(self.statements) + 2 * explicit
+
+
+@contextmanager
+def counting() -> Iterator[Traffic]:
+    traffic = Traffic()
+
+    def on_statement(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's begin hook: counted as the BEGIN
+            traffic.statements.append(statement)
+
+    def on_begin(conn: Connection) -> None:
+        traffic.transactions += 1
+        options = conn.get_execution_options()
+        # PostgreSQL's AUTOCOMMIT, or the store's SQLite begin hook told to emit no BEGIN.
+        if "AUTOCOMMIT" in (options.get("isolation_level"), options.get("compactor_sqlite_begin")):
+            traffic.autocommit_transactions += 1
+
+    event.listen(Engine, "before_cursor_execute", on_statement)
+    event.listen(Engine, "begin", on_begin)
+    try:
+        yield traffic
+    finally:
+        event.remove(Engine, "before_cursor_execute", on_statement)
+        event.remove(Engine, "begin", on_begin)
+
+
+class InvalidSummarizer(ExtractiveSummarizer):
+    """Answers with a summary that fails validation (a session failure)."""
+
+    def summarize(self, work: SummaryWork) -> SummaryDraft:
+        raise SummaryInvalid("refused by the test", reason="invalid_summary")
+
+
+def deps_for(store: Store, summarizer: ExtractiveSummarizer | None) -> JobDeps:
+    counter = token_counter()
+    extractive = ExtractiveSummarizer(counter)
+    clock = lambda: datetime.now(UTC)  # noqa: E731
+    return JobDeps(store=store, summarizer=summarizer or extractive,
+                   fallback=ExtractiveSummarizer(counter, kind="fallback"), counter=counter,
+                   provider_breaker=ProviderBreaker(InMemoryBreakerState(), threshold=3,
+                                                    cooldown_s=60, clock=clock),
+                   clock=clock, worker_id="host:1")
+
+
+def run_counted(store: Store, database_url: str, task_id: str,
+                summarizer: ExtractiveSummarizer | None = None) -> tuple[JobResult, Traffic]:
+    settings = build_job_env(database_url, None, summarizer="extractive").settings
+    deps, policy = deps_for(store, summarizer), job_policy(settings)
+    with store.queue_markers() as markers:
+        markers.mark(SESSION, task_id, now=datetime.now(UTC), marker_ttl_s=600)
+    with counting() as traffic:
+        result = pipeline.run(JobRequest(SESSION, "test", task_id=task_id), deps, policy)
+    return result, traffic
+
+
+def assert_job_ended_cleanly(store: Store, traffic: Traffic) -> None:
+    assert traffic.transactions <= MAX_TRANSACTIONS, traffic
+    assert traffic.round_trips <= MAX_ROUND_TRIPS, traffic.statements
+    state = store.get_session(SESSION)
+    assert (state.lease_owner, state.queued_job_id) == (None, None)
+
+
+def test_a_first_and_a_second_compaction_each_take_three_transactions(
+    store: Store, database_url: str,
+) -> None:
+    import_records(store, [generated_session(SESSION, 40)])
+
+    first, traffic = run_counted(store, database_url, "task-1")
+    assert first.outcome is Outcome.COMPACTED, first
+    assert_job_ended_cleanly(store, traffic)
+
+    append_turns(store, SESSION, generated_turns(f"{SESSION}-b", 30))
+    second, traffic = run_counted(store, database_url, "task-2")
+    assert (second.outcome, second.parent_revision_id) == (Outcome.COMPACTED,
+                                                          first.revision_id), second
+    assert_job_ended_cleanly(store, traffic)
+    [run] = store.runs(session_id=SESSION, limit=1)
+    assert (run.outcome, run.revision_id) == ("compacted", second.revision_id)
+
+
+def test_a_skipped_and_a_failed_job_also_end_in_one_write(
+    store: Store, database_url: str,
+) -> None:
+    import_records(store, [generated_session(SESSION, 4)])
+    skipped, traffic = run_counted(store, database_url, "task-1")
+    assert (skipped.outcome, skipped.reason) == (Outcome.SKIPPED, "under_trigger")
+    assert_job_ended_cleanly(store, traffic)
+
+    append_turns(store, SESSION, generated_turns(f"{SESSION}-b", 40))
+    failed, traffic = run_counted(store, database_url, "task-2",
+                                  InvalidSummarizer(token_counter()))
+    assert failed.outcome is Outcome.FAILED, failed
+    assert_job_ended_cleanly(store, traffic)
+    state = store.get_session(SESSION)
+    assert (state.breaker_failures, state.active_revision_id) == (1, None)

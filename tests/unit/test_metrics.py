@@ -1,0 +1,108 @@
+"""The job metrics are a function of the ``compaction.job`` event's fields, and the
+fleet-state gauges are read at most once per interval however often they are scraped."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.unit.test_outcome_event import a_result
+from worker.errors import Outcome
+from worker.figures import JobFigures
+from worker.metrics import build_job_metrics
+from worker.metrics_state import FleetState, FleetStateCollector
+from worker.outcome import job_event_fields, rejected_message_fields
+
+
+def observed(*events: dict[str, object]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    metrics = build_job_metrics(registry)
+    for event in events:
+        metrics.observe(event)
+    return registry
+
+
+def test_a_compacted_job_counts_its_outcome_tokens_and_steps() -> None:
+    registry = observed(job_event_fields(a_result()))
+    value = registry.get_sample_value
+    assert value("compactor_jobs_total", {"outcome": "compacted",
+                                          "reason": "over_trigger"}) == 1
+    assert (value("compactor_tokens_before_total"), value("compactor_tokens_after_total"),
+            value("compactor_tokens_saved_total")) == (9_000, 3_000, 6_000)
+    assert value("compactor_job_step_duration_seconds_count", {"step": "swap"}) == 1
+    assert value("compactor_job_duration_seconds_sum", {"outcome": "compacted"}) == 0.0125
+
+
+def test_a_failed_job_counts_its_llm_cost_and_a_retried_one_its_retry_but_no_tokens() -> None:
+    failed = dataclasses.replace(
+        a_result(), outcome=Outcome.FAILED, reason="schema_mismatch", revision_id=None,
+        figures=JobFigures(tokens_before=9_000, llm_calls=2, prompt_tokens=1_500,
+                           completion_tokens=300))
+    retried = dataclasses.replace(failed, reason="server_error")
+    registry = observed(job_event_fields(failed),
+                        job_event_fields(retried, will_retry=True))
+    value = registry.get_sample_value
+    assert value("compactor_jobs_total", {"outcome": "failed",
+                                          "reason": "schema_mismatch"}) == 1
+    assert value("compactor_job_retries_total", {"reason": "server_error"}) == 1
+    assert value("compactor_job_retries_total", {"reason": "schema_mismatch"}) is None
+    assert (value("compactor_llm_calls_total"), value("compactor_llm_prompt_tokens_total"),
+            value("compactor_llm_completion_tokens_total")) == (4, 3_000, 600)
+    assert value("compactor_tokens_saved_total") == 0  # nothing was committed
+
+
+def test_an_unreadable_message_counts_as_a_rejected_job() -> None:
+    registry = observed(rejected_message_fields("t-9", "undecodable_message", "X", "y"))
+    assert registry.get_sample_value("compactor_jobs_total", {
+        "outcome": "rejected", "reason": "undecodable_message"}) == 1
+
+
+def test_the_fleet_state_is_read_once_per_interval_and_parses_as_exposition() -> None:
+    reads: list[float] = []
+    now = [100.0]
+
+    def read_state() -> FleetState:
+        reads.append(now[0])
+        return FleetState({"open": 3}, "half_open", 7)
+
+    registry = CollectorRegistry()
+    registry.register(FleetStateCollector(read_state, "compaction", ttl_s=10,
+                                          clock=lambda: now[0]))
+    first = generate_latest(registry).decode()
+    now[0] += 5
+    generate_latest(registry)
+    now[0] += 6
+    generate_latest(registry)
+    assert reads == [100.0, 111.0]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(first) for s in family.samples}
+    assert samples[("compactor_session_breakers", (("state", "open"),))] == 3
+    assert samples[("compactor_session_breakers", (("state", "half_open"),))] == 0
+    assert samples[("compactor_provider_breaker", (("state", "half_open"),))] == 1
+    assert samples[("compactor_provider_breaker", (("state", "closed"),))] == 0
+    assert samples[("compactor_queue_depth", (("queue", "compaction"),))] == 7
+
+
+def test_a_source_that_cannot_be_read_leaves_its_gauges_out() -> None:
+    registry = CollectorRegistry()
+    registry.register(FleetStateCollector(lambda: FleetState(None, None, 2), "q"))
+    names = {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert names == {"compactor_queue_depth"}
+
+
+def test_the_readme_names_exactly_the_metrics_the_endpoint_exposes() -> None:
+    registry = observed(job_event_fields(a_result()))
+    registry.register(FleetStateCollector(lambda: FleetState({}, "closed", 0), "q"))
+    # Outside multiprocess mode each metric has a _created series too; the endpoint's not.
+    exposed = {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())
+               if not f.name.endswith("_created")}
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(compactor_[a-z_]+)", section))
+    # "`compactor_tokens_before_total`, `_after_total`, `_saved_total`" names three.
+    named |= {f"compactor_tokens{suffix}" for suffix in re.findall(r"`(_[a-z]+_total)`", section)}
+    assert {name.removesuffix("_total") for name in named} == exposed

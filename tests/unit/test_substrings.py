@@ -1,0 +1,26 @@
+"""The substring index answers exactly as ``value in text`` does, on any text and values,
+including values shorter than a gram, repeated, empty, or overlapping in the text."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker.compaction.substrings import TextGrams
+
+# A small alphabet makes values occur in texts (and overlap) often.
+TEXTS = st.text(alphabet="ab/-_1\u0131", max_size=60)
+VALUES = st.lists(st.text(alphabet="ab/-_1\u0131", max_size=8), max_size=20)
+
+
+@given(TEXTS, VALUES)
+def test_text_grams_contains_what_in_contains(text: str, values: list[str]) -> None:
+    grams = TextGrams(text)
+    assert [grams.contains(v) for v in values] == [v in text for v in values]
+
+
+def test_a_long_text_rejects_absent_identifiers_and_keeps_present_ones() -> None:
+    text = "- src/app/models.py, ERR-4412, v2.3.1\n" * 200 + "tail 0xdeadbeef"
+    values = ["src/app/models.py", "ERR-4412", "0xdeadbeef", "src/app/views.py", "ERR-4413"]
+    grams = TextGrams(text)
+    assert [grams.contains(v) for v in values] == [True, True, True, False, False]

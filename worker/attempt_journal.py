@@ -1,0 +1,173 @@
+"""Every attempt leaves a run row and an event, even across a database outage or a kill.
+
+Two records in Redis close the gaps a job cannot close itself:
+
+- a run row the job could not write (``finish_job`` failed: the database was down) is
+  kept on a bounded list, and the reconciler writes it once the database is back;
+- an attempt is entered in a hash when it starts and removed once its ``compaction.job``
+  event is out. An entry left behind whose run row exists (the worker was killed after
+  the job's last transaction committed, before its event) is reported by the reconciler
+  from the run row.
+
+Redis being unreachable loses no job: the journal fails open, loudly, like the fleet's
+other shared state (``worker/fleet.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+
+from db import NewRun
+from worker.fleet import log_redis_unavailable
+from worker.keys import RedisKeys
+
+# The list keeps at most this many unwritten runs (newest first): an outage of hours at
+# fleet scale, without letting Redis grow without bound.
+MAX_UNRECORDED_RUNS = 100_000
+# A journal entry left open after its event went out would be reported twice: closing
+# is retried across a short Redis restart.
+CLOSE_TRIES = 3
+CLOSE_RETRY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAttempt:
+    """An attempt whose event has not been seen go out (``entry``: its hash field; a
+    redelivery of the same attempt gets an entry of its own)."""
+
+    entry: str
+    task_id: str
+    session_id: str
+    attempt: int
+    opened_at: datetime
+    # A later delivery of the same attempt opened then (this one's worker died): runs
+    # begun from then on are that delivery's.
+    superseded_at: datetime | None = None
+
+
+def run_to_json(run: NewRun) -> str:
+    fields = dataclasses.asdict(run)
+    for name in ("started_at", "finished_at"):
+        value = fields[name]
+        fields[name] = value.isoformat() if value is not None else None
+    return json.dumps(fields, default=str)
+
+
+def run_from_json(raw: str | bytes) -> NewRun:
+    fields: dict[str, Any] = json.loads(raw)
+    for name in ("started_at", "finished_at"):
+        if fields[name] is not None:
+            fields[name] = datetime.fromisoformat(fields[name])
+    return NewRun(**fields)
+
+
+class AttemptJournal:
+    """The two Redis records of one deployment (``redis_key_prefix``)."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys,
+                 max_unrecorded: int = MAX_UNRECORDED_RUNS) -> None:
+        self._client = client
+        self._keys = keys
+        self._max_unrecorded = max_unrecorded
+
+    def keep_unrecorded(self, run: NewRun) -> bool:
+        """Keep a run row the database refused; False when Redis is unreachable too."""
+        try:
+            with self._client.pipeline() as pipe:
+                pipe.lpush(self._keys.unrecorded_runs(), run_to_json(run))
+                pipe.ltrim(self._keys.unrecorded_runs(), 0, self._max_unrecorded - 1)
+                pipe.execute()
+        except redis.RedisError as exc:
+            log_redis_unavailable("unrecorded_runs", exc)
+            return False
+        return True
+
+    def take_unrecorded(self) -> NewRun | None:
+        """The oldest kept run, removed from the list (``give_back`` if it cannot be
+        written)."""
+        raw = self._client.rpop(self._keys.unrecorded_runs())
+        return run_from_json(raw) if isinstance(raw, (str, bytes)) else None
+
+    def give_back(self, run: NewRun) -> None:
+        """Return a taken run to the oldest end, to be written by a later sweep."""
+        self._client.rpush(self._keys.unrecorded_runs(), run_to_json(run))
+
+    def unrecorded_count(self) -> int:
+        return int(self._client.llen(self._keys.unrecorded_runs()))
+
+    def open(self, task_id: str, session_id: str, attempt: int, now: datetime) -> str:
+        """Enter a starting attempt; returns its entry, for ``close``."""
+        entry = f"{task_id}:{uuid.uuid4().hex}"
+        fields = {"task_id": task_id, "session_id": session_id, "attempt": attempt,
+                  "opened_at": now.isoformat()}
+        try:
+            for earlier in self.pending():
+                if (earlier.task_id, earlier.attempt) == (task_id, attempt) \
+                        and earlier.superseded_at is None:
+                    self._client.hset(self._keys.pending_events(), earlier.entry, json.dumps(
+                        {"task_id": task_id, "session_id": earlier.session_id,
+                         "attempt": attempt, "opened_at": earlier.opened_at.isoformat(),
+                         "superseded_at": now.isoformat()}))
+            self._client.hset(self._keys.pending_events(), entry, json.dumps(fields))
+        except redis.RedisError as exc:
+            log_redis_unavailable("pending_events", exc)
+        return entry
+
+    def close(self, entry: str, *, tries: int = CLOSE_TRIES) -> None:
+        """The attempt's event is out (or recorded otherwise)."""
+        for attempt in range(1, tries + 1):
+            try:
+                self._client.hdel(self._keys.pending_events(), entry)
+                return
+            except redis.RedisError as exc:
+                if attempt == tries:
+                    log_redis_unavailable("pending_events", exc)
+                else:
+                    time.sleep(CLOSE_RETRY_S)
+
+    def close_task(self, task_id: str) -> None:
+        """Close every entry of a task (the reconciler recorded its lost attempt)."""
+        for pending in self.pending():
+            if pending.task_id == task_id:
+                self.close(pending.entry, tries=1)
+
+    def is_open(self, entry: str) -> bool:
+        return bool(self._client.hexists(self._keys.pending_events(), entry))
+
+    def run_seen_at(self, entry: str, now: datetime) -> datetime:
+        """When a sweep first found this entry's run committed (``now`` on the first)."""
+        key = f"{self._keys.pending_events()}:run-seen"
+        self._client.hsetnx(key, entry, now.isoformat())
+        seen = self._client.hget(key, entry)
+        return datetime.fromisoformat(seen.decode() if isinstance(seen, bytes) else str(seen))
+
+    def forget_seen(self, keep: set[str]) -> None:
+        """Drop the first-seen times of entries no longer open."""
+        key = f"{self._keys.pending_events()}:run-seen"
+        gone = [f for f in self._client.hkeys(key)
+                if (f.decode() if isinstance(f, bytes) else str(f)) not in keep]
+        if gone:
+            self._client.hdel(key, *gone)
+
+    def pending(self) -> list[PendingAttempt]:
+        entries: list[PendingAttempt] = []
+        for field, raw in self._client.hgetall(self._keys.pending_events()).items():
+            key = field.decode() if isinstance(field, bytes) else str(field)
+            try:
+                entry = json.loads(raw)
+                superseded = entry.get("superseded_at")
+                entries.append(PendingAttempt(
+                    key, str(entry["task_id"]), str(entry["session_id"]), int(entry["attempt"]),
+                    datetime.fromisoformat(entry["opened_at"]),
+                    datetime.fromisoformat(superseded) if superseded else None))
+            except (ValueError, KeyError, TypeError):
+                self.close(key, tries=1)  # unreadable: nothing could be reported from it
+        return entries

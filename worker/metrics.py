@@ -1,0 +1,163 @@
+"""The worker's Prometheus metrics: their definitions, fed from the ``compaction.job``
+event's own fields (so a metric never disagrees with the event), and the endpoint.
+
+Multiprocess mode for the prefork pool: the worker's main process points
+``PROMETHEUS_MULTIPROC_DIR`` at an emptied directory before the pool forks, every process
+writes its samples there, and the main process serves them all (``MultiProcessCollector``)
+with the fleet-state gauges read at scrape time (``worker/metrics_state.py``).
+prometheus-client reads that variable when it is first imported, so it is imported here
+only after :func:`enable_metrics`; with metrics off nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.registry import Collector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Seconds; jobs run from milliseconds (skips) to minutes (long LLM spans).
+DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_enabled_in_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class JobMetrics:
+    """Every job metric; each one a function of the ``compaction.job`` event's fields."""
+
+    jobs: Counter
+    retries: Counter
+    duration: Histogram
+    step_duration: Histogram
+    tokens_before: Counter
+    tokens_after: Counter
+    tokens_saved: Counter
+    llm_calls: Counter
+    llm_prompt_tokens: Counter
+    llm_completion_tokens: Counter
+    llm_retries: Counter
+
+    def observe(self, event: Mapping[str, Any]) -> None:
+        """Count one job attempt from its event's fields."""
+        outcome, reason = str(event["outcome"]), str(event.get("reason") or "")
+        self.jobs.labels(outcome=outcome, reason=reason).inc()
+        if event.get("will_retry"):
+            self.retries.labels(reason=reason).inc()
+        if event.get("duration_ms") is not None:
+            self.duration.labels(outcome=outcome).observe(event["duration_ms"] / 1000)
+        for step, step_ms in (event.get("durations_ms") or {}).items():
+            self.step_duration.labels(step=step).observe(step_ms / 1000)
+        before, after = event.get("tokens_before"), event.get("tokens_after")
+        if event.get("revision_id") is not None and before is not None and after is not None:
+            self.tokens_before.inc(before)
+            self.tokens_after.inc(after)
+            self.tokens_saved.inc(max(0, before - after))
+        for counter, figure in ((self.llm_calls, "llm_calls"),
+                                (self.llm_prompt_tokens, "prompt_tokens"),
+                                (self.llm_completion_tokens, "completion_tokens"),
+                                (self.llm_retries, "llm_retries")):
+            if event.get(figure):
+                counter.inc(event[figure])
+
+
+@functools.cache
+def job_metrics() -> JobMetrics:
+    """This process's metrics, created on first use (after the multiprocess setup)."""
+    from prometheus_client import REGISTRY
+
+    return build_job_metrics(REGISTRY)
+
+
+def build_job_metrics(registry: CollectorRegistry) -> JobMetrics:
+    """Define every job metric in ``registry``."""
+    from prometheus_client import Counter, Histogram
+
+    def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=registry)
+
+    def histogram(name: str, doc: str, labels: Sequence[str]) -> Histogram:
+        return Histogram(name, doc, labels, registry=registry, buckets=DURATION_BUCKETS_S)
+
+    return JobMetrics(
+        jobs=counter("compactor_jobs", "Job attempts by outcome and reason (one per "
+                     "compaction.job event).", ["outcome", "reason"]),
+        retries=counter("compactor_job_retries", "Job attempts that end in a retry, by "
+                        "the transient failure's reason.", ["reason"]),
+        duration=histogram("compactor_job_duration_seconds", "Job wall time by outcome.",
+                           ["outcome"]),
+        step_duration=histogram("compactor_job_step_duration_seconds", "Wall time of each "
+                                "job step (lease, breaker, snapshot, plan, summarize, merge, "
+                                "validate, swap).", ["step"]),
+        tokens_before=counter("compactor_tokens_before", "Projection tokens before the "
+                              "committed compactions."),
+        tokens_after=counter("compactor_tokens_after", "Projection tokens after the "
+                             "committed compactions."),
+        tokens_saved=counter("compactor_tokens_saved", "Projection tokens the committed "
+                             "compactions saved (before - after)."),
+        llm_calls=counter("compactor_llm_calls", "LLM requests made, failed jobs included."),
+        llm_prompt_tokens=counter("compactor_llm_prompt_tokens", "Prompt tokens the "
+                                  "endpoint reported, failed jobs included."),
+        llm_completion_tokens=counter("compactor_llm_completion_tokens", "Completion "
+                                      "tokens the endpoint reported, failed jobs included."),
+        llm_retries=counter("compactor_llm_retries", "SDK-level retries of transient LLM "
+                            "errors."),
+    )
+
+
+def record_job_event(event: Mapping[str, Any]) -> None:
+    """Count one ``compaction.job`` event, when this worker serves metrics."""
+    if _enabled_in_pid is not None:  # set in the main process, inherited by its children
+        job_metrics().observe(event)
+
+
+def enable_metrics(directory: str | None = None) -> Path:
+    """Prepare multiprocess collection in the worker's main process, before the pool
+    forks: the directory (``PROMETHEUS_MULTIPROC_DIR``, else a fresh temporary one) is
+    created and emptied of an earlier run's samples."""
+    global _enabled_in_pid
+    if "prometheus_client.values" in sys.modules and _enabled_in_pid is None:
+        # Its value class was chosen without the directory: samples would stay per process.
+        raise RuntimeError("prometheus_client was imported before the metrics were set up")
+    path = Path(directory or os.environ.get(MULTIPROC_ENV)
+                or tempfile.mkdtemp(prefix="compactor-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.iterdir():
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    _enabled_in_pid = os.getpid()
+    return path
+
+
+def mark_child_dead(pid: int) -> None:
+    """Drop a pool child's live-gauge files as it exits (its counters stay counted)."""
+    if _enabled_in_pid is not None and pid != _enabled_in_pid:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # unannotated upstream
+
+
+def serve_metrics(host: str, port: int, collectors: Sequence[Collector] = ()) -> Any:
+    """Serve every process's samples, and ``collectors`` (read at scrape time), on
+    ``host:port`` from a daemon thread; return the server (``shutdown()`` stops it)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # unannotated upstream
+    for collector in collectors:
+        registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

@@ -1,0 +1,51 @@
+"""When a transiently failed job is tried again: retries bounded by time, not by count
+alone.
+
+A database or provider outage of a minute must not use up a job's retries in seconds,
+so each countdown doubles (with jitter, so that the jobs of one outage do not return
+together) up to ``retry_backoff_max_s``, never sooner than the failure asked (a
+``Retry-After``, the provider breaker's reopening), until ``retry_window_s`` after the
+job's first attempt is spent; ``max_transient_retries`` stays a backstop.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# The first retry waits 2 to 4 s, the next 4 to 8 s, and so on.
+FIRST_BACKOFF_S = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """The plain retry values of the settings."""
+
+    max_retries: int
+    window_s: float
+    backoff_max_s: float
+
+
+def backoff_s(retries: int, backoff_max_s: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with equal jitter: between half and all of the step."""
+    step = min(backoff_max_s, FIRST_BACKOFF_S * 2 ** retries)
+    return (rng or random).uniform(step / 2, step)
+
+
+def next_retry_s(policy: RetryPolicy, *, retries: int, elapsed_s: float | None,
+                 retry_after_s: float | None, rng: random.Random | None = None
+                 ) -> float | None:
+    """The countdown of the next attempt, or None when the job must end now.
+
+    ``retries`` were made already; ``elapsed_s`` is the time since the first attempt
+    began (None when unknown: the count alone then bounds the retries). An earliest
+    time beyond ``backoff_max_s`` is cut to it (a retry held longer would outlive the
+    broker's visibility timeout); the retry then waits again if it must.
+    """
+    if retries >= policy.max_retries:
+        return None
+    countdown = min(policy.backoff_max_s,
+                    max(backoff_s(retries, policy.backoff_max_s, rng), retry_after_s or 0.0))
+    if elapsed_s is not None and elapsed_s + countdown > policy.window_s:
+        return None
+    return countdown
