@@ -137,7 +137,7 @@ def build_summarizer(
     limiter = (FleetRateLimiter(client, keys, settings.llm_rate_limit_per_s)
                if client and settings.llm_rate_limit_per_s > 0 else None)
     return LLMSummarizer(
-        LLMClient(config),
+        LLMClient(config, counter),  # a server that omits usage is counted with it
         counter,
         window_tokens=settings.llm_context_tokens,
         margin_ratio=settings.llm_safety_margin_ratio,

@@ -30,8 +30,10 @@ from tests.support.generated import generated_session, generated_turns
 from tests.support.job_harness import FakeClock
 from tests.support.openai_server import OpenAIServer
 from worker import pipeline
+from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
+from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.errors import Outcome
 from worker.job import JobDeps, JobPolicy, JobRequest, JobResult
 from worker.keys import RedisKeys
@@ -270,6 +272,30 @@ def test_a_second_compaction_sends_only_the_new_span_with_the_prior_as_context(
     # The merge step kept the prior's identifiers next to the new span's.
     artifacts = Summary.model_validate(second.summary).relevant_artifacts
     assert {f"{SESSION}R0", "NEWR0"} <= set(artifacts)
+
+
+def test_a_server_that_omits_usage_is_counted_with_the_workers_encoding(
+    store: Store, database_url: str,
+) -> None:
+    # The summarizer's client is handed the worker's counter: its fallback counts with the
+    # configured encoding, and a pool child builds no second encoding of its own for it.
+    counter = TokenCounter(load_encoding("cl100k_base"))
+    with OpenAIServer(include_usage=False) as bare:
+        settings = build_job_env(database_url, bare.base_url,
+                                 tokenizer_encoding="cl100k_base").settings
+        summarizer = build_summarizer(settings, counter, None,
+                                      RedisKeys(settings.redis_key_prefix))
+        clock = FakeClock()
+        deps = dataclasses.replace(build_deps(settings, store, clock), summarizer=summarizer)
+        harness = Harness(store, deps, job_policy(settings), clock, settings)
+
+        result = harness.run(add_session(harness))
+
+        [request] = bare.requests
+    sent = [parse_message(message) for message in request.body["messages"]]
+    assert result.outcome is Outcome.COMPACTED
+    assert result.figures.prompt_tokens == counter.count_messages(sent)
+    assert result.figures.prompt_tokens != request.prompt_tokens  # the server's o200k count
 
 
 def test_a_job_on_a_database_without_its_tables_still_ends_in_one_outcome(

@@ -256,16 +256,26 @@ def test_an_encoding_is_built_once_per_process_and_shared_by_every_caller() -> N
     assert load_encoding("o200k_base") is not load_encoding("cl100k_base")
 
 
+def test_the_default_arguments_share_the_build_of_the_explicit_ones() -> None:
+    # A worker builds it as ("o200k_base", None) before its pool forks; a caller relying
+    # on the defaults must get that inherited copy, not build ~50 MiB more.
+    explicit = load_encoding("o200k_base", None)
+
+    assert load_encoding() is explicit
+    assert load_encoding(name="o200k_base") is explicit
+    assert load_encoding(cache_dir=None) is explicit
+
+
 def test_a_worker_loads_the_tokenizer_the_driver_and_the_sdk_before_its_pool_forks() -> None:
     script = textwrap.dedent("""
         import sys
-        from worker.compaction.tokens import load_encoding
+        from worker.compaction.tokens import _build_encoding
         from worker.runtime import share_before_fork
         from worker.settings import Settings
 
         share_before_fork(Settings(summarizer="llm", llm_base_url="http://127.0.0.1:9/v1",
                                    database_url="postgresql+psycopg://nobody@127.0.0.1:9/x"))
-        print(load_encoding.cache_info().currsize, "worker.summarizers.llm" in sys.modules,
+        print(_build_encoding.cache_info().currsize, "worker.summarizers.llm" in sys.modules,
               "psycopg" in sys.modules)
     """)
     env = {key: value for key, value in os.environ.items() if not key.startswith("COMPACTOR_")}
@@ -277,6 +287,11 @@ def test_a_worker_loads_the_tokenizer_the_driver_and_the_sdk_before_its_pool_for
     assert done.stdout.split() == ["1", "True", "True"]
 
 
+def build_uncached(name: str, cache_dir: Path) -> tiktoken.Encoding:
+    """A new process's load: past the once-per-process cache."""
+    return tokens._build_encoding.__wrapped__(name, cache_dir)
+
+
 def cached_files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.ranks"))
 
@@ -284,7 +299,7 @@ def cached_files(directory: Path) -> list[Path]:
 def test_the_first_load_caches_the_ranks_and_the_next_reads_them_without_parsing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: dict[str, tiktoken.Encoding]
 ) -> None:
-    load_encoding.__wrapped__("cl100k_base", tmp_path)  # uncached: a new process's load
+    build_uncached("cl100k_base", tmp_path)
     [cached] = cached_files(tmp_path)
     assert cached.name.startswith("cl100k_base.tiktoken.")
 
@@ -292,7 +307,7 @@ def test_the_first_load_caches_the_ranks_and_the_next_reads_them_without_parsing
         raise AssertionError("the cached ranks were not used")
 
     monkeypatch.setattr(tokens, "_parse_bpe", no_parse)
-    from_cache = load_encoding.__wrapped__("cl100k_base", tmp_path)
+    from_cache = build_uncached("cl100k_base", tmp_path)
 
     cl100k = reference["cl100k_base"]
     assert ranks_of(from_cache, cl100k) == cl100k._mergeable_ranks
@@ -304,7 +319,7 @@ def test_the_first_load_caches_the_ranks_and_the_next_reads_them_without_parsing
 def test_a_damaged_cache_is_ignored_and_rewritten(
     damage: str, tmp_path: Path, reference: dict[str, tiktoken.Encoding]
 ) -> None:
-    load_encoding.__wrapped__("cl100k_base", tmp_path)
+    build_uncached("cl100k_base", tmp_path)
     [cached] = cached_files(tmp_path)
     data = bytearray(cached.read_bytes())
     if damage == "flipped byte":
@@ -316,7 +331,7 @@ def test_a_damaged_cache_is_ignored_and_rewritten(
     cached.write_bytes(bytes(data))
     assert rank_cache.read(cached) is None
 
-    rebuilt = load_encoding.__wrapped__("cl100k_base", tmp_path)
+    rebuilt = build_uncached("cl100k_base", tmp_path)
 
     cl100k = reference["cl100k_base"]
     assert ranks_of(rebuilt, cl100k) == cl100k._mergeable_ranks
@@ -338,7 +353,7 @@ def test_an_unwritable_cache_directory_only_costs_the_parse(
     not_a_directory.write_text("")  # the ranks come from the package; no cache fits here
     assert not rank_cache.write(not_a_directory / "x.ranks", {b"a": 0})
 
-    encoding = load_encoding.__wrapped__("cl100k_base", not_a_directory)
+    encoding = build_uncached("cl100k_base", not_a_directory)
 
     cl100k = reference["cl100k_base"]
     assert ranks_of(encoding, cl100k) == cl100k._mergeable_ranks

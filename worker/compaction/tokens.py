@@ -105,13 +105,21 @@ def _offline_encoding_class() -> type[_OfflineEncoding]:
     return cast("type[_OfflineEncoding]", OfflineEncoding)
 
 
-# Building an encoding takes ~50 MiB (tiktoken's Rust tables; the Python ranks are freed
-# once they are built) and, even with the ranks cached, the Rust table build (~0.15-0.4 s
-# of CPU, holding the GIL); an encoding is read-only, so a process builds each one once,
-# and a worker builds it before the pool forks, so that every child shares its pages.
-@functools.cache
 def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> tiktoken.Encoding:
     """Build the named tiktoken encoding without any network access, once per process."""
+    # One cache key however it is called: ``functools.cache`` keys on the arguments as
+    # passed, so ``load_encoding()`` would otherwise build a second copy of the encoding a
+    # worker's pool child inherited as ``load_encoding("o200k_base", None)``.
+    return _build_encoding(name, cache_dir)
+
+
+# Building an encoding takes ~50 MiB (tiktoken's Rust tables; the Python ranks are freed
+# once they are built) and, even with the ranks cached, ~0.1 s of CPU on a quiet core
+# (the Rust table build alone ~55 ms, holding the GIL); an encoding is read-only, so a
+# process builds each one once, and a worker builds it before the pool forks, so that
+# every child shares its pages.
+@functools.cache
+def _build_encoding(name: str, cache_dir: Path | None) -> tiktoken.Encoding:
     if name not in SUPPORTED_ENCODINGS:
         raise TokenizerUnavailable(
             f"unsupported encoding {name!r}; choose one of {', '.join(SUPPORTED_ENCODINGS)}"
