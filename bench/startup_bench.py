@@ -1,5 +1,6 @@
-"""Start-up costs a user waits for: `compactor --help`, and the tokenizer's load in a
-fresh process, each paired with `python -c pass` run in the same round.
+"""Start-up costs a user waits for: `compactor --help` (and `-h`, and two commands' help),
+and the tokenizer's load in a fresh process, each paired with `python -c pass` run in the
+same round.
 
 Every round runs each command once, in a rotating order, as a fresh process; the figure
 that holds on a shared machine is the per-round difference from the paired `python -c
@@ -7,7 +8,8 @@ pass` (min and median over rounds). Each process's CPU time (user + system, from
 ``getrusage``) is printed too: on a machine shared with other work a process waits for a
 core, and its CPU time does not count the wait. The tokenizer's load is also timed inside
 the process (``load_encoding`` alone), with its ranks cache warm and with an empty one (a
-first start, or a new encoding file), and against tiktoken's own loader.
+first start, or a new encoding file), against tiktoken's own loader, and tiktoken's Rust
+table build alone (from ranks already read: what no cache of ours can skip).
 
 ``--compare-tree DIR`` adds `compactor --help` as the code in DIR (a `git archive` of
 another commit, say) runs it with this environment, to the same rounds: a before/after
@@ -45,6 +47,13 @@ COMPACTOR = str(Path(sys.executable).with_name("compactor"))
 LOAD_ENCODING = (
     "import time; from worker.compaction import load_encoding; t = time.perf_counter(); "
     "load_encoding('o200k_base'); print(time.perf_counter() - t)"
+)
+# Prints the seconds tiktoken's Rust table build took, from ranks already read (the part
+# of load_encoding no cache of ours can skip).
+TABLE_BUILD = (
+    "import time, tiktoken; from worker.compaction.tokens import read_encoding_args; "
+    "args = read_encoding_args('o200k_base'); t = time.perf_counter(); "
+    "tiktoken.Encoding(**args); print(time.perf_counter() - t)"
 )
 # The console script's entry point, for a source tree put first on the path.
 HELP_FROM_PATH = "from scheduler.cli.main import app; app()"
@@ -116,6 +125,11 @@ def main() -> None:
             Probe("tiktoken.get_encoding (its own loader)", [PYTHON, "-c", TIKTOKEN_OWN],
                   {"TIKTOKEN_CACHE_DIR": str(tiktoken_cache(Path(tempfile.mkdtemp(dir=root))))},
                   in_process=True),
+            Probe("tiktoken's table build alone, ranks cached", [PYTHON, "-c", TABLE_BUILD],
+                  in_process=True),
+            Probe("compactor -h", [COMPACTOR, "-h"]),
+            Probe("compactor compact --help", [COMPACTOR, "compact", "--help"]),
+            Probe("compactor db upgrade --help", [COMPACTOR, "db", "upgrade", "--help"]),
         ]
         for tree in [SOURCE_TREE] + ([args.compare_tree] if args.compare_tree else []):
             for package in PACKAGES:

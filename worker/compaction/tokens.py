@@ -114,12 +114,21 @@ def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> ti
 
 
 # Building an encoding takes ~50 MiB (tiktoken's Rust tables; the Python ranks are freed
-# once they are built) and, even with the ranks cached, ~0.1 s of CPU on a quiet core
-# (the Rust table build alone ~55 ms, holding the GIL); an encoding is read-only, so a
+# once they are built) and, even with the ranks cached, ~0.1 s of CPU on a quiet core, over
+# half of it tiktoken's Rust table build (holding the GIL); an encoding is read-only, so a
 # process builds each one once, and a worker builds it before the pool forks, so that
 # every child shares its pages.
 @functools.cache
 def _build_encoding(name: str, cache_dir: Path | None) -> tiktoken.Encoding:
+    encoding = _offline_encoding_class()(**read_encoding_args(name, cache_dir))
+    encoding.load_args = (name, cache_dir)
+    del encoding._mergeable_ranks  # the dict's last reference: freed here
+    return encoding
+
+
+def read_encoding_args(name: str, cache_dir: Path | None = None) -> dict[str, Any]:
+    """tiktoken's ``Encoding`` arguments for ``name`` (pattern, special tokens, ranks), read
+    offline: everything but the Rust table build (``bench/startup_bench.py`` times both)."""
     if name not in SUPPORTED_ENCODINGS:
         raise TokenizerUnavailable(
             f"unsupported encoding {name!r}; choose one of {', '.join(SUPPORTED_ENCODINGS)}"
@@ -137,10 +146,8 @@ def _build_encoding(name: str, cache_dir: Path | None) -> tiktoken.Encoding:
         constructor.__code__, {**constructor.__globals__, "load_tiktoken_bpe": load_bpe},
         constructor.__name__,
     )
-    encoding = _offline_encoding_class()(**offline_constructor())
-    encoding.load_args = (name, cache_dir)
-    del encoding._mergeable_ranks  # the dict's last reference: freed here
-    return encoding
+    args: dict[str, Any] = offline_constructor()
+    return args
 
 
 def _parse_bpe(data: bytes) -> dict[bytes, int]:
