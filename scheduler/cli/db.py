@@ -19,9 +19,11 @@ from scheduler.cli.common import (
     stderr_console,
     stdout_console,
 )
+from scheduler.cli.groups import CommandGroup
 from worker.backfill import DEFAULT_BATCH_MESSAGES
 
 db_app = typer.Typer(
+    cls=CommandGroup,
     help="The database schema (alembic migrations packaged with the service).",
     no_args_is_help=True,
 )

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scheduler.cli.common import expected_errors, fail, get_settings, print_json, stdout_console
+from scheduler.cli.groups import CommandGroup
 from worker.keys import RedisKeys
 
 if TYPE_CHECKING:
@@ -28,8 +29,8 @@ EXIT_NOT_FOUND = 3
 EXIT_REFUSED = 4
 SHOWN_ITEM_CHARS = 2_000
 
-dead_app = typer.Typer(help="Queue items the workers refused: list, show, retry, purge.",
-                       no_args_is_help=True)
+dead_app = typer.Typer(cls=CommandGroup, no_args_is_help=True,
+                       help="Queue items the workers refused: list, show, retry, purge.")
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON on stdout.")]
 EntryArgument = Annotated[str, typer.Argument(metavar="ID", help="The entry's id (from list).")]
 

@@ -22,6 +22,7 @@ from scheduler.cli.common import (
     stdout_console,
     to_jsonable,
 )
+from scheduler.cli.groups import CommandGroup
 from worker.compaction import Outcome
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
 T = TypeVar("T")
-breaker_app = typer.Typer(help="Inspect or reset a session's failure breaker.",
-                          no_args_is_help=True)
+breaker_app = typer.Typer(cls=CommandGroup, no_args_is_help=True,
+                          help="Inspect or reset a session's failure breaker.")
 
 
 def register(app: typer.Typer) -> None:

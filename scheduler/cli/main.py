@@ -11,16 +11,16 @@ import logging
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
 
 from scheduler.cli import check, data, demo, jobs, lifecycle, platform, recall, schedule, sessions
 from scheduler.cli.db import db_app
 from scheduler.cli.dead import dead_app
+from scheduler.cli.groups import CommandGroup
 
 HELP_FLAGS = ("--help", "-h")
 
 
-class _HelpAwareGroup(TyperGroup):
+class _HelpAwareGroup(CommandGroup):
     """Notes whether a subcommand's help was asked for, before the callback runs: help
     is shown whatever the settings (`compactor check` reports them)."""
 
