@@ -51,7 +51,7 @@ LOAD_ENCODING = (
 # Prints the seconds load_encoding spent past reading tiktoken's arguments (import,
 # cached ranks): tiktoken's Rust table build, the part no cache of ours can skip. Timed
 # inside load_encoding's own call (a build timed alone, from ranks read at module level,
-# measured ~30 ms slower in the same runs).
+# measured 30-60 ms slower in the same runs).
 TABLE_BUILD = (
     "import time; from worker.compaction import tokens; read = tokens.read_encoding_args\n"
     "def timed(*args):\n"
