@@ -118,6 +118,18 @@ def test_every_found_value_occurs_verbatim_in_the_text(text: str, said: bool) ->
         assert value in text
 
 
+def test_identifiers_come_back_in_text_order_with_labelled_values_in_place() -> None:
+    # Word offsets decide the order, the labelled values' overlaps and whether a short
+    # version follows a runtime's name (the first 3.11 does, the last does not).
+    text = ('Python 3.11 broke src/app/main.py:12; then "booking_id": "HAT170" x<=2.0.1 '
+            "order id is ZFA04Y<E3283-SCHEMA (HTTP 503), 3.11")
+    assert find_identifiers(text) == [
+        ("3.11", "version"), ("src/app/main.py", "path"), ("HAT170", "id"),
+        ("x<=2.0.1", "version"), ("ZFA04Y", "id"), ("E3283-SCHEMA", "error"),
+        ("HTTP 503", "error"),
+    ]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.from_regex(r"[a-z]{2,8}(_[a-z]{1,6})?_[0-9]{1,3}", fullmatch=True))
 def test_a_bare_snake_case_name_with_digits_in_tool_output_is_never_an_identifier(
