@@ -35,6 +35,7 @@ from worker.compaction import (
     rank_artifacts,
     summary_block_message,
     validate_summary,
+    verbatim_items,
 )
 from worker.errors import (
     BreakerOpen,
@@ -262,7 +263,8 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     # The block was counted once, at the merge; only the message's framing is added.
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens
-    block_text = TextGrams(validated.fitted.text)
+    # The block's own items need no scan: it holds them verbatim.
+    block_text = TextGrams(validated.fitted.text, known=verbatim_items(validated.summary))
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
                identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
                                            for a in work.artifacts),

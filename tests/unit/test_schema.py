@@ -24,6 +24,7 @@ from worker.compaction.schema import (
     render_summary_block,
     summary_block_message,
     summary_json_schema,
+    verbatim_items,
 )
 
 PHRASES = (
@@ -121,6 +122,21 @@ def test_the_block_says_in_one_line_that_earlier_details_are_one_recall_away() -
 def test_identical_summaries_render_identical_bytes(summary: Summary) -> None:
     copy = Summary.model_validate_json(summary.model_dump_json())
     assert render_summary_block(copy).encode() == render_summary_block(summary).encode()
+
+
+BROKEN_ITEMS = st.sampled_from((*PHRASES, "first\nsecond", "a\r\nb", " x \n\n y "))
+
+
+@settings(max_examples=60, deadline=None)
+@given(SUMMARIES, st.lists(BROKEN_ITEMS, max_size=4), st.lists(BROKEN_ITEMS, max_size=4))
+def test_the_block_holds_every_verbatim_item_and_none_with_a_line_break(
+    summary: Summary, pending: list[str], artifacts: list[str]
+) -> None:
+    summary = summary.model_copy(update={"pending": pending, "relevant_artifacts": artifacts})
+    text = render_summary_block(summary)
+    items = [item for name in LIST_SECTIONS for item in summary.items_of(name)]
+    assert verbatim_items(summary) == {i for i in items if "\n" not in i and "\r" not in i}
+    assert all(item in text for item in verbatim_items(summary))
 
 
 def test_an_item_with_line_breaks_stays_one_bullet() -> None:

@@ -201,6 +201,13 @@ def artifact_lines(items: Sequence[str]) -> list[str]:
     return lines
 
 
+def verbatim_items(summary: Summary) -> set[str]:
+    """The items its rendered block holds character for character: all but those with a
+    line break (their bullet line joins the lines)."""
+    return {item for name in LIST_SECTIONS for item in summary.items_of(name)
+            if "\n" not in item and "\r" not in item}
+
+
 def summary_text(summary: Summary) -> str:
     """Return the goal and every item, one per line: where identifiers are looked for."""
     items = (item for name in LIST_SECTIONS for item in summary.items_of(name))
