@@ -183,18 +183,20 @@ def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter) -
     asked = ""
     for stored in messages:
         message, text = stored.message, stored.message.text
+        if message.role not in (Role.USER, Role.ASSISTANT):
+            continue
+        sentences = _sentences([text])
         if message.role is Role.ASSISTANT and text.strip():
-            questions = [s for s in _sentences([text]) if s.endswith("?")]
+            questions = [s for s in sentences if s.endswith("?")]
             asked = questions[-1] if questions else asked
         if message.role is Role.USER and _CONFIRMATION.match(text):
             context = f" (to: {_clip(asked, SENTENCE_TOKENS // 2, counter)})" if asked else ""
             decisions.append(f"User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
             continue
-        if message.role in (Role.USER, Role.ASSISTANT):
-            agent = message.role is Role.ASSISTANT
-            decisions.extend(
-                _clip(s, SENTENCE_TOKENS, counter) for s in _sentences([text])
-                if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
+        agent = message.role is Role.ASSISTANT
+        decisions.extend(
+            _clip(s, SENTENCE_TOKENS, counter) for s in sentences
+            if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
     return list(dict.fromkeys(decisions))[-MAX_DECISIONS:]
 
 

@@ -135,7 +135,8 @@ def render_summary_block(summary: Summary, *, artifacts: Sequence[str] = ()) -> 
     ``artifacts`` are listed under the relevant artifacts heading after the summary's own
     items, skipping any the summary text already carries.
     """
-    known = summary_text(summary)
+    # Joining every item to look the extra values up is skipped when there are none.
+    known = summary_text(summary) if artifacts else ""
     extra = [value for value in dict.fromkeys(artifacts) if value and value not in known]
     if extra:
         summary = summary.model_copy(
