@@ -3,8 +3,8 @@ pipeline in this process on PostgreSQL, each job on its own copy of a generated 
 
 One untimed warm-up job per size, then ``gc.freeze()`` as a worker does after its first
 job; each timed job's process CPU time (``time.process_time``) and wall time are
-printed as min / median. ``--profile`` runs one more job per size under cProfile and
-prints its top functions by cumulative, then by own time.
+printed as min / median, then each step's CPU time (median). ``--profile`` runs one more
+job per size under cProfile and prints its top functions by cumulative, then by own time.
 """
 
 from __future__ import annotations
@@ -13,18 +13,45 @@ import cProfile
 import gc
 import pstats
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from bench.common import inline_runtime, private_database, run_inline
 from bench.report import bench_parser, median, print_header, print_load, print_table
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
 from worker.errors import Outcome
+from worker.job import JobTrace
 
 PROFILE_LINES = 35
+STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
+
+
+@contextmanager
+def step_cpu_recorded(cpu_ms: dict[str, list[float]]) -> Iterator[None]:
+    """Record each pipeline step's CPU time (this thread's) into ``cpu_ms`` as well: the
+    job's own ``durations_ms`` are wall times."""
+    wall_step = JobTrace.step
+
+    @contextmanager
+    def step(trace: JobTrace, name: str) -> Iterator[None]:
+        began = time.thread_time()
+        try:
+            with wall_step(trace, name):
+                yield
+        finally:
+            cpu_ms.setdefault(name, []).append((time.thread_time() - began) * 1000)
+
+    JobTrace.step = step  # type: ignore[method-assign,assignment]  # bench only, restored below
+    try:
+        yield
+    finally:
+        JobTrace.step = wall_step  # type: ignore[method-assign]
 
 
 def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: bool
-              ) -> tuple[list[float], list[float]]:
-    """CPU and wall ms of ``jobs`` timed jobs on copies of ``session``."""
+              ) -> tuple[list[float], list[float], dict[str, list[float]]]:
+    """CPU and wall ms of ``jobs`` timed jobs on copies of ``session``, and their steps'
+    CPU ms."""
     ids = [f"cpu-{session.tokens}-{i}" for i in range(jobs + 2)]
     with inline_runtime(database_url, summarizer="extractive",
                         model_context_tokens=round(session.tokens * 1.28),
@@ -32,12 +59,15 @@ def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: b
         import_copies(runtime.store, session, ids)
         _checked(run_inline(runtime, ids[0]).outcome)
         gc.freeze()
-        cpu_ms, wall_ms = [], []
-        for session_id in ids[1:-1]:
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            _checked(run_inline(runtime, session_id).outcome)
-            cpu_ms.append((time.process_time() - cpu0) * 1000)
-            wall_ms.append((time.perf_counter() - wall0) * 1000)
+        cpu_ms: list[float] = []
+        wall_ms: list[float] = []
+        step_ms: dict[str, list[float]] = {}
+        with step_cpu_recorded(step_ms):
+            for session_id in ids[1:-1]:
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                _checked(run_inline(runtime, session_id).outcome)
+                cpu_ms.append((time.process_time() - cpu0) * 1000)
+                wall_ms.append((time.perf_counter() - wall0) * 1000)
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
@@ -47,7 +77,7 @@ def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: b
             stats = pstats.Stats(profiler)
             stats.sort_stats("cumulative").print_stats(PROFILE_LINES)
             stats.sort_stats("tottime").print_stats(PROFILE_LINES)
-    return cpu_ms, wall_ms
+    return cpu_ms, wall_ms, step_ms
 
 
 def _checked(outcome: Outcome) -> None:
@@ -67,14 +97,19 @@ def main() -> None:
     print_header("worker CPU per job, extractive summarizer, in-process")
     counter = new_counter()
     sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
-    rows = []
+    rows, step_rows = [], []
     with private_database() as url:
         for session in sessions:
-            cpu_ms, wall_ms = time_jobs(url, session, args.jobs, profile=args.profile)
+            cpu_ms, wall_ms, step_ms = time_jobs(url, session, args.jobs, profile=args.profile)
             rows.append((session.tokens, len(session.rows), len(cpu_ms), min(cpu_ms),
                          median(cpu_ms), min(wall_ms), median(wall_ms)))
+            step_rows.append((session.tokens,
+                              *(median(step_ms[step]) if step in step_ms else 0.0
+                                for step in STEPS)))
     print_table(("session tokens", "messages", "jobs", "CPU ms min", "CPU ms median",
                  "wall ms min", "wall ms median"), rows)
+    print("\nCPU ms per step (median; the thread's CPU time inside each step):")
+    print_table(("session tokens", *STEPS), step_rows)
     print_load()
 
 

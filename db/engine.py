@@ -8,6 +8,7 @@ front and two writers never deadlock on a read-to-write lock upgrade. Read trans
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -15,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 # Execution option read by the SQLite begin hook; a name SQLAlchemy itself never uses.
 SQLITE_BEGIN_OPTION = "compactor_sqlite_begin"
+_JSON_DECODER = json.JSONDecoder()
 
 
 def create_db_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engine:
@@ -23,10 +25,18 @@ def create_db_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engin
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     # hide_parameters: bound values are message contents, which never go into errors/logs.
-    engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
+    engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True,
+                           json_deserializer=load_json)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine, sqlite_busy_timeout_ms)
     return engine
+
+
+def load_json(data: str | bytes) -> Any:
+    """Decode a JSON column as ``json.loads`` does, without its sniffing of a byte
+    string's encoding: the database sends UTF-8, and a job decodes two values a message
+    (bodies and identifiers, ~9k at 1M tokens; 1.6 -> 0.5 us for a small one)."""
+    return _JSON_DECODER.decode(data.decode() if isinstance(data, bytes) else data)
 
 
 def with_postgres_timeouts(url: str, *, connect_timeout_s: int, statement_timeout_s: int,

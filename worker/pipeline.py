@@ -7,6 +7,9 @@ store's compare-and-swap of the active revision; the lease only saves wasted wor
 from __future__ import annotations
 
 import dataclasses
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +38,7 @@ from worker.compaction import (
     rank_artifacts,
     summary_block_message,
     validate_summary,
+    verbatim_items,
 )
 from worker.errors import (
     BreakerOpen,
@@ -88,6 +92,27 @@ class Revision:
 def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
     """Run one job to its outcome; never raises. Three store transactions: the lease
     (which reads the session row), the snapshot, and the one write that ends the job."""
+    with _collector_paused():
+        return _run(request, deps, policy)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Hold the cyclic garbage collector off for one job. A job's objects die by reference
+    count when it ends; its allocations would otherwise set off collections that walk
+    everything it holds (2-3 full ones on a 1M-token snapshot, ~25 ms, up to 10% of the
+    job's CPU). The first collection after the job takes any cycles it left."""
+    if not gc.isenabled():  # someone else holds it off: leave it to them
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
     trace = JobTrace(request, started_at=deps.clock())
     # The job's own counter: each distinct line or block is encoded once per job.
     deps = dataclasses.replace(deps, counter=deps.counter.for_job())
@@ -262,7 +287,8 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     # The block was counted once, at the merge; only the message's framing is added.
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens
-    block_text = TextGrams(validated.fitted.text)
+    # The block's own items need no scan: it holds them verbatim.
+    block_text = TextGrams(validated.fitted.text, known=verbatim_items(validated.summary))
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
                identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
                                            for a in work.artifacts),

@@ -236,5 +236,5 @@ def test_the_passed_values_sweep_returns_the_values_covering_each_call_in_any_or
                  for i, (a, b) in enumerate(ranges)]
     passed = _PassedValues(artifacts)
     for seq in [*sorted(seqs), *seqs]:  # in seq order, then as drawn (restarts)
-        covering = {a.value for a in passed.covering(seq)}
+        covering = set(passed.covering(seq))
         assert covering == {a.value for a in artifacts if a.first_seq <= seq <= a.last_seq}

@@ -7,13 +7,15 @@ contract is held to the real one in ``tests/integration/test_store_contract.py``
 from __future__ import annotations
 
 import dataclasses
+import gc
+from datetime import datetime
 
 import pytest
 from structlog.testing import capture_logs
 
 from db import NewRevision, NewRun
 from tests.support.generated import generated_turns
-from tests.support.job_harness import LEASE_TTL_S, JobHarness
+from tests.support.job_harness import LEASE_TTL_S, FakeClock, JobHarness
 from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.schema import Summary, empty_summary
@@ -68,6 +70,29 @@ def test_a_session_over_the_trigger_is_compacted_into_its_run_and_a_smaller_proj
         ("compacted", revision.id, "over_trigger")
     assert run.figures["identifiers_recall_only"] == figures.identifiers_recall_only
     assert after.lease_owner is None and harness.store.messages(SESSION) == history
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_job_holds_the_garbage_collector_off_and_leaves_it_as_it_found_it(
+    harness: JobHarness, monkeypatch: pytest.MonkeyPatch, enabled_before: bool
+) -> None:
+    harness.add_session(SESSION, LONG_TURNS)
+    enabled_during: list[bool] = []
+    read_clock = FakeClock.__call__
+
+    def recording_clock(clock: FakeClock) -> datetime:
+        enabled_during.append(gc.isenabled())
+        return read_clock(clock)
+
+    monkeypatch.setattr(FakeClock, "__call__", recording_clock)
+    if not enabled_before:
+        gc.disable()
+    try:
+        assert harness.run(SESSION).outcome is Outcome.COMPACTED
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()
+    assert enabled_during and not any(enabled_during)
 
 
 def test_a_session_under_the_trigger_is_skipped_without_a_summary(harness: JobHarness) -> None:

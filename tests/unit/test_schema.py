@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from worker.compaction.schema import (
+    ARTIFACT_VALUE_CHARS,
     BLOCK_FOOTER,
     BLOCK_HEADER,
     EMPTY_ITEM_LINE,
@@ -21,9 +22,11 @@ from worker.compaction.schema import (
     SUMMARY_SECTIONS,
     Summary,
     empty_summary,
+    is_packable,
     render_summary_block,
     summary_block_message,
     summary_json_schema,
+    verbatim_items,
 )
 
 PHRASES = (
@@ -121,6 +124,32 @@ def test_the_block_says_in_one_line_that_earlier_details_are_one_recall_away() -
 def test_identical_summaries_render_identical_bytes(summary: Summary) -> None:
     copy = Summary.model_validate_json(summary.model_dump_json())
     assert render_summary_block(copy).encode() == render_summary_block(summary).encode()
+
+
+BROKEN_ITEMS = st.sampled_from((*PHRASES, "first\nsecond", "a\r\nb", " x \n\n y "))
+
+
+@settings(max_examples=60, deadline=None)
+@given(SUMMARIES, st.lists(BROKEN_ITEMS, max_size=4), st.lists(BROKEN_ITEMS, max_size=4))
+def test_the_block_holds_every_verbatim_item_and_none_with_a_line_break(
+    summary: Summary, pending: list[str], artifacts: list[str]
+) -> None:
+    summary = summary.model_copy(update={"pending": pending, "relevant_artifacts": artifacts})
+    text = render_summary_block(summary)
+    items = [item for name in LIST_SECTIONS for item in summary.items_of(name)]
+    assert verbatim_items(summary) == {i for i in items if "\n" not in i and "\r" not in i}
+    assert all(item in text for item in verbatim_items(summary))
+
+
+@given(st.text(alphabet="aZ1 ,;-_\u00e9\u0661\u00b2\t", max_size=12)
+       | st.text(min_size=95, max_size=105))
+def test_an_artifact_is_packable_when_short_without_separators_and_one_word_has_letters(
+    item: str,
+) -> None:
+    words_with_letters = sum(any(char.isalpha() for char in word) for word in item.split())
+    expected = (0 < len(item) <= ARTIFACT_VALUE_CHARS and "," not in item and ";" not in item
+                and words_with_letters <= 1)
+    assert is_packable(item) is expected
 
 
 def test_an_item_with_line_breaks_stays_one_bullet() -> None:

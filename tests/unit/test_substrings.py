@@ -19,6 +19,17 @@ def test_text_grams_contains_what_in_contains(text: str, values: list[str]) -> N
     assert [grams.contains(v) for v in values] == [v in text for v in values]
 
 
+@given(TEXTS, VALUES, st.data())
+def test_values_known_to_occur_are_answered_as_in_answers(
+    text: str, values: list[str], data: st.DataObject
+) -> None:
+    windows = [text[i:j] for i in range(len(text)) for j in range(i, len(text) + 1)]
+    known = data.draw(st.lists(st.sampled_from(windows), max_size=5)) if windows else []
+    grams = TextGrams(text, known=known)
+    assert [grams.contains(v) for v in [*values, *known]] == \
+        [v in text for v in [*values, *known]]
+
+
 def test_a_long_text_rejects_absent_identifiers_and_keeps_present_ones() -> None:
     text = "- src/app/models.py, ERR-4412, v2.3.1\n" * 200 + "tail 0xdeadbeef"
     values = ["src/app/models.py", "ERR-4412", "0xdeadbeef", "src/app/views.py", "ERR-4413"]

@@ -84,6 +84,7 @@ if TYPE_CHECKING:
         render_summary_block,
         summary_block_message,
         summary_json_schema,
+        verbatim_items,
     )
     from worker.compaction.strategies import StrategyConfig, StrategyName, apply_strategy
     from worker.compaction.substrings import TextGrams
@@ -156,6 +157,7 @@ _DEFINED_IN = {
     "render_summary_block": "worker.compaction.schema",
     "summary_block_message": "worker.compaction.schema",
     "summary_json_schema": "worker.compaction.schema",
+    "verbatim_items": "worker.compaction.schema",
     "StrategyConfig": "worker.compaction.strategies",
     "StrategyName": "worker.compaction.strategies",
     "apply_strategy": "worker.compaction.strategies",
@@ -250,4 +252,5 @@ __all__ = [
     "summary_block_message",
     "summary_json_schema",
     "validate_summary",
+    "verbatim_items",
 ]

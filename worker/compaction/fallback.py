@@ -5,6 +5,7 @@ LLM's, built by plain-language rules from the span, for when no LLM may or can b
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -183,18 +184,20 @@ def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter) -
     asked = ""
     for stored in messages:
         message, text = stored.message, stored.message.text
+        if message.role not in (Role.USER, Role.ASSISTANT):
+            continue
+        sentences = _sentences([text])
         if message.role is Role.ASSISTANT and text.strip():
-            questions = [s for s in _sentences([text]) if s.endswith("?")]
+            questions = [s for s in sentences if s.endswith("?")]
             asked = questions[-1] if questions else asked
         if message.role is Role.USER and _CONFIRMATION.match(text):
             context = f" (to: {_clip(asked, SENTENCE_TOKENS // 2, counter)})" if asked else ""
             decisions.append(f"User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
             continue
-        if message.role in (Role.USER, Role.ASSISTANT):
-            agent = message.role is Role.ASSISTANT
-            decisions.extend(
-                _clip(s, SENTENCE_TOKENS, counter) for s in _sentences([text])
-                if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
+        agent = message.role is Role.ASSISTANT
+        decisions.extend(
+            _clip(s, SENTENCE_TOKENS, counter) for s in sentences
+            if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
     return list(dict.fromkeys(decisions))[-MAX_DECISIONS:]
 
 
@@ -232,10 +235,10 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
     return looked + actions
 
 
-def _call_values(arguments: str, passed: Sequence[Artifact]) -> list[str]:
+def _call_values(arguments: str, passed: Sequence[str]) -> list[str]:
     """The identifiers a call passed, in argument order, from the span's stored index (the
     arguments are not scanned for identifiers again)."""
-    found = [(arguments.find(a.value), a.value) for a in passed if a.value in arguments]
+    found = [(arguments.find(value), value) for value in passed if value in arguments]
     return [value for _, value in sorted(found)]
 
 
@@ -244,7 +247,9 @@ class _PassedValues:
 
     Calls come in seq order, so one sweep keeps the covering values: a 1M-token span
     has ~2.5k calls and thousands of values, and trying every value on every call cost
-    ~0.25 s. A call earlier than the last one asked restarts the sweep.
+    ~0.25 s. The covering values are filtered again only when one starts or ends (a few
+    hundred times, not at each call); a call earlier than the last one asked restarts
+    the sweep.
     """
 
     def __init__(self, artifacts: Iterable[Artifact]) -> None:
@@ -254,8 +259,10 @@ class _PassedValues:
     def _restart(self) -> None:
         self._next, self._seq = 0, -1
         self._active: list[Artifact] = []
+        self._values: list[str] = []
+        self._first_end = math.inf  # the earliest last_seq among the active values
 
-    def covering(self, seq: int) -> list[Artifact]:
+    def covering(self, seq: int) -> list[str]:
         """The values with ``first_seq <= seq <= last_seq``."""
         if seq < self._seq:
             self._restart()
@@ -263,9 +270,13 @@ class _PassedValues:
         by_first, start = self._by_first, self._next
         while self._next < len(by_first) and by_first[self._next].first_seq <= seq:
             self._next += 1
+        if start == self._next and seq <= self._first_end:
+            return self._values  # none started or ended since the last call
         self._active = [a for a in (*self._active, *by_first[start:self._next])
                         if a.last_seq >= seq]
-        return self._active
+        self._first_end = min((a.last_seq for a in self._active), default=math.inf)
+        self._values = [a.value for a in self._active]
+        return self._values
 
 
 def _digest_result(text: str, counter: TokenCounter) -> str:

@@ -107,14 +107,13 @@ def search_text(message: ChatMessage) -> str:
     return "\n".join([message.text, *calls]) if calls else message.text
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tally:
     kind: str
     count: int
     mentions: int
     first_seq: int
     last_seq: int
-    order: int
     sources: set[str]
 
 
@@ -137,7 +136,7 @@ def collect_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -
             said = 0 if source == "tool_output" else count
             tally = tallies.get(value)
             if tally is None:
-                tallies[value] = _Tally(kind, count, said, seq, seq, len(tallies), {source})
+                tallies[value] = _Tally(kind, count, said, seq, seq, {source})
                 continue
             tally.count += count
             tally.mentions += said
@@ -146,16 +145,11 @@ def collect_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -
             tally.sources.add(source)
             if weights.get(kind, 0) > weights.get(tally.kind, 0):
                 tally.kind = kind
-    ranked = sorted(
-        tallies.items(),
-        key=lambda item: (-_score(item[1]), item[1].first_seq, item[1].order),
-    )
+    # A stable sort: equal keys stay in first-seen order.
+    ranked = sorted(tallies.items(), key=lambda item: (
+        -weights.get(item[1].kind, 1) * (item[1].count + item[1].mentions), item[1].first_seq))
     return [Artifact(value, t.kind, t.count, t.first_seq, t.last_seq, frozenset(t.sources))
             for value, t in ranked]
-
-
-def _score(tally: _Tally) -> int:
-    return KIND_WEIGHTS.get(tally.kind, 1) * (tally.count + tally.mentions)
 
 
 def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from worker.compaction.budget import FittedSummary, fit_summary
 from worker.compaction.schema import LIST_SECTIONS, Summary
+from worker.compaction.substrings import TextGrams
 from worker.compaction.tokens import TokenCounter
 
 # Prior items a resolved entry can close; resolved and completed work stay as history.
@@ -52,23 +54,24 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     decides nothing the index ranks. The budget is shared by section, the new
     span's items first up to their reserved share (:func:`fit_summary`).
     """
-    merged = new if prior is None else _merge_sections(prior, new)
-    known = "\n".join([merged.goal, *(item for name in LIST_SECTIONS
-                                      if name not in HISTORY_SECTIONS
-                                      for item in merged.items_of(name))])
+    keys = _ItemKeys()
+    merged = new if prior is None else _merge_sections(prior, new, keys)
+    known = TextGrams("\n".join([merged.goal, *(item for name in LIST_SECTIONS
+                                                if name not in HISTORY_SECTIONS
+                                                for item in merged.items_of(name))]))
     wanted = [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
     # A listed identifier costs at least a few tokens: more than this could never fit.
     most = budget_tokens // MIN_ARTIFACT_TOKENS
-    missing = [value for value in wanted if value not in known][:most]
+    missing = list(islice((value for value in wanted if not known.contains(value)), most))
     # The span's indexed values lead in salience order, whichever summarizer listed them
     # or left them out; the summarizer's other items follow.
-    listed = {normalize_item(item) for item in new.relevant_artifacts}
-    leading = [value for value in wanted if normalize_item(value) in listed]
+    listed = {keys[item] for item in new.relevant_artifacts}
+    leading = [value for value in wanted if keys[value] in listed]
     earlier = prior.relevant_artifacts if prior else []
-    fresh = _dedupe([*_in_order(leading, missing, wanted), *new.relevant_artifacts])
-    artifacts = _dedupe([*fresh, *earlier])
+    fresh = _dedupe([*_in_order(leading, missing, wanted), *new.relevant_artifacts], keys)
+    artifacts = _dedupe([*fresh, *earlier], keys)
     merged = merged.model_copy(update={"relevant_artifacts": artifacts})
-    prior_items = _prior_items(prior, merged, len(fresh))
+    prior_items = _prior_items(prior, merged, len(fresh), keys)
     fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
     return MergedSummary(fitted, tuple(value for value in missing if value in kept))
@@ -85,45 +88,54 @@ def normalize_item(text: str) -> str:
     return " ".join(text.split()).rstrip(".;:!").casefold()
 
 
-def _merge_sections(prior: Summary, new: Summary) -> Summary:
+class _ItemKeys(dict[str, str]):
+    """Each item's ``normalize_item`` key, computed on first use: a merge compares the
+    span's identifiers (~14k at 1M tokens) three times."""
+
+    def __missing__(self, item: str) -> str:
+        key = self[item] = normalize_item(item)
+        return key
+
+
+def _merge_sections(prior: Summary, new: Summary, keys: _ItemKeys) -> Summary:
     merged: dict[str, Any] = {"goal": new.goal or prior.goal}
-    resolved_keys = [normalize_item(done) for done in new.resolved]
+    resolved_keys = [keys[done] for done in new.resolved]
     for name in LIST_SECTIONS:
         earlier = prior.items_of(name)
         if name in CLOSABLE_SECTIONS:
-            earlier = [item for item in earlier if not _is_settled_by(item, resolved_keys)]
-        merged[name] = _dedupe([*earlier, *new.items_of(name)])
+            earlier = [item for item in earlier
+                       if not _is_settled_by(keys[item], resolved_keys)]
+        merged[name] = _dedupe([*earlier, *new.items_of(name)], keys)
     return Summary.model_validate(merged)
 
 
-def _prior_items(prior: Summary | None, merged: Summary, fresh_artifacts: int
-                 ) -> dict[str, set[int]]:
+def _prior_items(prior: Summary | None, merged: Summary, fresh_artifacts: int,
+                 keys: _ItemKeys) -> dict[str, set[int]]:
     """The indexes of each merged section's items that came from the prior summary (an
     artifact the new span named again counts as the span's)."""
     if prior is None:
         return {}
     items: dict[str, set[int]] = {}
     for name in LIST_SECTIONS:
-        earlier = {normalize_item(item) for item in prior.items_of(name)}
+        earlier = {keys[item] for item in prior.items_of(name)}
         items[name] = {index for index, item in enumerate(merged.items_of(name))
-                       if normalize_item(item) in earlier}
+                       if keys[item] in earlier}
     items["relevant_artifacts"] = set(range(fresh_artifacts, len(merged.relevant_artifacts)))
     return items
 
 
-def _dedupe(items: Sequence[str]) -> list[str]:
+def _dedupe(items: Sequence[str], keys: _ItemKeys) -> list[str]:
     seen: set[str] = set()
     kept: list[str] = []
     for item in items:
-        key = normalize_item(item)
+        key = keys[item]
         if key not in seen:
             seen.add(key)
             kept.append(item)
     return kept
 
 
-def _is_settled_by(item: str, resolved_keys: Sequence[str]) -> bool:
-    """Tell whether a prior item is named by a resolved one (same text, or contained)."""
-    key = normalize_item(item)
+def _is_settled_by(key: str, resolved_keys: Sequence[str]) -> bool:
+    """Tell whether a prior item's key is named by a resolved one (same, or contained)."""
     # Containment needs some length: a short item like "refund" is inside too much.
     return any(key == done or (len(key) >= 12 and key in done) for done in resolved_keys)

@@ -26,7 +26,11 @@ def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
     A line that is only brackets or quotes (``{``, ``],``) says nothing about the output.
     A cut line ends with `` ...``; an output without such a line gives ``""``.
     """
-    for line in text.splitlines():
+    return _first_meaningful(text.splitlines(), max_chars)
+
+
+def _first_meaningful(lines: Sequence[str], max_chars: int) -> str:
+    for line in lines:
         stripped = line.strip()
         if stripped and not set(stripped) <= _NOISE:
             if len(stripped) > max_chars:
@@ -37,11 +41,11 @@ def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
 
 def digest_tool_output(tool_name: str, content_text: str) -> str:
     """Return a one-line digest of one tool output: its size and first meaningful line."""
-    line_count = len(content_text.splitlines())
-    first = first_meaningful_line(content_text) or "(none)"
+    lines = content_text.splitlines()  # split once: a 1M-token span holds ~3 MB of output
+    first = _first_meaningful(lines, DIGEST_LINE_CHARS) or "(none)"
     return (
         f"{DIGEST_MARKER} {tool_name}: {len(content_text):,} chars, "
-        f"{line_count:,} lines{DIGEST_FIRST_LINE}{first}"
+        f"{len(lines):,} lines{DIGEST_FIRST_LINE}{first}"
     )
 
 

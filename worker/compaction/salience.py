@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import Role
+from worker.compaction.substrings import TextGrams
 
 # A failing tool says so up front ("Error: ...", {"error": ...}, a traceback); a word
 # like "failed" deep in a log or a test report ("0 failed") is not a failure of the call.
@@ -116,9 +117,9 @@ def featured_values(failures: Sequence[Failure], texts: Sequence[str],
                     artifacts: Sequence[Artifact]) -> frozenset[str]:
     """Return the values that lead the ranking: the error codes that ended a call, and the
     span's identifiers that ``texts`` (a summary's decisions and open requests) name."""
-    named = "\n".join(texts)
+    named = TextGrams("\n".join(texts))  # asked of every identifier of the span
     return failure_values(failures, artifacts) | {
-        a.value for a in artifacts if a.kind != "tool" and a.value in named}
+        a.value for a in artifacts if a.kind != "tool" and named.contains(a.value)}
 
 
 def rank_artifacts(artifacts: Sequence[Artifact], *, featured: Collection[str] = ()
