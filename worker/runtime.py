@@ -121,8 +121,9 @@ def share_before_fork(settings: Settings) -> None:
         importlib.import_module("worker.summarizers.llm")
         from worker.llm import LLMClient
 
-        # The SDK imports its HTTP stack (httpcore, anyio, truststore: ~3 MiB) only when a
-        # client is created: create one here so that the children share those modules.
+        # The SDK imports its HTTP stack (httpcore, anyio, truststore: ~3 MiB) and chat
+        # resources (~1.4 MiB) only when a client is created: create one here so that the
+        # children share those modules.
         LLMClient(llm_config(settings)).close()
 
 
