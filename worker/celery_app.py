@@ -33,6 +33,7 @@ from structlog.contextvars import bind_contextvars, clear_contextvars
 
 from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME, TASK_NAME
 from worker.logging import get_logger
+from worker.memory import return_free_heap
 from worker.settings import Settings, get_settings
 from worker.settings_errors import settings_or_exit
 from worker.transport import ITEM_POLICY_OPTION, item_policy
@@ -269,3 +270,10 @@ def _bind_task_context(task_id: str | None = None, kwargs: Any = None, **_: Any)
 @task_postrun.connect
 def _unbind_task_context(**_: Any) -> None:
     clear_contextvars()
+
+
+@task_postrun.connect
+def _return_free_memory(**_: Any) -> None:
+    """Give the memory a job freed back to the system: glibc otherwise keeps it in the
+    child for good (~12 MiB after a 1M-token job, for ~1 ms; ~0.1 ms after a small one)."""
+    return_free_heap()
