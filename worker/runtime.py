@@ -109,14 +109,17 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
 
 def share_before_fork(settings: Settings) -> None:
     """Load, in a worker's main process, what every pool child only reads: the tokenizer,
-    the database driver's modules and, with the LLM summarizer, the SDK's modules. The
+    the database driver's modules, the ORM's configured mappers and, with the LLM
+    summarizer, the SDK's modules and HTTP stack. The
     children inherit them copy-on-write instead of each building its own
     (``load_encoding`` is once per process; imports are once per process)."""
     from sqlalchemy.engine import make_url
+    from sqlalchemy.orm import configure_mappers
 
     load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir)
     # The dialect and its driver (psycopg: ~9 MiB) load when a child creates its engine.
     make_url(settings.effective_database_url).get_dialect().import_dbapi()
+    configure_mappers()  # else each child configures the ORM's mappers in its first job
     if settings.effective_summarizer is SummarizerKind.LLM:
         importlib.import_module("worker.summarizers.llm")
         from worker.llm import LLMClient
