@@ -149,6 +149,9 @@ class LLMClient:
             timeout=timeout,
             max_retries=config.max_retries,
         )
+        # The SDK imports its chat resources (~1.4 MiB of modules) on first access: taken
+        # here, a worker's preload (``share_before_fork``) loads them for every pool child.
+        self._completions = self._sdk.chat.completions
 
     @property
     def model(self) -> str:
@@ -211,7 +214,7 @@ class LLMClient:
         mode = self._modes.get(key)
         while True:
             try:
-                raw = self._sdk.chat.completions.with_raw_response.create(
+                raw = self._completions.with_raw_response.create(
                     model=self._config.model,
                     messages=cast(list[ChatCompletionMessageParam], messages),
                     max_completion_tokens=max_output_tokens,

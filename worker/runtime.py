@@ -8,6 +8,7 @@ import importlib
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -21,6 +22,9 @@ from worker.ports import JobStore
 from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker, ProviderBreakerStore
 from worker.settings import BreakerOpenPolicy, Settings, SummarizerKind
 from worker.summarizers import ExtractiveSummarizer, Summarizer
+
+if TYPE_CHECKING:
+    from worker.llm import LLMConfig
 
 
 def utc_now() -> datetime:
@@ -105,16 +109,25 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
 
 def share_before_fork(settings: Settings) -> None:
     """Load, in a worker's main process, what every pool child only reads: the tokenizer,
-    the database driver's modules and, with the LLM summarizer, the SDK's modules. The
+    the database driver's modules, the ORM's configured mappers and, with the LLM
+    summarizer, the SDK's modules and HTTP stack. The
     children inherit them copy-on-write instead of each building its own
     (``load_encoding`` is once per process; imports are once per process)."""
     from sqlalchemy.engine import make_url
+    from sqlalchemy.orm import configure_mappers
 
     load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir)
     # The dialect and its driver (psycopg: ~9 MiB) load when a child creates its engine.
     make_url(settings.effective_database_url).get_dialect().import_dbapi()
+    configure_mappers()  # else each child configures the ORM's mappers in its first job
     if settings.effective_summarizer is SummarizerKind.LLM:
         importlib.import_module("worker.summarizers.llm")
+        from worker.llm import LLMClient
+
+        # The SDK imports its HTTP stack (httpcore, anyio, truststore: ~3 MiB) and chat
+        # resources (~1.4 MiB) only when a client is created: create one here so that the
+        # children share those modules.
+        LLMClient(llm_config(settings)).close()
 
 
 def build_summarizer(
@@ -123,21 +136,13 @@ def build_summarizer(
     """The configured summarizer: the LLM through the OpenAI SDK, or extractive."""
     if settings.effective_summarizer is not SummarizerKind.LLM:
         return ExtractiveSummarizer(counter)
-    from worker.llm import LLMClient, LLMConfig
+    from worker.llm import LLMClient
     from worker.summarizers.llm import LLMSummarizer  # the SDK loads only when it is used
 
-    config = LLMConfig(
-        base_url=settings.llm_base_url,
-        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
-        model=settings.llm_model,
-        connect_timeout_s=settings.llm_connect_timeout_s,
-        read_timeout_s=settings.llm_read_timeout_s,
-        max_retries=settings.llm_max_retries,
-    )
     limiter = (FleetRateLimiter(client, keys, settings.llm_rate_limit_per_s)
                if client and settings.llm_rate_limit_per_s > 0 else None)
     return LLMSummarizer(
-        LLMClient(config, counter),  # a server that omits usage is counted with it
+        LLMClient(llm_config(settings), counter),  # a server that omits usage is counted with it
         counter,
         window_tokens=settings.llm_context_tokens,
         margin_ratio=settings.llm_safety_margin_ratio,
@@ -145,6 +150,20 @@ def build_summarizer(
         concurrency=settings.llm_concurrency,
         max_calls=settings.llm_max_calls_per_job,
         rate_limiter=limiter,
+    )
+
+
+def llm_config(settings: Settings) -> LLMConfig:
+    """The LLM client's plain values from settings."""
+    from worker.llm import LLMConfig  # the SDK loads only when it is used
+
+    return LLMConfig(
+        base_url=settings.llm_base_url,
+        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        model=settings.llm_model,
+        connect_timeout_s=settings.llm_connect_timeout_s,
+        read_timeout_s=settings.llm_read_timeout_s,
+        max_retries=settings.llm_max_retries,
     )
 
 

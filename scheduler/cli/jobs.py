@@ -50,13 +50,20 @@ def worker_command(
 ) -> None:
     """Start a Celery worker on the compaction queue (prefork pool, fair scheduling)."""
     settings = get_settings()
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker as celery_worker
+
     from worker.celery_app import app  # loads the Celery app only for this command
 
-    app.worker_main([
-        "worker", "--pool=prefork", f"--concurrency={concurrency or settings.worker_concurrency}",
+    # Celery's worker command alone, not `app.worker_main`: that runs Celery's whole
+    # command group, whose `repl` command imports prompt_toolkit and pygments (~6 MiB)
+    # into this process and so into every pool child.
+    celery_worker.main([
+        "--pool=prefork", f"--concurrency={concurrency or settings.worker_concurrency}",
         f"--queues={settings.queue_name}", f"--loglevel={loglevel}", "-O", "fair",
         "--without-gossip", "--without-mingle",
-    ])
+    ], prog_name="compactor worker", standalone_mode=False,  # as `app.worker_main` runs it
+        obj=CLIContext(app=app, no_color=None, workdir=None, quiet=False))
 
 
 @expected_errors

@@ -266,10 +266,11 @@ def test_the_default_arguments_share_the_build_of_the_explicit_ones() -> None:
     assert load_encoding(cache_dir=None) is explicit
 
 
-def test_a_worker_loads_the_tokenizer_the_driver_and_the_sdk_before_its_pool_forks() -> None:
+def test_a_worker_loads_the_tokenizer_driver_sdk_and_http_stack_before_its_pool_forks() -> None:
     script = textwrap.dedent("""
         import sys
         from worker.compaction.tokens import _build_encoding
+        from worker.llm import LLMClient, LLMConfig
         from worker.runtime import share_before_fork
         from worker.settings import Settings
 
@@ -277,6 +278,10 @@ def test_a_worker_loads_the_tokenizer_the_driver_and_the_sdk_before_its_pool_for
                                    database_url="postgresql+psycopg://nobody@127.0.0.1:9/x"))
         print(_build_encoding.cache_info().currsize, "worker.summarizers.llm" in sys.modules,
               "psycopg" in sys.modules)
+        loaded = set(sys.modules)
+        LLMClient(LLMConfig(base_url="http://127.0.0.1:9/v1", api_key=None, model="m",
+                            connect_timeout_s=1, read_timeout_s=1, max_retries=0)).close()
+        print(sorted(set(sys.modules) - loaded) or "nothing-new")
     """)
     env = {key: value for key, value in os.environ.items() if not key.startswith("COMPACTOR_")}
 
@@ -284,7 +289,8 @@ def test_a_worker_loads_the_tokenizer_the_driver_and_the_sdk_before_its_pool_for
                           text=True, timeout=60, check=False)
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "True", "True"]
+    # A child's first SDK client then imports nothing of its own (its HTTP stack included).
+    assert done.stdout.split() == ["1", "True", "True", "nothing-new"]
 
 
 def build_uncached(name: str, cache_dir: Path) -> tiktoken.Encoding:
