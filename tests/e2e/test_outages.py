@@ -59,7 +59,7 @@ class Outage:
 @pytest.fixture
 def outage(tmp_path: Path) -> Iterator[Outage]:
     with PrivateRedis(tmp_path) as private_redis, PrivatePostgres() as postgres, \
-            OpenAIServer(latency_ms=8_000) as server:
+            OpenAIServer(behaviour="latency", latency_ms=8_000) as server:
         upgrade_database(postgres.url)
         job_env = build_job_env(
             postgres.url, server.base_url, redis_url=private_redis.url, quiet_period_s=0,
