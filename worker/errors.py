@@ -45,6 +45,7 @@ from worker.compaction import (
     TokenizerUnavailable,
     TransientError,
 )
+from worker.retries import STORE_UNAVAILABLE
 
 __all__ = [
     "BreakerOpen",
@@ -171,7 +172,7 @@ def to_job_error(exc: Exception) -> CompactionError:
     if isinstance(exc, LeaseLost):
         return StaleSnapshot(str(exc), reason="lease_lost")
     if isinstance(exc, StoreUnavailable):
-        return TransientError(f"database unavailable: {exc}", reason="store_unavailable")
+        return TransientError(f"database unavailable: {exc}", reason=STORE_UNAVAILABLE)
     if isinstance(exc, SoftTimeLimitExceeded):
         return JobTimedOut("the job outlived its soft time limit", reason="time_limit")
     # Only the class: an exception's text may quote message contents.

@@ -142,13 +142,15 @@ def _renew_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> bool:
 
 
 def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> SessionState:
-    """Take the session's lease and read its row; a redelivery takes over the lease its
-    lost delivery left (owners end in the task id, so that holder is an earlier delivery
-    of this message: were it still alive, it would find its lease gone at the swap and
-    write nothing)."""
+    """Take the session's lease and read its row; a redelivery or a retry takes over the
+    lease an earlier delivery or attempt of its message left (owners end in the task id,
+    so that holder is an earlier one of this message: a lost delivery, which were it
+    still alive would find its lease gone at the swap and write nothing, or an attempt
+    that ended while the database was down and could not release it)."""
+    earlier_may_hold = request.redelivered or request.attempt > 1
     session = deps.store.start_job(
         request.session_id, deps.lease_owner(request), policy.lease_ttl_s, deps.clock(),
-        take_over=request.task_id if request.redelivered else None)
+        take_over=request.task_id if earlier_may_hold else None)
     if session is None:
         raise LeaseHeld("another job holds this session's lease", reason="lease_held")
     return session

@@ -5,7 +5,9 @@ A database or provider outage of a minute must not use up a job's retries in sec
 so each countdown doubles (with jitter, so that the jobs of one outage do not return
 together) up to ``retry_backoff_max_s``, never sooner than the failure asked (a
 ``Retry-After``, the provider breaker's reopening), until ``retry_window_s`` after the
-job's first attempt is spent; ``max_transient_retries`` stays a backstop.
+job's first attempt is spent; ``max_transient_retries`` stays a backstop. The retries
+of a database outage wait at most one reconciler period, so that once the database is
+back every job it held up runs within a period, as the reconciler's repairs do.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from dataclasses import dataclass
 
 # The first retry waits 2 to 4 s, the next 4 to 8 s, and so on.
 FIRST_BACKOFF_S = 4.0
+
+
+# The reason of a failure because the database could not be reached (worker/errors.py).
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +55,13 @@ def next_retry_s(policy: RetryPolicy, *, retries: int, elapsed_s: float | None,
     if elapsed_s is not None and elapsed_s + countdown > policy.window_s:
         return None
     return countdown
+
+
+def backoff_max_for(reason: str, backoff_max_s: float, reconcile_interval_s: float) -> float:
+    """The longest backoff of a failure with ``reason``: a database outage's is cut to
+    the reconciler period (0: no reconciler, no cut). Its attempts are cheap (they end at
+    the lease, before any LLM call), and a 600 s wait would otherwise leave sessions
+    stranded for up to 10 minutes after the database returns."""
+    if reason == STORE_UNAVAILABLE and reconcile_interval_s > 0:
+        return min(backoff_max_s, reconcile_interval_s)
+    return backoff_max_s

@@ -243,7 +243,8 @@ class Settings(BaseSettings):
     )
     retry_backoff_max_s: int = Field(
         600, gt=0, description="Longest backoff between retries of a transient failure; "
-        "also caps the wait for the provider breaker's reopening (s)."
+        "also caps the wait for the provider breaker's reopening; a database outage's "
+        "retries wait at most reconcile_interval_s (s)."
     )
     max_queue_item_bytes: int = Field(
         1_048_576, ge=4_096, description="Largest queue item a worker accepts; a larger one "

@@ -29,7 +29,7 @@ from worker.errors import DeliveryCapExceeded, JobRejected, Outcome
 from worker.job import JobRequest, JobResult
 from worker.logging import get_logger
 from worker.outcome import emit_job_event
-from worker.retries import RetryPolicy, next_retry_s
+from worker.retries import RetryPolicy, backoff_max_for, next_retry_s
 from worker.runtime import Runtime, get_runtime
 from worker.settings import get_settings
 
@@ -102,7 +102,8 @@ def _retry_countdown(runtime: Runtime, result: JobResult, task_id: str,
     earliest = max(result.retry_after_s or 0.0,
                    runtime.deps.provider_breaker.reopens_in_s() or 0.0)
     policy = RetryPolicy(settings.max_transient_retries, settings.retry_window_s,
-                         settings.retry_backoff_max_s)
+                         backoff_max_for(result.reason, settings.retry_backoff_max_s,
+                                         settings.reconcile_interval_s))
     return next_retry_s(policy, retries=retries, elapsed_s=elapsed_s, retry_after_s=earliest)
 
 

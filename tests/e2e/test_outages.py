@@ -24,7 +24,13 @@ from scheduler.beat import SCAN_ENTRY_NAME
 from tests.support.chaos import PrivateRedis
 from tests.support.cli import REPO_ROOT, Compactor
 from tests.support.databases import open_store
-from tests.support.e2e import JobEnv, build_job_env, import_records, wait_until
+from tests.support.e2e import (
+    JobEnv,
+    build_job_env,
+    compacted_sessions,
+    import_records,
+    wait_until,
+)
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
 from tests.support.private_postgres import PrivatePostgres
@@ -53,7 +59,7 @@ class Outage:
 @pytest.fixture
 def outage(tmp_path: Path) -> Iterator[Outage]:
     with PrivateRedis(tmp_path) as private_redis, PrivatePostgres() as postgres, \
-            OpenAIServer(latency_ms=8_000) as server:
+            OpenAIServer(behaviour="latency", latency_ms=8_000) as server:
         upgrade_database(postgres.url)
         job_env = build_job_env(
             postgres.url, server.base_url, redis_url=private_redis.url, quiet_period_s=0,
@@ -105,10 +111,6 @@ def scan(outage: Outage) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def compacted(store: Store) -> set[str]:
-    return {run.session_id for run in store.runs(outcome="compacted", limit=1_000)}
-
-
 def markers_left(store: Store) -> list[str]:
     return [s for s in SESSIONS if store.get_session(s).queued_job_id is not None]
 
@@ -136,7 +138,7 @@ def test_after_redis_lost_its_queued_jobs_every_due_session_is_compacted(
     worker = start_worker(outage, processes)
     start_beat(outage, processes)
 
-    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
 
     recovered_s = time.monotonic() - started
     repairs = worker.events("compaction.reconcile")
@@ -159,7 +161,7 @@ def test_a_45_second_postgresql_stop_strands_no_session(
     outage.postgres.start()
     restarted = time.monotonic()
 
-    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
 
     recovered_s = time.monotonic() - restarted
     events = worker.events("compaction.job")
@@ -198,7 +200,7 @@ def test_jobs_that_end_while_postgresql_is_down_are_repaired_by_the_reconciler(
     assert markers_left(outage.store) == SESSIONS  # stranded, until the reconciler runs
     start_beat(outage, processes)
 
-    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
 
     assert {e["session_id"] for e in worker.events("compaction.reconcile")} == set(SESSIONS)
     assert parse_log_lines((tmp_path / "beat.log").read_text())
@@ -227,7 +229,7 @@ def test_the_jobs_of_a_killed_worker_run_again_within_about_a_minute(
     worker = start_worker(outage, processes)
     start_beat(outage, processes)
 
-    wait_until(lambda: compacted(outage.store) >= leased, timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) >= leased, timeout_s=RECOVERY_S)
 
     recovered_s = time.monotonic() - killed
     assert recovered_s < outage.job_env.settings.broker_visibility_timeout_s  # not Redis's
@@ -236,7 +238,7 @@ def test_the_jobs_of_a_killed_worker_run_again_within_about_a_minute(
     runs = {r.session_id for r in outage.store.runs(outcome="failed", limit=100)
             if r.figures.get("outcome_reason") == "worker_lost"}
     assert runs == leased
-    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
     print(f"worker killed with {len(leased)} jobs running: both compacted again "
           f"{recovered_s:.1f} s later (lease TTL 6 s, reconciler every "
           f"{RECONCILE_INTERVAL_S} s, visibility timeout 300 s)")

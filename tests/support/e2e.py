@@ -179,6 +179,10 @@ def snapshot_keys(revisions: Iterable[RevisionRecord]) -> list[tuple[int | None,
     return [(r.parent_revision_id, r.snapshot_head_seq) for r in revisions]
 
 
+def compacted_sessions(store: Store) -> set[str]:
+    """The sessions with at least one ``compacted`` run."""
+    return {run.session_id for run in store.runs(outcome="compacted", limit=10_000)}
+
 
 def wait_until(condition: Callable[[], bool], *, timeout_s: float = EVENT_TIMEOUT_S) -> None:
     """Poll ``condition`` until it holds; TimeoutError after ``timeout_s``."""

@@ -100,10 +100,10 @@ class JobHarness:
         return self
 
     def run(self, session_id: str, *, force: bool = False, task_id: str | None = None,
-            redelivered: bool = False) -> JobResult:
+            redelivered: bool = False, attempt: int = 1) -> JobResult:
         self.jobs += 1
         request = JobRequest(session_id, "test", force, task_id=task_id or f"task-{self.jobs}",
-                             redelivered=redelivered)
+                             attempt=attempt, redelivered=redelivered)
         return pipeline.run(request, self.deps, self.policy)
 
     def add_session(self, session_id: str, turns: int) -> str:

@@ -170,6 +170,21 @@ def test_a_redelivered_job_takes_over_the_lease_its_lost_delivery_left(
     assert harness.store.get_session(SESSION).lease_owner is None
 
 
+def test_a_retry_takes_over_the_lease_its_attempt_left_when_the_database_was_down(
+    harness: JobHarness,
+) -> None:
+    # Attempt 1 failed with store_unavailable and could not release its lease.
+    harness.add_session(SESSION, LONG_TURNS)
+    harness.store.acquire_lease(SESSION, "host:7:task-r", LEASE_TTL_S, harness.clock())
+
+    other = harness.run(SESSION, task_id="task-s", attempt=2)
+    result = harness.run(SESSION, task_id="task-r", attempt=2)
+
+    assert (other.outcome, other.reason) == (Outcome.SKIPPED, "lease_held")
+    assert result.outcome is Outcome.COMPACTED
+    assert harness.store.get_session(SESSION).lease_owner is None
+
+
 def test_an_unknown_session_is_rejected_with_its_run_recorded(harness: JobHarness) -> None:
     result = harness.run("no-such-session")
 

@@ -7,7 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
-from worker.retries import RetryPolicy, backoff_s, next_retry_s
+from worker.retries import STORE_UNAVAILABLE, RetryPolicy, backoff_max_for, backoff_s, next_retry_s
 from worker.settings import Settings
 
 DEFAULTS = Settings()
@@ -35,6 +35,30 @@ def test_a_45_second_outage_leaves_retries_that_land_after_it() -> None:
         times = retry_times(POLICY, seed)
         assert any(t > 45 for t in times)
         assert sum(t <= 45 for t in times) <= 4
+
+
+def first_retry_after(times: list[float], outage_s: float) -> float:
+    return min(t for t in times if t > outage_s) - outage_s
+
+
+def test_after_a_10_minute_database_outage_each_job_retries_within_a_reconciler_period(
+) -> None:
+    period = DEFAULTS.reconcile_interval_s
+    store_policy = RetryPolicy(DEFAULTS.max_transient_retries, DEFAULTS.retry_window_s,
+                               backoff_max_for(STORE_UNAVAILABLE, DEFAULTS.retry_backoff_max_s,
+                                               period))
+    waits = [first_retry_after(retry_times(store_policy, seed), 600) for seed in range(200)]
+    assert max(waits) <= period
+    # Uncut, the 600 s backoff leaves jobs waiting up to 10 minutes after the outage.
+    uncut = [first_retry_after(retry_times(POLICY, seed), 600) for seed in range(200)]
+    assert max(uncut) > period
+
+
+def test_only_a_database_outage_cuts_the_backoff_and_only_with_a_reconciler() -> None:
+    assert backoff_max_for(STORE_UNAVAILABLE, 600, 300) == 300
+    assert backoff_max_for(STORE_UNAVAILABLE, 120, 300) == 120
+    assert backoff_max_for(STORE_UNAVAILABLE, 600, 0) == 600
+    assert backoff_max_for("server_error", 600, 300) == 600
 
 
 def test_retries_spread_over_the_window_and_end_with_it() -> None:
