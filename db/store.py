@@ -85,9 +85,13 @@ class Store:
             else engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
-    def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Store:
-        """Open the store of the database at ``url`` (its own engine and pool)."""
-        return cls(create_db_engine(url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms))
+    def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000,
+                 call_timeout_s: float | None = None) -> Store:
+        """Open the store of the database at ``url`` (its own engine and pool); with
+        ``call_timeout_s``, a PostgreSQL call that overruns it fails as StoreUnavailable
+        (``db/call_deadline.py``)."""
+        return cls(create_db_engine(url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms,
+                                    call_timeout_s=call_timeout_s))
 
     def check_schema(self) -> None:
         """Raise SchemaMissing unless the database is at the packaged migrations' head."""

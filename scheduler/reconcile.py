@@ -294,7 +294,8 @@ def run_scheduled_reconcile(settings: Settings, now: datetime, *,
     """One sweep with connections made from ``settings`` (beat's task and ``compactor
     reconcile``)."""
     store = Store.from_url(settings.effective_database_url,
-                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+                           call_timeout_s=settings.db_call_timeout_s)
     try:
         store.check_schema()
         with broker_jobs(settings) as broker:
