@@ -2,8 +2,10 @@
 
 Two records in Redis close the gaps a job cannot close itself:
 
-- a run row the job could not write (``finish_job`` failed: the database was down) is
-  kept on a bounded list, and the reconciler writes it once the database is back;
+- a run row the job could not write (``finish_job`` failed: the database was down, or
+  the connection dropped before the commit's answer) is kept on a bounded list, and the
+  reconciler writes it once the database is back, at most once (``Store.record_kept_run``:
+  a commit whose answer was lost had written it already);
 - an attempt is entered in a hash when it starts and removed once its ``compaction.job``
   event is out. An entry left behind whose run row exists (the worker was killed after
   the job's last transaction committed, before its event) is reported by the reconciler
@@ -21,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -90,15 +92,22 @@ class AttemptJournal:
             return False
         return True
 
-    def take_unrecorded(self) -> NewRun | None:
-        """The oldest kept run, removed from the list (``give_back`` if it cannot be
-        written)."""
-        raw = self._client.rpop(self._keys.unrecorded_runs())
-        return run_from_json(raw) if isinstance(raw, (str, bytes)) else None
+    def oldest_unrecorded(self) -> tuple[str | bytes, NewRun | None] | None:
+        """The oldest kept run, left on the list (``drop_unrecorded`` once it is written:
+        a sweep killed or timed out while writing it loses nothing), with its raw item;
+        None as the run of an item that does not parse."""
+        raw = self._client.lindex(self._keys.unrecorded_runs(), -1)
+        if not isinstance(raw, (str, bytes)):
+            return None
+        try:
+            return raw, run_from_json(raw)
+        except (ValueError, KeyError, TypeError):
+            return raw, None
 
-    def give_back(self, run: NewRun) -> None:
-        """Return a taken run to the oldest end, to be written by a later sweep."""
-        self._client.rpush(self._keys.unrecorded_runs(), run_to_json(run))
+    def drop_unrecorded(self, raw: str | bytes) -> None:
+        """Remove a kept run (written, or unwritable), from the oldest end."""
+        # redis-py's stub says str; bytes are sent as they are, matching the item exactly.
+        self._client.lrem(self._keys.unrecorded_runs(), -1, cast(str, raw))
 
     def unrecorded_count(self) -> int:
         return int(self._client.llen(self._keys.unrecorded_runs()))
