@@ -4,8 +4,10 @@ Two records in Redis close the gaps a job cannot close itself:
 
 - a run row the job could not write (``finish_job`` failed: the database was down, or
   the connection dropped before the commit's answer) is kept on a bounded list, and the
-  reconciler writes it once the database is back, at most once (``Store.record_kept_run``:
-  a commit whose answer was lost had written it already);
+  reconciler writes it once the database is back; the worker process that kept it also
+  writes it before its next job (a Redis restart without its data loses the list). It
+  is written at most once (``Store.record_kept_run``: a commit whose answer was lost, or
+  the other holder, wrote it already);
 - an attempt is entered in a hash when it starts and removed once its ``compaction.job``
   event is out. An entry left behind whose run row exists (the worker was killed after
   the job's last transaction committed, before its event) is reported by the reconciler
@@ -21,6 +23,7 @@ import dataclasses
 import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -34,6 +37,8 @@ from worker.keys import RedisKeys
 # The list keeps at most this many unwritten runs (newest first): an outage of hours at
 # fleet scale, without letting Redis grow without bound.
 MAX_UNRECORDED_RUNS = 100_000
+# Runs a worker process holds for itself (a long outage's excess is the reconciler's).
+MAX_OWED_RUNS = 1_000
 # A journal entry left open after its event went out would be reported twice: closing
 # is retried across a short Redis restart.
 CLOSE_TRIES = 3
@@ -79,9 +84,14 @@ class AttemptJournal:
         self._client = client
         self._keys = keys
         self._max_unrecorded = max_unrecorded
+        # The same runs, held by the process that kept them: a Redis restart without its
+        # data loses the list, and the process writes them itself before its next job.
+        self.owed: deque[NewRun] = deque(maxlen=MAX_OWED_RUNS)
 
     def keep_unrecorded(self, run: NewRun) -> bool:
-        """Keep a run row the database refused; False when Redis is unreachable too."""
+        """Keep a run row the database refused, in Redis for the reconciler and in this
+        process (``owed``) for its own next job; False when Redis is unreachable."""
+        self.owed.append(run)
         try:
             with self._client.pipeline() as pipe:
                 pipe.lpush(self._keys.unrecorded_runs(), run_to_json(run))

@@ -152,6 +152,13 @@ def build_summarizer(
 _process_runtime: tuple[int, Runtime] | None = None
 
 
+def current_runtime() -> Runtime | None:
+    """This process's runtime if a job built it; None otherwise (nothing is built)."""
+    if _process_runtime is None or _process_runtime[0] != os.getpid():
+        return None
+    return _process_runtime[1]
+
+
 def get_runtime(settings: Settings) -> Runtime:
     """This process's runtime, rebuilt after a fork (engines must not cross processes)."""
     global _process_runtime

@@ -28,10 +28,12 @@ from scheduler.reconcile import (
     reconcile_policy,
 )
 from scheduler.selection import ScanPolicy
+from tests.support.chaos import build_base_runtime
 from tests.support.raw_producer import build_raw_message, read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
 from worker.attempt_journal import AttemptJournal
 from worker.keys import RedisKeys
+from worker.tasks import write_owed_runs
 
 pytestmark = pytest.mark.integration
 
@@ -350,6 +352,24 @@ def test_a_kept_item_that_can_never_be_written_is_dropped_loudly(
 
     assert [e["event"] for e in logs if e["log_level"] == "error"] == [
         "reconcile.unrecorded_run_dropped"]
+    assert journal.unrecorded_count() == 0
+
+
+def test_a_worker_writes_the_runs_it_kept_itself_when_a_redis_restart_lost_them(
+    store: Store, broker: Broker
+) -> None:
+    journal = _journal(broker)
+    journal.keep_unrecorded(_run("s", "lost", "failed", NOW))
+    broker.client.delete(RedisKeys(broker.prefix).unrecorded_runs())  # restarted, no data
+    journal.keep_unrecorded(_run("s", "kept", "failed", NOW + timedelta(seconds=5)))
+    runtime = replace(build_base_runtime(), store=store, journal=journal)
+
+    assert write_owed_runs(runtime) == 2  # before the process's next job
+
+    assert write_owed_runs(runtime) == 0
+    # The reconciler's copy of the second is not written again.
+    assert write_unrecorded_runs(store, journal) == 0
+    assert sorted(r.task_id or "" for r in store.runs(session_id="s")) == ["kept", "lost"]
     assert journal.unrecorded_count() == 0
 
 
