@@ -223,6 +223,7 @@ def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_lim
     outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
                     outage.store, tmp_path, outage.server)
     soft_limit_s = outage.job_env.settings.task_soft_time_limit_s
+    outage.server.set_behaviour("latency")  # every LLM call takes 8 s
     scan(outage)
     worker = start_worker(outage, processes)
     start_beat(outage, processes)
@@ -252,6 +253,39 @@ def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_lim
     print(f"postgresql frozen {soft_limit_s + 5} s: {len(during)} attempts failed as "
           f"store_unavailable (longest {longest_s:.1f} s), all retried; every session "
           f"compacted {recovered_s:.1f} s after the resume")
+
+
+def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_data(
+    outage: Outage, processes: list[Any], tmp_path: Path
+) -> None:
+    # The full chaos run's sequence: jobs fail on a frozen server, their runs are kept,
+    # and Redis restarts empty before any sweep could write them (docs/CHAOS.md).
+    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
+           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
+    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
+                    outage.store, tmp_path, outage.server)
+    outage.server.set_behaviour("latency")  # every LLM call takes 8 s
+    scan(outage)
+    worker = start_worker(outage, processes)
+    start_beat(outage, processes)
+    wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
+                           for s in SESSIONS) == 2, timeout_s=60)
+    outage.postgres.hang()
+    try:
+        wait_until(lambda: sum(not e["run_recorded"] for e in worker.events("compaction.job"))
+                   >= 2, timeout_s=60)
+        outage.redis.restart()  # the kept runs' list is gone with the rest
+    finally:
+        outage.postgres.resume()
+    kept = sum(not e["run_recorded"] for e in worker.events("compaction.job"))
+
+    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+
+    wait_until(lambda: every_attempt_has_one_run(outage.store, worker), timeout_s=RECOVERY_S)
+    written_by_worker = sum(e["runs_written"] for e in worker.events("worker.owed_runs_written"))
+    assert written_by_worker >= 2
+    print(f"{kept} runs kept during the hang, Redis restarted without them: "
+          f"{written_by_worker} written by the workers that kept them, every attempt has its run")
 
 
 def test_the_jobs_of_a_killed_worker_run_again_within_about_a_minute(
