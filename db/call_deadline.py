@@ -38,11 +38,13 @@ class CallWatchdog:
         # connection record -> (deadline on the monotonic clock, DBAPI connection)
         self._armed: dict[Any, tuple[float, Any]] = {}
         self._thread_pid: int | None = None  # a forked child starts a watchdog of its own
+        self._last_armed = time.monotonic()
         self.fired = 0
 
     def arm(self, record: Any, dbapi_connection: Any) -> None:
         with self._lock:
             self._armed[record] = (time.monotonic() + self.timeout_s, dbapi_connection)
+            self._last_armed = time.monotonic()
             if self._thread_pid != os.getpid():
                 self._thread_pid = os.getpid()
                 threading.Thread(target=self._watch, name="store-call-deadline",
@@ -52,11 +54,21 @@ class CallWatchdog:
         with self._lock:
             self._armed.pop(record, None)
 
+    @property
+    def watching(self) -> bool:
+        """A watchdog thread runs in this process."""
+        return self._thread_pid == os.getpid()
+
     def _watch(self) -> None:
         while True:
             time.sleep(self._tick_s)
             now = time.monotonic()
             with self._lock:
+                if not self._armed and now - self._last_armed > self.timeout_s:
+                    # Idle for a whole deadline (or the engine disposed): the thread ends,
+                    # and the next checkout starts another.
+                    self._thread_pid = None
+                    return
                 overdue = [(record, conn) for record, (deadline, conn) in self._armed.items()
                            if deadline <= now]
                 for record, _conn in overdue:

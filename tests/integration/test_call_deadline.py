@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from db import Store, StoreUnavailable, upgrade_database
+from db.call_deadline import CallWatchdog
 from db.engine import with_postgres_timeouts
 from tests.support.private_postgres import PrivatePostgres
 
@@ -90,6 +91,26 @@ def test_a_live_server_is_cut_off_too_when_a_statement_outlasts_the_deadline(
         assert store.list_sessions() == []
     finally:
         store.close()
+
+
+def test_the_watchdog_thread_ends_once_its_store_is_idle_for_a_deadline(
+    private_postgres: PrivatePostgres
+) -> None:
+    # The scheduler opens a store per sweep: a thread per store would pile up.
+    watchdog = CallWatchdog(0.4)
+    store = Store.from_url(private_postgres.url)
+    try:
+        with store._engine.connect() as connection:
+            watchdog.arm("record", connection.connection.dbapi_connection)
+            assert watchdog.watching
+            watchdog.disarm("record")
+    finally:
+        store.close()
+    deadline = time.monotonic() + 5
+    while watchdog.watching and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not watchdog.watching
+    assert watchdog.fired == 0
 
 
 def test_without_a_deadline_the_pool_pings_as_before(private_postgres: PrivatePostgres) -> None:
