@@ -14,21 +14,32 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from db.call_deadline import bound_store_calls
+
 # Execution option read by the SQLite begin hook; a name SQLAlchemy itself never uses.
 SQLITE_BEGIN_OPTION = "compactor_sqlite_begin"
 _JSON_DECODER = json.JSONDecoder()
 
 
-def create_db_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engine:
-    """Create the engine for ``url``; ``postgresql://`` URLs are mapped to psycopg 3."""
+def create_db_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000,
+                     call_timeout_s: float | None = None) -> Engine:
+    """Create the engine for ``url``; ``postgresql://`` URLs are mapped to psycopg 3.
+
+    With ``call_timeout_s``, a PostgreSQL store call (one pool checkout) that overruns it
+    has its connection shut down from this side (``db/call_deadline.py``).
+    """
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    deadline = call_timeout_s is not None and parsed.drivername.startswith("postgresql")
     # hide_parameters: bound values are message contents, which never go into errors/logs.
-    engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True,
+    # With a deadline the checkout event pings instead, under the deadline.
+    engine = create_engine(parsed, pool_pre_ping=not deadline, hide_parameters=True,
                            json_deserializer=load_json)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine, sqlite_busy_timeout_ms)
+    elif deadline and call_timeout_s is not None:
+        bound_store_calls(engine, call_timeout_s)
     return engine
 
 

@@ -11,6 +11,7 @@ snapshot (see ``db.engine.derive_read_engine``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -25,7 +26,7 @@ from db import projection as views
 from db import queries as q
 from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
 from db.engine import SQLITE_BEGIN_OPTION, create_db_engine, derive_read_engine
-from db.errors import SessionExists, translate_errors
+from db.errors import SessionExists, SessionNotFound, translate_errors
 from db.lifecycle import collect_garbage, delete_session, pop_newest_message
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
@@ -85,9 +86,13 @@ class Store:
             else engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
-    def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Store:
-        """Open the store of the database at ``url`` (its own engine and pool)."""
-        return cls(create_db_engine(url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms))
+    def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000,
+                 call_timeout_s: float | None = None) -> Store:
+        """Open the store of the database at ``url`` (its own engine and pool); with
+        ``call_timeout_s``, a PostgreSQL call that overruns it fails as StoreUnavailable
+        (``db/call_deadline.py``)."""
+        return cls(create_db_engine(url, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms,
+                                    call_timeout_s=call_timeout_s))
 
     def check_schema(self) -> None:
         """Raise SchemaMissing unless the database is at the packaged migrations' head."""
@@ -336,6 +341,24 @@ class Store:
             if statement is not None:
                 session.execute(statement, execution_options=q.NO_SYNC)
             return run_id
+
+    def record_kept_run(self, run: NewRun) -> bool:
+        """Record a run a job could not write itself, unless a run of the same attempt
+        (task, attempt and start) is stored: its commit may have gone through while its
+        answer was lost. False when it was. The session's row, when it exists, is
+        locked first, so two sweeps writing the same run insert it once."""
+        with self._write() as session:
+            with contextlib.suppress(SessionNotFound):
+                q.find_session(session, run.session_id, lock=True)
+            stored = session.execute(
+                select(RunRow.id).where(
+                    RunRow.session_id == run.session_id, RunRow.started_at == run.started_at,
+                    RunRow.task_id == run.task_id, RunRow.attempt == run.attempt)
+                .limit(1)).first()
+            if stored is not None:
+                return False
+            q.insert_run(session, run, revision_id=run.revision_id)
+            return True
 
     def runs(
         self, *, session_id: str | None = None, outcome: str | None = None, limit: int = 100,

@@ -33,15 +33,25 @@ class AttemptRecords:
 
 def write_unrecorded_runs(store: Store, journal: AttemptJournal) -> int:
     """Write the kept run rows, oldest first, until the list is empty or the database
-    fails again (the failed row goes back for the next sweep)."""
+    fails again. Each stays on the list until written, and is written at most once: a
+    sweep killed mid-write, or a job whose commit went through unanswered, leaves no
+    duplicate and loses nothing. An item that can never be written (unreadable, or
+    refused by the database for its content) is dropped with a warning."""
     written = 0
-    while (run := journal.take_unrecorded()) is not None:
+    while (kept := journal.oldest_unrecorded()) is not None:
+        raw, run = kept
         try:
-            store.record_run(run)
-        except StoreError:
-            journal.give_back(run)
-            break
-        written += 1
+            if run is not None and store.record_kept_run(run):
+                written += 1
+        except StoreError as exc:
+            if exc.transient:
+                break  # the database is still down: the next sweep tries again
+            get_logger().error("reconcile.unrecorded_run_dropped",
+                               error_class=type(exc).__name__, error=str(exc)[:500])
+        if run is None:
+            get_logger().error("reconcile.unrecorded_run_dropped",
+                               error_class="unreadable", error=str(raw)[:500])
+        journal.drop_unrecorded(raw)
     return written
 
 

@@ -170,7 +170,8 @@ def run_scheduled_scan(
     in one pipelined write; None when another scan holds the lock. The entrypoint of the
     beat task and of ``compactor scan``."""
     store = Store.from_url(settings.effective_database_url,
-                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+                           call_timeout_s=settings.db_call_timeout_s)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
                                   socket_connect_timeout=REDIS_TIMEOUT_S)
     try:
@@ -203,7 +204,8 @@ def collect_garbage_task() -> str:
     ``gc_cron`` is set; logs ``lifecycle.gc``)."""
     settings = get_settings()
     store = Store.from_url(settings.effective_database_url,
-                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+                           call_timeout_s=settings.db_call_timeout_s)
     try:
         store.check_schema()
         collect_garbage(store, gc_policy(settings), datetime.now(UTC))

@@ -50,7 +50,9 @@ from worker.job import JobRequest, JobTrace
 from worker.keys import RedisKeys
 from worker.logging import get_logger
 from worker.outcome import emit_job_event
+from worker.runtime import current_runtime
 from worker.settings import Settings, get_settings
+from worker.tasks import write_owed_runs
 
 RECONCILE_EVENT = "compaction.reconcile"
 # kombu's Redis transport: the hash of delivered, unacknowledged messages (under the
@@ -294,7 +296,8 @@ def run_scheduled_reconcile(settings: Settings, now: datetime, *,
     """One sweep with connections made from ``settings`` (beat's task and ``compactor
     reconcile``)."""
     store = Store.from_url(settings.effective_database_url,
-                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+                           call_timeout_s=settings.db_call_timeout_s)
     try:
         store.check_schema()
         with broker_jobs(settings) as broker:
@@ -311,6 +314,8 @@ def run_scheduled_reconcile(settings: Settings, now: datetime, *,
 def reconcile_task() -> str:
     """``compactor.reconcile``: one sweep (sent by beat every ``reconcile_interval_s``)."""
     try:
+        if (runtime := current_runtime()) is not None:  # this pool child's own kept runs
+            write_owed_runs(runtime)
         repairs = run_scheduled_reconcile(get_settings(), datetime.now(UTC))
     except (StoreError, redis.RedisError) as exc:
         # The next sweep repairs what this one could not reach; no traceback.

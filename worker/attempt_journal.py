@@ -2,8 +2,12 @@
 
 Two records in Redis close the gaps a job cannot close itself:
 
-- a run row the job could not write (``finish_job`` failed: the database was down) is
-  kept on a bounded list, and the reconciler writes it once the database is back;
+- a run row the job could not write (``finish_job`` failed: the database was down, or
+  the connection dropped before the commit's answer) is kept on a bounded list, and the
+  reconciler writes it once the database is back; the worker process that kept it also
+  writes it before its next job (a Redis restart without its data loses the list). It
+  is written at most once (``Store.record_kept_run``: a commit whose answer was lost, or
+  the other holder, wrote it already);
 - an attempt is entered in a hash when it starts and removed once its ``compaction.job``
   event is out. An entry left behind whose run row exists (the worker was killed after
   the job's last transaction committed, before its event) is reported by the reconciler
@@ -19,9 +23,10 @@ import dataclasses
 import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -32,6 +37,8 @@ from worker.keys import RedisKeys
 # The list keeps at most this many unwritten runs (newest first): an outage of hours at
 # fleet scale, without letting Redis grow without bound.
 MAX_UNRECORDED_RUNS = 100_000
+# Runs a worker process holds for itself (a long outage's excess is the reconciler's).
+MAX_OWED_RUNS = 1_000
 # A journal entry left open after its event went out would be reported twice: closing
 # is retried across a short Redis restart.
 CLOSE_TRIES = 3
@@ -77,9 +84,14 @@ class AttemptJournal:
         self._client = client
         self._keys = keys
         self._max_unrecorded = max_unrecorded
+        # The same runs, held by the process that kept them: a Redis restart without its
+        # data loses the list, and the process writes them itself before its next job.
+        self.owed: deque[NewRun] = deque(maxlen=MAX_OWED_RUNS)
 
     def keep_unrecorded(self, run: NewRun) -> bool:
-        """Keep a run row the database refused; False when Redis is unreachable too."""
+        """Keep a run row the database refused, in Redis for the reconciler and in this
+        process (``owed``) for its own next job; False when Redis is unreachable."""
+        self.owed.append(run)
         try:
             with self._client.pipeline() as pipe:
                 pipe.lpush(self._keys.unrecorded_runs(), run_to_json(run))
@@ -90,15 +102,22 @@ class AttemptJournal:
             return False
         return True
 
-    def take_unrecorded(self) -> NewRun | None:
-        """The oldest kept run, removed from the list (``give_back`` if it cannot be
-        written)."""
-        raw = self._client.rpop(self._keys.unrecorded_runs())
-        return run_from_json(raw) if isinstance(raw, (str, bytes)) else None
+    def oldest_unrecorded(self) -> tuple[str | bytes, NewRun | None] | None:
+        """The oldest kept run, left on the list (``drop_unrecorded`` once it is written:
+        a sweep killed or timed out while writing it loses nothing), with its raw item;
+        None as the run of an item that does not parse."""
+        raw = self._client.lindex(self._keys.unrecorded_runs(), -1)
+        if not isinstance(raw, (str, bytes)):
+            return None
+        try:
+            return raw, run_from_json(raw)
+        except (ValueError, KeyError, TypeError):
+            return raw, None
 
-    def give_back(self, run: NewRun) -> None:
-        """Return a taken run to the oldest end, to be written by a later sweep."""
-        self._client.rpush(self._keys.unrecorded_runs(), run_to_json(run))
+    def drop_unrecorded(self, raw: str | bytes) -> None:
+        """Remove a kept run (written, or unwritable), from the oldest end."""
+        # redis-py's stub says str; bytes are sent as they are, matching the item exactly.
+        self._client.lrem(self._keys.unrecorded_runs(), -1, cast(str, raw))
 
     def unrecorded_count(self) -> int:
         return int(self._client.llen(self._keys.unrecorded_runs()))

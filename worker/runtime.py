@@ -78,7 +78,8 @@ class Runtime:
 def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
     """Create engine, store, counter and summarizer; Redis only when ``use_redis``."""
     store = Store.from_url(settings.effective_database_url,
-                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+                           sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+                           call_timeout_s=settings.db_call_timeout_s)
     counter = TokenCounter(load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir))
     client = redis.Redis.from_url(
         settings.redis_url, socket_timeout=settings.redis_socket_timeout_s,
@@ -168,6 +169,13 @@ def llm_config(settings: Settings) -> LLMConfig:
 
 
 _process_runtime: tuple[int, Runtime] | None = None
+
+
+def current_runtime() -> Runtime | None:
+    """This process's runtime if a job built it; None otherwise (nothing is built)."""
+    if _process_runtime is None or _process_runtime[0] != os.getpid():
+        return None
+    return _process_runtime[1]
 
 
 def get_runtime(settings: Settings) -> Runtime:

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
         30, gt=0, description="Idle time before TCP keepalives probe a PostgreSQL "
         "connection; 3 probes 10 s apart then drop a dead one (s)."
     )
+    db_call_timeout_s: float = Field(
+        330.0, gt=0, description="Longest a worker's or the scheduler's PostgreSQL call "
+        "may take before the client shuts its connection: a frozen server fails the call "
+        "as store_unavailable (s; above db_statement_timeout_s)."
+    )
 
     # --- broker --------------------------------------------------------------------
     redis_url: str = Field(
@@ -370,6 +375,15 @@ class Settings(BaseSettings):
                 "or a slow renewal "
                 "lets a running job's lease expire"
             )
+        if self.db_statement_timeout_s and self.db_call_timeout_s <= self.db_statement_timeout_s:
+            raise ValueError(
+                "COMPACTOR_DB_CALL_TIMEOUT_S must exceed COMPACTOR_DB_STATEMENT_TIMEOUT_S: a "
+                "live server's own timeout answers first, with its own error")
+        if 2 * (self.db_call_timeout_s + self.db_connect_timeout_s) >= self.task_soft_time_limit_s:
+            raise ValueError(
+                "twice (COMPACTOR_DB_CALL_TIMEOUT_S + COMPACTOR_DB_CONNECT_TIMEOUT_S) must be "
+                "below COMPACTOR_TASK_SOFT_TIME_LIMIT_S: a job's hung call and the record "
+                "of its failure both end before the time limit, as store_unavailable")
         if self.task_hard_time_limit_s <= self.task_soft_time_limit_s:
             raise ValueError("COMPACTOR_TASK_HARD_TIME_LIMIT_S must exceed "
                              "COMPACTOR_TASK_SOFT_TIME_LIMIT_S")

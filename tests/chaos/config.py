@@ -24,7 +24,7 @@ class ChaosConfig:
     pg_drops: int = 4
     pg_restarts: int = 1
     pg_hangs: int = 1
-    pg_hang_s: float = 20.0  # past the workers' statement timeouts, if they have them
+    pg_hang_s: float = 20.0  # past the workers' 8 s database call deadline
     poison_rounds: int = 2
     scan_cron: str = "* * * * *"  # the real beat's scan, every minute
     reconcile_interval_s: int = 10  # the beat's reconciler sweep

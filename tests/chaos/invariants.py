@@ -102,8 +102,11 @@ def check_session(store: Store, ledger: Ledger, session_id: str, verdict: Verdic
     verdict.add("half_written_swaps", named(find_half_written(runs, [r.id for r in revisions])))
     ending = classify(session, runs)
     if ending is Ending.UNSETTLED:
-        verdict.add("unsettled_sessions", named(["ended neither compacted, failed nor "
-                                                 "breaker-open"]))
+        verdict.add("unsettled_sessions", named([
+            f"ended neither compacted, failed nor breaker-open ({len(runs)} runs, "
+            f"projection {session.projection_tokens} tokens, breaker "
+            f"{session.breaker_state}/{session.breaker_failures}, last appended "
+            f"{session.last_appended_at})"]))
     if must_fail and ending is Ending.COMPACTED:
         verdict.add("false_successes", named(["compacted although every summary was "
                                               "malformed"]))

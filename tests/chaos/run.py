@@ -71,16 +71,18 @@ class ChaosReport:
 
 
 def job_env_for(services: Services, config: ChaosConfig) -> JobEnv:
-    """The workers' and beat's settings: small windows, short leases, retries spread
-    over two minutes, a private Redis and PostgreSQL, a scan every minute that skips no
-    recently appended session, the reconciler every ``reconcile_interval_s``, and the
-    production queue-marker TTL (a lost job's marker strands its session unless the
-    reconciler repairs it)."""
+    """The workers' and beat's settings: small windows, short leases, database calls
+    cut off after 8 s (a PostgreSQL hang fails them), retries spread over two minutes, a
+    private Redis and PostgreSQL, a scan every minute that skips no recently appended
+    session, the reconciler every ``reconcile_interval_s``, and the production
+    queue-marker TTL (a lost job's marker strands its session unless the reconciler
+    repairs it)."""
     return build_job_env(
         services.database_url_as(WORKER_APP_NAME), services.llm_base_url,
         redis_url=services.redis.url, model_context_tokens=MODEL_CONTEXT_TOKENS,
         tail_budget_tokens=TAIL_BUDGET_TOKENS, lease_ttl_s=15, max_transient_retries=20,
         retry_window_s=RETRY_WINDOW_S, retry_backoff_max_s=5, max_deliveries=4,
+        db_statement_timeout_s=5, db_call_timeout_s=8,
         quiet_period_s=0, scan_cron=config.scan_cron,
         reconcile_interval_s=config.reconcile_interval_s,
         reconcile_grace_s=config.reconcile_grace_s, data_dir=config.work_dir / "beat")

@@ -24,6 +24,10 @@ from worker.compaction.tokens import TokenCounter
 from worker.errors import MessagesRejected
 from worker.ingest import ImportStatus, append_messages, check_record, import_sessions
 
+# Where a generated session starts, at least: over the run's 2,800-token trigger
+# (run.py's 4,000-token model window).
+START_TOKENS = 3_000
+
 RESOLVE_ATTEMPTS = 100
 OPEN_CALL_SHARE = 0.25  # appends that leave their tool calls open for a later append
 RACE_SHARE = 0.3  # answers to an open call sent twice at once
@@ -90,7 +94,13 @@ def import_run_sessions(store: Store, ledger: Ledger, counter: TokenCounter,
     records: list[dict[str, Any]] = []
     for index in range(config.sessions):
         session_id = f"chaos-{index:04d}"
-        messages = generate_session(config.seed * 100_000 + index, rng.randint(8, 10))
+        turns = rng.randint(8, 10)
+        messages = generate_session(config.seed * 100_000 + index, turns)
+        # Over the trigger from the start: every healthy session must end compacted (a
+        # short one under it would never be due, and end unsettled by right).
+        while _tokens(counter, session_id, messages) < START_TOKENS:
+            turns += 1
+            messages = generate_session(config.seed * 100_000 + index, turns)
         if rng.random() < config.failing_share:
             messages[1]["content"] += f" {FAIL_MARKER}"
             failing.add(session_id)
@@ -107,6 +117,12 @@ def import_run_sessions(store: Store, ledger: Ledger, counter: TokenCounter,
     if any(report.status not in stored for report in reports):
         raise RuntimeError("a session of the run was not imported")
     return failing
+
+
+def _tokens(counter: TokenCounter, session_id: str, messages: list[dict[str, Any]]) -> int:
+    _, _, checked = check_record({"session_id": session_id, "messages": messages},
+                                 IntakePolicy())
+    return counter.count_messages(checked.messages)
 
 
 class Appender(threading.Thread):

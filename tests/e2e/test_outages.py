@@ -208,8 +208,86 @@ def test_jobs_that_end_while_postgresql_is_down_are_repaired_by_the_reconciler(
     unrecorded = [r for r in outage.store.runs(limit=1_000)
                   if r.figures.get("outcome_reason") == "store_unavailable"]
     assert sorted(r.session_id for r in unrecorded) == SESSIONS
-    assert sum(e["runs_written"] for e in worker.events("reconcile.attempts_recorded")
-               ) == len(SESSIONS)
+    # Written by the reconciler, or by the worker process that kept them, once each.
+    written = [*worker.events("reconcile.attempts_recorded"),
+               *worker.events("worker.owed_runs_written")]
+    assert sum(e["runs_written"] for e in written) == len(SESSIONS)
+
+
+def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_limit(
+    outage: Outage, processes: list[Any], tmp_path: Path
+) -> None:
+    # The server is frozen (SIGSTOP) past the jobs' 50 s soft time limit: without the
+    # client-side call deadline every job blocked on it would end as time_limit, counted
+    # on its session's breaker.
+    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
+           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
+    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
+                    outage.store, tmp_path, outage.server)
+    soft_limit_s = outage.job_env.settings.task_soft_time_limit_s
+    outage.server.set_behaviour("latency")  # every LLM call takes 8 s
+    scan(outage)
+    worker = start_worker(outage, processes)
+    start_beat(outage, processes)
+    # Two jobs in their 8-second LLM call when the server freezes: their swap hangs.
+    wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
+                           for s in SESSIONS) == 2, timeout_s=60)
+    outage.postgres.hang()
+    try:
+        time.sleep(soft_limit_s + 5)
+        during = worker.events("compaction.job")
+    finally:
+        outage.postgres.resume()
+    resumed = time.monotonic()
+
+    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+
+    recovered_s = time.monotonic() - resumed
+    assert during, "no attempt ended while the server was frozen"
+    assert {(e["outcome"], e["reason"]) for e in during} == {("failed", "store_unavailable")}
+    assert all(e["will_retry"] for e in during)
+    ended = worker.events("compaction.job")
+    assert not [e for e in ended if e["reason"] == "time_limit"]
+    assert all(outage.store.get_session(s).breaker_failures == 0 for s in SESSIONS)
+    wait_until(lambda: not markers_left(outage.store))
+    wait_until(lambda: every_attempt_has_one_run(outage.store, worker), timeout_s=RECOVERY_S)
+    longest_s = max(e["duration_ms"] for e in during) / 1000
+    print(f"postgresql frozen {soft_limit_s + 5} s: {len(during)} attempts failed as "
+          f"store_unavailable (longest {longest_s:.1f} s), all retried; every session "
+          f"compacted {recovered_s:.1f} s after the resume")
+
+
+def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_data(
+    outage: Outage, processes: list[Any], tmp_path: Path
+) -> None:
+    # The full chaos run's sequence: jobs fail on a frozen server, their runs are kept,
+    # and Redis restarts empty before any sweep could write them (docs/CHAOS.md).
+    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
+           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
+    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
+                    outage.store, tmp_path, outage.server)
+    outage.server.set_behaviour("latency")  # every LLM call takes 8 s
+    scan(outage)
+    worker = start_worker(outage, processes)
+    start_beat(outage, processes)
+    wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
+                           for s in SESSIONS) == 2, timeout_s=60)
+    outage.postgres.hang()
+    try:
+        wait_until(lambda: sum(not e["run_recorded"] for e in worker.events("compaction.job"))
+                   >= 2, timeout_s=60)
+        outage.redis.restart()  # the kept runs' list is gone with the rest
+    finally:
+        outage.postgres.resume()
+    kept = sum(not e["run_recorded"] for e in worker.events("compaction.job"))
+
+    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+
+    wait_until(lambda: every_attempt_has_one_run(outage.store, worker), timeout_s=RECOVERY_S)
+    written_by_worker = sum(e["runs_written"] for e in worker.events("worker.owed_runs_written"))
+    assert written_by_worker >= 2
+    print(f"{kept} runs kept during the hang, Redis restarted without them: "
+          f"{written_by_worker} written by the workers that kept them, every attempt has its run")
 
 
 def test_the_jobs_of_a_killed_worker_run_again_within_about_a_minute(

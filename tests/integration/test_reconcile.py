@@ -28,10 +28,12 @@ from scheduler.reconcile import (
     reconcile_policy,
 )
 from scheduler.selection import ScanPolicy
+from tests.support.chaos import build_base_runtime
 from tests.support.raw_producer import build_raw_message, read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
 from worker.attempt_journal import AttemptJournal
 from worker.keys import RedisKeys
+from worker.tasks import write_owed_runs
 
 pytestmark = pytest.mark.integration
 
@@ -296,6 +298,79 @@ def test_a_kept_run_stays_in_redis_while_the_database_is_still_down(
 
     assert write_unrecorded_runs(down, journal) == 0
     assert journal.unrecorded_count() == 1
+
+
+def test_a_kept_run_whose_commit_went_through_unanswered_is_not_written_twice(
+    store: Store, broker: Broker
+) -> None:
+    # finish_job's connection dropped after the server committed: the run is stored and
+    # kept in Redis both.
+    run = _run("s", "t", "failed", NOW)
+    store.record_run(run)
+    journal = _journal(broker)
+    journal.keep_unrecorded(run)
+
+    assert write_unrecorded_runs(store, journal) == 0
+
+    assert len(store.runs(session_id="s")) == 1
+    assert journal.unrecorded_count() == 0
+
+
+def test_a_sweep_killed_while_writing_a_kept_run_loses_nothing(
+    store: Store, broker: Broker
+) -> None:
+    journal = _journal(broker)
+    journal.keep_unrecorded(_run("s", "t", "failed", NOW))
+    journal.keep_unrecorded(replace(_run("s", "t", "failed", NOW + timedelta(seconds=10)),
+                                    attempt=2))
+
+    class Killed(BaseException):
+        """The pool child running the sweep, killed as it writes."""
+
+    class KilledWhileWriting(Store):
+        def record_kept_run(self, run: NewRun) -> bool:
+            raise Killed
+
+    with pytest.raises(Killed):
+        write_unrecorded_runs(KilledWhileWriting(store._engine), journal)
+    assert journal.unrecorded_count() == 2
+
+    assert write_unrecorded_runs(store, journal) == 2
+    assert sorted(r.attempt for r in store.runs(session_id="s")) == [1, 2]
+    assert journal.unrecorded_count() == 0
+
+
+def test_a_kept_item_that_can_never_be_written_is_dropped_loudly(
+    store: Store, broker: Broker
+) -> None:
+    journal = _journal(broker)
+    broker.client.lpush(RedisKeys(broker.prefix).unrecorded_runs(), "not a run")
+    journal.keep_unrecorded(_run("s", "t", "failed", NOW))
+
+    with capture_logs() as logs:
+        assert write_unrecorded_runs(store, journal) == 1
+
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+        "reconcile.unrecorded_run_dropped"]
+    assert journal.unrecorded_count() == 0
+
+
+def test_a_worker_writes_the_runs_it_kept_itself_when_a_redis_restart_lost_them(
+    store: Store, broker: Broker
+) -> None:
+    journal = _journal(broker)
+    journal.keep_unrecorded(_run("s", "lost", "failed", NOW))
+    broker.client.delete(RedisKeys(broker.prefix).unrecorded_runs())  # restarted, no data
+    journal.keep_unrecorded(_run("s", "kept", "failed", NOW + timedelta(seconds=5)))
+    runtime = replace(build_base_runtime(), store=store, journal=journal)
+
+    assert write_owed_runs(runtime) == 2  # before the process's next job
+
+    assert write_owed_runs(runtime) == 0
+    # The reconciler's copy of the second is not written again.
+    assert write_unrecorded_runs(store, journal) == 0
+    assert sorted(r.task_id or "" for r in store.runs(session_id="s")) == ["kept", "lost"]
+    assert journal.unrecorded_count() == 0
 
 
 def test_the_event_of_an_attempt_killed_after_its_commit_is_reported_once(

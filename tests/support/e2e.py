@@ -55,6 +55,10 @@ JOB_DEFAULTS: dict[str, Any] = {
     "retry_backoff_max_s": 2,
     "max_transient_retries": 1,
     "max_deliveries": 3,
+    # Within the 50 s soft limit: a hung call and its failure's record both end first.
+    "db_connect_timeout_s": 2,
+    "db_statement_timeout_s": 20,
+    "db_call_timeout_s": 22,
 }
 # Generated sessions (tests/support/generated.py), two over the trigger with the settings
 # above and one under it, by their number of exchanges.

@@ -5,7 +5,9 @@ soft time limit ends with a record of its own."""
 
 from __future__ import annotations
 
+import pytest
 from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from worker.celery_app import create_app
@@ -30,6 +32,16 @@ def test_the_operators_own_values_win_and_zero_means_no_statement_timeout() -> N
     assert (query["connect_timeout"], query["options"]) == ("3", "-c x=1")
     bare = Settings(database_url="postgresql://u@h/db", db_statement_timeout_s=0)
     assert "options" not in make_url(bare.effective_database_url).query
+
+
+def test_the_store_call_deadline_exceeds_the_statement_timeout_and_fits_the_soft_limit(
+) -> None:
+    with pytest.raises(ValidationError, match="must exceed COMPACTOR_DB_STATEMENT"):
+        Settings(db_statement_timeout_s=300, db_call_timeout_s=300)
+    with pytest.raises(ValidationError, match="below COMPACTOR_TASK_SOFT_TIME_LIMIT_S"):
+        Settings(db_call_timeout_s=895, db_connect_timeout_s=5, task_soft_time_limit_s=1_800)
+    # No statement timeout: any deadline that fits the soft limit.
+    assert Settings(db_statement_timeout_s=0, db_call_timeout_s=30).db_call_timeout_s == 30
 
 
 def test_sqlite_urls_are_left_alone() -> None:
