@@ -240,7 +240,7 @@ def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_lim
         outage.postgres.resume()
     resumed = time.monotonic()
 
-    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
 
     recovered_s = time.monotonic() - resumed
     assert during, "no attempt ended while the server was frozen"
@@ -281,7 +281,7 @@ def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_
         outage.postgres.resume()
     kept = sum(not e["run_recorded"] for e in worker.events("compaction.job"))
 
-    wait_until(lambda: compacted(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
+    wait_until(lambda: compacted_sessions(outage.store) == set(SESSIONS), timeout_s=RECOVERY_S)
 
     wait_until(lambda: every_attempt_has_one_run(outage.store, worker), timeout_s=RECOVERY_S)
     written_by_worker = sum(e["runs_written"] for e in worker.events("worker.owed_runs_written"))
