@@ -52,7 +52,6 @@ from worker.logging import get_logger
 from worker.outcome import emit_job_event
 from worker.runtime import current_runtime
 from worker.settings import Settings, get_settings
-from worker.tasks import write_owed_runs
 
 RECONCILE_EVENT = "compaction.reconcile"
 # kombu's Redis transport: the hash of delivered, unacknowledged messages (under the
@@ -314,8 +313,9 @@ def run_scheduled_reconcile(settings: Settings, now: datetime, *,
 def reconcile_task() -> str:
     """``compactor.reconcile``: one sweep (sent by beat every ``reconcile_interval_s``)."""
     try:
-        if (runtime := current_runtime()) is not None:  # this pool child's own kept runs
-            write_owed_runs(runtime)
+        runtime = current_runtime()
+        if runtime is not None and runtime.journal is not None:  # this child's kept runs
+            runtime.journal.write_owed(runtime.store)
         repairs = run_scheduled_reconcile(get_settings(), datetime.now(UTC))
     except (StoreError, redis.RedisError) as exc:
         # The next sweep repairs what this one could not reach; no traceback.

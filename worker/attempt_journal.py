@@ -30,9 +30,10 @@ from typing import Any, cast
 
 import redis
 
-from db import NewRun
+from db import NewRun, Store, StoreError
 from worker.fleet import log_redis_unavailable
 from worker.keys import RedisKeys
+from worker.logging import get_logger
 
 # The list keeps at most this many unwritten runs (newest first): an outage of hours at
 # fleet scale, without letting Redis grow without bound.
@@ -101,6 +102,24 @@ class AttemptJournal:
             log_redis_unavailable("unrecorded_runs", exc)
             return False
         return True
+
+    def write_owed(self, store: Store) -> int:
+        """Write the runs this process kept while the database was down (oldest first,
+        until the database fails again), before its next job or sweep; the reconciler's
+        copy in Redis is then skipped (``Store.record_kept_run`` writes a run once)."""
+        written = 0
+        while self.owed:
+            try:
+                written += store.record_kept_run(self.owed[0])
+            except StoreError as exc:
+                if exc.transient:
+                    break  # still down: the next job, or the reconciler, writes it
+                get_logger().error("worker.owed_run_dropped", error_class=type(exc).__name__,
+                                   error=str(exc)[:500])
+            self.owed.popleft()
+        if written:
+            get_logger().warning("worker.owed_runs_written", runs_written=written)
+        return written
 
     def oldest_unrecorded(self) -> tuple[str | bytes, NewRun | None] | None:
         """The oldest kept run, left on the list (``drop_unrecorded`` once it is written:

@@ -67,7 +67,8 @@ def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
     # A kill before the event leaves this entry to the reconciler.
     entry = journal.open(task_id, str(kwargs.get("session_id", ""))[:MAX_SESSION_ID_CHARS],
                          retries + 1, runtime.deps.clock()) if journal is not None else None
-    write_owed_runs(runtime)
+    if journal is not None:
+        journal.write_owed(runtime.store)
     result = _run_delivery(runtime, args, kwargs, task_id, retries)
     if result.unrecorded_run is not None and journal is not None:
         journal.keep_unrecorded(result.unrecorded_run)
@@ -106,24 +107,6 @@ def _retry_countdown(runtime: Runtime, result: JobResult, task_id: str,
                          backoff_max_for(result.reason, settings.retry_backoff_max_s,
                                          settings.reconcile_interval_s))
     return next_retry_s(policy, retries=retries, elapsed_s=elapsed_s, retry_after_s=earliest)
-
-
-def write_owed_runs(runtime: Runtime) -> int:
-    """Write the runs this process kept while the database was down (oldest first, until
-    the database fails again); the reconciler's copy in Redis is then skipped."""
-    journal, written = runtime.journal, 0
-    while journal is not None and journal.owed:
-        try:
-            written += runtime.store.record_kept_run(journal.owed[0])
-        except StoreError as exc:
-            if exc.transient:
-                break  # still down: the next job, or the reconciler, writes it
-            get_logger().error("worker.owed_run_dropped", error_class=type(exc).__name__,
-                               error=str(exc)[:500])
-        journal.owed.popleft()
-    if written:
-        get_logger().warning("worker.owed_runs_written", runs_written=written)
-    return written
 
 
 def _clear_queue_marker(runtime: Runtime, session_id: str, task_id: str) -> None:

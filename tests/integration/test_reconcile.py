@@ -28,12 +28,10 @@ from scheduler.reconcile import (
     reconcile_policy,
 )
 from scheduler.selection import ScanPolicy
-from tests.support.chaos import build_base_runtime
 from tests.support.raw_producer import build_raw_message, read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
 from worker.attempt_journal import AttemptJournal
 from worker.keys import RedisKeys
-from worker.tasks import write_owed_runs
 
 pytestmark = pytest.mark.integration
 
@@ -362,11 +360,10 @@ def test_a_worker_writes_the_runs_it_kept_itself_when_a_redis_restart_lost_them(
     journal.keep_unrecorded(_run("s", "lost", "failed", NOW))
     broker.client.delete(RedisKeys(broker.prefix).unrecorded_runs())  # restarted, no data
     journal.keep_unrecorded(_run("s", "kept", "failed", NOW + timedelta(seconds=5)))
-    runtime = replace(build_base_runtime(), store=store, journal=journal)
 
-    assert write_owed_runs(runtime) == 2  # before the process's next job
+    assert journal.write_owed(store) == 2  # before the process's next job
 
-    assert write_owed_runs(runtime) == 0
+    assert journal.write_owed(store) == 0
     # The reconciler's copy of the second is not written again.
     assert write_unrecorded_runs(store, journal) == 0
     assert sorted(r.task_id or "" for r in store.runs(session_id="s")) == ["kept", "lost"]
