@@ -59,7 +59,7 @@ class Outage:
 @pytest.fixture
 def outage(tmp_path: Path) -> Iterator[Outage]:
     with PrivateRedis(tmp_path) as private_redis, PrivatePostgres() as postgres, \
-            OpenAIServer(behaviour="latency", latency_ms=8_000) as server:
+            OpenAIServer(behaviour="latency", latency_ms=8_000) as server:  # 8 s a call
         upgrade_database(postgres.url)
         job_env = build_job_env(
             postgres.url, server.base_url, redis_url=private_redis.url, quiet_period_s=0,
@@ -214,18 +214,23 @@ def test_jobs_that_end_while_postgresql_is_down_are_repaired_by_the_reconciler(
     assert sum(e["runs_written"] for e in written) == len(SESSIONS)
 
 
+def with_short_call_deadline(outage: Outage, tmp_path: Path) -> Outage:
+    """The outage's jobs with a 3 s statement timeout and a 5 s client-side call deadline,
+    so that a frozen server fails their store calls well inside the soft time limit."""
+    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
+           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
+    return Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
+                  outage.store, tmp_path, outage.server)
+
+
 def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_limit(
     outage: Outage, processes: list[Any], tmp_path: Path
 ) -> None:
     # The server is frozen (SIGSTOP) past the jobs' 50 s soft time limit: without the
     # client-side call deadline every job blocked on it would end as time_limit, counted
     # on its session's breaker.
-    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
-           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
-    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
-                    outage.store, tmp_path, outage.server)
+    outage = with_short_call_deadline(outage, tmp_path)
     soft_limit_s = outage.job_env.settings.task_soft_time_limit_s
-    outage.server.set_behaviour("latency")  # every LLM call takes 8 s
     scan(outage)
     worker = start_worker(outage, processes)
     start_beat(outage, processes)
@@ -262,11 +267,7 @@ def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_
 ) -> None:
     # The full chaos run's sequence: jobs fail on a frozen server, their runs are kept,
     # and Redis restarts empty before any sweep could write them (docs/CHAOS.md).
-    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
-           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
-    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
-                    outage.store, tmp_path, outage.server)
-    outage.server.set_behaviour("latency")  # every LLM call takes 8 s
+    outage = with_short_call_deadline(outage, tmp_path)
     scan(outage)
     worker = start_worker(outage, processes)
     start_beat(outage, processes)
@@ -293,7 +294,6 @@ def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_
 def test_the_jobs_of_a_killed_worker_run_again_within_about_a_minute(
     outage: Outage, processes: list[Any]
 ) -> None:
-    outage.server.set_behaviour("latency")  # every LLM call takes 8 s: kill mid-job
     scan(outage)
     doomed = start_worker(outage, processes, "doomed")
     wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
