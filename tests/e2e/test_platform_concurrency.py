@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 SESSION_IDS = ["race-a", "race-b", "race-c"]
 TURNS = 40  # about 4,800 tokens: over the job env's 4,200-token trigger
 THREADS, PROCESSES, BATCHES = 4, 2, 10
+# Appends of one appender this far apart: traffic lasts ~1.8 s, several rounds of forced
+# jobs, however fast the appends themselves are.
+BATCH_PAUSE_S = 0.2
 
 
 def calling_open(session_id: str) -> dict[str, Any]:
@@ -51,9 +54,10 @@ def run_every_appender(postgres_url: str) -> list[AppendAttempt]:
             ThreadPoolExecutor(THREADS) as threads, SessionStore.open(postgres_url) as shared:
         barrier = manager.Barrier(THREADS + PROCESSES)
         futures = [procs.submit(run_appender, postgres_url, f"P{n}", SESSION_IDS, BATCHES,
-                                barrier) for n in range(PROCESSES)]
+                                barrier, pause_s=BATCH_PAUSE_S) for n in range(PROCESSES)]
         futures += [threads.submit(run_appender, postgres_url, f"T{n}", SESSION_IDS, BATCHES,
-                                   barrier, shared) for n in range(THREADS)]
+                                   barrier, shared, pause_s=BATCH_PAUSE_S)
+                    for n in range(THREADS)]
         return [attempt for future in futures for attempt in future.result(timeout=120)]
 
 

@@ -4,6 +4,7 @@ appending whole exchanges. Importable by a spawned process (no pytest, no fixtur
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from threading import Barrier
 from typing import Any
@@ -34,11 +35,11 @@ def answer(session_id: str, tag: str) -> dict[str, Any]:
 
 def run_appender(
     url: str, tag: str, session_ids: list[str], batches: int, barrier: Barrier,
-    sessions: SessionStore | None = None,
+    sessions: SessionStore | None = None, *, pause_s: float = 0.0,
 ) -> list[AppendAttempt]:
     """Race the other appenders to answer every session's open call, wait for all of them,
-    then append ``batches`` exchanges spread over the sessions. Opens its own store
-    unless given one (the threads' shared store)."""
+    then append ``batches`` exchanges spread over the sessions, ``pause_s`` apart. Opens
+    its own store unless given one (the threads' shared store)."""
     store = sessions or SessionStore.open(url)
     try:
         barrier.wait()
@@ -47,6 +48,8 @@ def run_appender(
         # An exchange appended before every racer tried would close the call itself.
         barrier.wait()
         for batch in range(batches):
+            if batch:
+                time.sleep(pause_s)
             session_id = session_ids[(batch + len(tag)) % len(session_ids)]
             attempts.append(attempt(store, session_id, generated_turns(f"{tag}B{batch}", 1)))
         return attempts
