@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from db import RunRecord, SessionNotFound, Store, StoreError
-from worker.attempt_journal import AttemptJournal, PendingAttempt
+from db import RunRecord, SessionNotFound, Store
+from worker.attempt_journal import AttemptJournal, PendingAttempt, write_kept_run
 from worker.errors import Outcome
 from worker.figures import JobFigures
 from worker.job import JobResult
@@ -21,6 +21,7 @@ from worker.outcome import emit_job_event
 PENDING_MAX_AGE = timedelta(days=1)
 # The entry and its run's start are read from one worker's clock, the entry first.
 _CLOCK_SKEW = timedelta(seconds=1)
+_DROPPED = "reconcile.unrecorded_run_dropped"  # a kept run that can never be written
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +41,13 @@ def write_unrecorded_runs(store: Store, journal: AttemptJournal) -> int:
     written = 0
     while (kept := journal.oldest_unrecorded()) is not None:
         raw, run = kept
-        try:
-            if run is not None and store.record_kept_run(run):
-                written += 1
-        except StoreError as exc:
-            if exc.transient:
-                break  # the database is still down: the next sweep tries again
-            get_logger().error("reconcile.unrecorded_run_dropped",
-                               error_class=type(exc).__name__, error=str(exc)[:500])
         if run is None:
-            get_logger().error("reconcile.unrecorded_run_dropped",
-                               error_class="unreadable", error=str(raw)[:500])
+            get_logger().error(_DROPPED, error_class="unreadable", error=str(raw)[:500])
+        else:
+            stored = write_kept_run(store, run, _DROPPED)
+            if stored is None:
+                break  # the database is still down: the next sweep tries again
+            written += stored
         journal.drop_unrecorded(raw)
     return written
 

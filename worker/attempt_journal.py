@@ -77,6 +77,20 @@ def run_from_json(raw: str | bytes) -> NewRun:
     return NewRun(**fields)
 
 
+def write_kept_run(store: Store, run: NewRun, dropped_event: str) -> bool | None:
+    """Write one kept run: True when written, False when a run of the same attempt was
+    stored already or the database refuses it for good (logged as ``dropped_event``),
+    None while the database is down (keep it for a later try)."""
+    try:
+        return store.record_kept_run(run)
+    except StoreError as exc:
+        if exc.transient:
+            return None
+        get_logger().error(dropped_event, error_class=type(exc).__name__,
+                           error=str(exc)[:500])
+        return False
+
+
 class AttemptJournal:
     """The two Redis records of one deployment (``redis_key_prefix``)."""
 
@@ -109,13 +123,10 @@ class AttemptJournal:
         copy in Redis is then skipped (``Store.record_kept_run`` writes a run once)."""
         written = 0
         while self.owed:
-            try:
-                written += store.record_kept_run(self.owed[0])
-            except StoreError as exc:
-                if exc.transient:
-                    break  # still down: the next job, or the reconciler, writes it
-                get_logger().error("worker.owed_run_dropped", error_class=type(exc).__name__,
-                                   error=str(exc)[:500])
+            stored = write_kept_run(store, self.owed[0], "worker.owed_run_dropped")
+            if stored is None:
+                break  # still down: the next job, or the reconciler, writes it
+            written += stored
             self.owed.popleft()
         if written:
             get_logger().warning("worker.owed_runs_written", runs_written=written)
