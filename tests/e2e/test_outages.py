@@ -126,6 +126,18 @@ def every_attempt_has_one_run(store: Store, worker: WorkerProcess) -> bool:
     return by_event == by_run
 
 
+def with_env(outage: Outage, tmp_path: Path, overrides: dict[str, str]) -> Outage:
+    """The outage, its jobs' environment changed by ``overrides``."""
+    env = {**outage.job_env.env, **overrides}
+    return Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
+                  outage.store, tmp_path, outage.server)
+
+
+# A frozen server fails the jobs' store calls well inside their soft time limit.
+SHORT_CALL_DEADLINE = {"COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
+                       "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
+
+
 def test_after_redis_lost_its_queued_jobs_every_due_session_is_compacted(
     outage: Outage, processes: list[Any]
 ) -> None:
@@ -184,9 +196,7 @@ def test_jobs_that_end_while_postgresql_is_down_are_repaired_by_the_reconciler(
 ) -> None:
     # No retries: each job's one attempt ends for good during the outage, and the
     # marker clear that follows fails with the database.
-    env = {**outage.job_env.env, "COMPACTOR_MAX_TRANSIENT_RETRIES": "0"}
-    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
-                    outage.store, tmp_path, outage.server)
+    outage = with_env(outage, tmp_path, {"COMPACTOR_MAX_TRANSIENT_RETRIES": "0"})
     scan(outage)
     # The worker checks the database as it starts; its first jobs are then in their
     # 8-second LLM call when the database goes.
@@ -214,22 +224,13 @@ def test_jobs_that_end_while_postgresql_is_down_are_repaired_by_the_reconciler(
     assert sum(e["runs_written"] for e in written) == len(SESSIONS)
 
 
-def with_short_call_deadline(outage: Outage, tmp_path: Path) -> Outage:
-    """The outage's jobs with a 3 s statement timeout and a 5 s client-side call deadline,
-    so that a frozen server fails their store calls well inside the soft time limit."""
-    env = {**outage.job_env.env, "COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
-           "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
-    return Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
-                  outage.store, tmp_path, outage.server)
-
-
 def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_limit(
     outage: Outage, processes: list[Any], tmp_path: Path
 ) -> None:
     # The server is frozen (SIGSTOP) past the jobs' 50 s soft time limit: without the
     # client-side call deadline every job blocked on it would end as time_limit, counted
     # on its session's breaker.
-    outage = with_short_call_deadline(outage, tmp_path)
+    outage = with_env(outage, tmp_path, SHORT_CALL_DEADLINE)
     soft_limit_s = outage.job_env.settings.task_soft_time_limit_s
     scan(outage)
     worker = start_worker(outage, processes)
@@ -267,7 +268,7 @@ def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_
 ) -> None:
     # The full chaos run's sequence: jobs fail on a frozen server, their runs are kept,
     # and Redis restarts empty before any sweep could write them (docs/CHAOS.md).
-    outage = with_short_call_deadline(outage, tmp_path)
+    outage = with_env(outage, tmp_path, SHORT_CALL_DEADLINE)
     scan(outage)
     worker = start_worker(outage, processes)
     start_beat(outage, processes)
@@ -330,9 +331,7 @@ def beat_events(outage: Outage, event: str) -> list[dict[str, Any]]:
 def test_beat_across_a_redis_outage_logs_one_json_line_and_catches_up_the_missed_scan(
     outage: Outage, processes: list[Any], tmp_path: Path
 ) -> None:
-    env = {**outage.job_env.env, "COMPACTOR_SCAN_CRON": "* * * * *"}
-    outage = Outage(outage.redis, outage.postgres, JobEnv(outage.job_env.settings, env),
-                    outage.store, tmp_path, outage.server)
+    outage = with_env(outage, tmp_path, {"COMPACTOR_SCAN_CRON": "* * * * *"})
     start_beat(outage, processes)  # its scan every minute, its reconciler every 5 s
 
     def queued_tasks() -> set[str]:
