@@ -32,8 +32,8 @@ from sqlalchemy import (
 )
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
-from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.queries import select_active
+from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, SessionRow
+from db.queries import insert_run, select_active
 from db.records import (
     BreakerUpdate,
     NewRevision,
@@ -47,7 +47,6 @@ from db.records import (
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]
 _REVISIONS: Table = RevisionRow.__table__  # type: ignore[assignment]
 _MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
-_RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 _SESSION_COLUMNS = tuple(_SESSIONS.c)
 # The active revision's columns in the snapshot's join, prefixed apart from the session's.
 _REVISION_LABELS = tuple(column.label(f"revision_{column.name}") for column in _REVISIONS.c)
@@ -184,18 +183,6 @@ def commit_failure(connection: Connection, run: NewRun, *, breaker: BreakerUpdat
         connection.execute(
             update(_SESSIONS).where(_SESSIONS.c.session_id == run.session_id).values(values))
     return run_id
-
-
-def insert_run(connection: Connection, run: NewRun, *, revision_id: int | None) -> int:
-    """Insert the run row; return its id."""
-    return int(connection.execute(
-        insert(_RUNS).returning(_RUNS.c.id),
-        {"session_id": run.session_id, "task_id": run.task_id, "attempt": run.attempt,
-         "reason": run.reason, "outcome": run.outcome, "failure_class": run.failure_class,
-         "failure_message": run.failure_message, "figures": run.figures,
-         "revision_id": revision_id, "started_at": run.started_at,
-         "finished_at": run.finished_at},
-    ).scalar_one())
 
 
 def to_session_state(row: Row[Any]) -> SessionState:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, and_, case, func, insert, or_, select, update
+from sqlalchemy import Connection, Table, and_, case, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -28,6 +28,8 @@ from db.records import (
     StoredMention,
     ToolCallState,
 )
+
+_RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 
 # Updates here never need the ORM to sync objects in memory: each transaction is short.
 NO_SYNC = {"synchronize_session": False}
@@ -214,16 +216,18 @@ def find_revision(session: Session, revision_id: int) -> RevisionRow:
     return row
 
 
-def insert_run(session: Session, run: NewRun, *, revision_id: int | None) -> int:
-    row = RunRow(
-        session_id=run.session_id, task_id=run.task_id, attempt=run.attempt,
-        reason=run.reason, outcome=run.outcome, failure_class=run.failure_class,
-        failure_message=run.failure_message, figures=run.figures, revision_id=revision_id,
-        started_at=run.started_at, finished_at=run.finished_at,
-    )
-    session.add(row)
-    session.flush()
-    return row.id
+def insert_run(executor: Session | Connection, run: NewRun, *,
+               revision_id: int | None) -> int:
+    """Insert the run row (one Core statement, in an ORM session or a job's connection);
+    return its id."""
+    return int(executor.execute(
+        insert(_RUNS).returning(_RUNS.c.id),
+        {"session_id": run.session_id, "task_id": run.task_id, "attempt": run.attempt,
+         "reason": run.reason, "outcome": run.outcome, "failure_class": run.failure_class,
+         "failure_message": run.failure_message, "figures": run.figures,
+         "revision_id": revision_id, "started_at": run.started_at,
+         "finished_at": run.finished_at},
+    ).scalar_one())
 
 
 def to_session_state(row: SessionRow) -> SessionState:
