@@ -45,9 +45,9 @@ from worker.compaction.tokens import TokenCounter, load_encoding
 
 HANG_S = 600.0  # past any sane client timeout; cut short when the server stops
 BEHAVIOUR_HEADER = "X-Test-Behaviour"
-# Request bodies remembered (least recently used dropped): a benchmark's few distinct
-# prompts, of up to ~0.5 MB each.
-MEMO_BODIES = 32
+# Request bodies remembered, least recently used dropped: a benchmark's few distinct
+# prompts (one per session size), at most a few MB in all.
+MEMO_BODIES = 8
 _MARKER = re.compile(r"\[\[behave:([A-Za-z0-9_]+(?::\d+)?)\]\]")
 
 
