@@ -1,5 +1,8 @@
-"""Worker CPU per compaction job, excluding the LLM: the extractive summarizer, the real
-pipeline in this process on PostgreSQL, each job on its own copy of a generated session.
+"""Worker CPU per compaction job, excluding the LLM: the real pipeline in this process on
+PostgreSQL, each job on its own copy of a generated session. The extractive summarizer by
+default; ``--summarizer llm`` calls the OpenAI test server (its own process, answering at
+once), so what is timed is the worker's side of each call (prompt, request, reply,
+validation), and the server's CPU per call is printed beside it.
 
 One untimed warm-up job per size, then ``gc.freeze()`` as a worker does after its first
 job; each timed job's process CPU time (``time.process_time``) and wall time are
@@ -15,15 +18,38 @@ import pstats
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-from bench.common import inline_runtime, private_database, run_inline
+from bench.common import (
+    ServerProcess,
+    inline_runtime,
+    llm_settings,
+    openai_server,
+    private_database,
+    proc_cpu_s,
+    run_inline,
+)
 from bench.report import bench_parser, median, print_header, print_load, print_table
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
 from worker.errors import Outcome
-from worker.job import JobTrace
+from worker.job import JobResult, JobTrace
 
 PROFILE_LINES = 35
 STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
+# The summarizer's window (a 128k-token model); the call budget lets a 1M-token span chunk.
+LLM_WINDOW_TOKENS = 128_000
+LLM_MAX_CALLS = 64
+
+
+@dataclass
+class Timings:
+    """What the timed jobs of one size cost (ms); the server's CPU over their calls."""
+
+    cpu_ms: list[float] = field(default_factory=list)
+    wall_ms: list[float] = field(default_factory=list)
+    step_ms: dict[str, list[float]] = field(default_factory=dict)
+    server_cpu_ms: float = 0.0
+    llm_calls: int = 0
 
 
 @contextmanager
@@ -48,41 +74,58 @@ def step_cpu_recorded(cpu_ms: dict[str, list[float]]) -> Iterator[None]:
         JobTrace.step = wall_step  # type: ignore[method-assign]
 
 
-def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: bool
-              ) -> tuple[list[float], list[float], dict[str, list[float]]]:
-    """CPU and wall ms of ``jobs`` timed jobs on copies of ``session``, and their steps'
-    CPU ms."""
+def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: bool,
+              server: ServerProcess | None) -> Timings:
+    """Time ``jobs`` jobs on copies of ``session``, with the LLM summarizer at ``server``
+    when one is given, else the extractive one."""
     ids = [f"cpu-{session.tokens}-{i}" for i in range(jobs + 2)]
-    with inline_runtime(database_url, summarizer="extractive",
+    summarizer: dict[str, object] = {"summarizer": "extractive"}
+    if server is not None:
+        summarizer = llm_settings(server.base_url, window_tokens=LLM_WINDOW_TOKENS,
+                                  max_calls=LLM_MAX_CALLS)
+    timings = Timings()
+    with inline_runtime(database_url, **summarizer,
                         model_context_tokens=round(session.tokens * 1.28),
                         tail_budget_tokens=min(8_000, session.tokens // 12)) as runtime:
         import_copies(runtime.store, session, ids)
-        _checked(run_inline(runtime, ids[0]).outcome)
+        _checked(run_inline(runtime, ids[0]))
         gc.freeze()
-        cpu_ms: list[float] = []
-        wall_ms: list[float] = []
-        step_ms: dict[str, list[float]] = {}
-        with step_cpu_recorded(step_ms):
+        server_cpu_s = proc_cpu_s(server.pid) if server else 0.0
+        with step_cpu_recorded(timings.step_ms):
             for session_id in ids[1:-1]:
                 cpu0, wall0 = time.process_time(), time.perf_counter()
-                _checked(run_inline(runtime, session_id).outcome)
-                cpu_ms.append((time.process_time() - cpu0) * 1000)
-                wall_ms.append((time.perf_counter() - wall0) * 1000)
+                result = _checked(run_inline(runtime, session_id))
+                timings.cpu_ms.append((time.process_time() - cpu0) * 1000)
+                timings.wall_ms.append((time.perf_counter() - wall0) * 1000)
+                timings.llm_calls += result.figures.llm_calls or 0
+        if server is not None:
+            timings.server_cpu_ms = (proc_cpu_s(server.pid) - server_cpu_s) * 1000
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
-            _checked(run_inline(runtime, ids[-1]).outcome)
+            _checked(run_inline(runtime, ids[-1]))
             profiler.disable()
             print(f"\ncProfile of one {session.tokens:,}-token job:")
             stats = pstats.Stats(profiler)
             stats.sort_stats("cumulative").print_stats(PROFILE_LINES)
             stats.sort_stats("tottime").print_stats(PROFILE_LINES)
-    return cpu_ms, wall_ms, step_ms
+    return timings
 
 
-def _checked(outcome: Outcome) -> None:
-    if outcome is not Outcome.COMPACTED:
-        raise RuntimeError(f"a measured job was {outcome.value}, not compacted")
+def _checked(result: JobResult) -> JobResult:
+    if result.outcome is not Outcome.COMPACTED:
+        raise RuntimeError(f"a measured job was {result.outcome.value}, not compacted")
+    return result
+
+
+@contextmanager
+def server_if(wanted: bool) -> Iterator[ServerProcess | None]:
+    """The OpenAI test server, answering at once, when ``wanted``."""
+    if not wanted:
+        yield None
+        return
+    with openai_server(context_window=LLM_WINDOW_TOKENS) as server:
+        yield server
 
 
 def main() -> None:
@@ -91,23 +134,27 @@ def main() -> None:
     parser.add_argument("--session-tokens", default="5000,100000,1000000",
                         help="comma-separated")
     parser.add_argument("--profile", action="store_true", help="cProfile one more job")
+    parser.add_argument("--summarizer", choices=("extractive", "llm"), default="extractive")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.session_tokens = 1, "3000"
-    print_header("worker CPU per job, extractive summarizer, in-process")
+    print_header(f"worker CPU per job, {args.summarizer} summarizer, in-process")
     counter = new_counter()
     sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
     rows, step_rows = [], []
-    with private_database() as url:
+    with private_database() as url, server_if(args.summarizer == "llm") as server:
         for session in sessions:
-            cpu_ms, wall_ms, step_ms = time_jobs(url, session, args.jobs, profile=args.profile)
-            rows.append((session.tokens, len(session.rows), len(cpu_ms), min(cpu_ms),
-                         median(cpu_ms), min(wall_ms), median(wall_ms)))
+            timed = time_jobs(url, session, args.jobs, profile=args.profile, server=server)
+            rows.append((session.tokens, len(session.rows), len(timed.cpu_ms),
+                         min(timed.cpu_ms), median(timed.cpu_ms), min(timed.wall_ms),
+                         median(timed.wall_ms), timed.llm_calls / len(timed.cpu_ms),
+                         timed.server_cpu_ms / max(timed.llm_calls, 1)))
             step_rows.append((session.tokens,
-                              *(median(step_ms[step]) if step in step_ms else 0.0
+                              *(median(timed.step_ms[step]) if step in timed.step_ms else 0.0
                                 for step in STEPS)))
     print_table(("session tokens", "messages", "jobs", "CPU ms min", "CPU ms median",
-                 "wall ms min", "wall ms median"), rows)
+                 "wall ms min", "wall ms median", "LLM calls per job",
+                 "server CPU ms per call"), rows)
     print("\nCPU ms per step (median; the thread's CPU time inside each step):")
     print_table(("session tokens", *STEPS), step_rows)
     print_load()

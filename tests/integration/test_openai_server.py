@@ -111,6 +111,20 @@ def test_usage_counts_the_prompt_that_the_log_records() -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
+def test_a_repeated_request_is_answered_and_counted_alike_under_a_fresh_id() -> None:
+    with OpenAIServer() as server:
+        _, first = chat(server, "Summarize booking HAT170 and error E1234.")
+        _, again = chat(server, "Summarize booking HAT170 and error E1234.")
+        server.set_context_window(5)
+        refused, _ = chat(server, "Summarize booking HAT170 and error E1234.")
+
+        tokens = [request.prompt_tokens for request in server.requests]
+    assert (first["choices"], first["usage"]) == (again["choices"], again["usage"])
+    assert first["id"] != again["id"]
+    assert tokens == [first["usage"]["prompt_tokens"]] * 3
+    assert refused == 400  # the window is part of what a remembered reply depends on
+
+
 def test_concurrent_requests_are_served_in_parallel_and_counted() -> None:
     with OpenAIServer(behaviour="latency", latency_ms=300) as server, \
             ThreadPoolExecutor(max_workers=3) as pool:

@@ -5,6 +5,10 @@ It misbehaves on cue: for the whole run (``behaviour``, changeable between calls
 request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` marker),
 where SPEC is a behaviour, optionally ``:N`` to misbehave N times and then answer ok.
 Run it alone with ``python -m tests.support.openai_server --port 0``.
+
+It stands in for a remote model, so its own CPU is a benchmark artifact on the machine it
+shares with the worker: a request body it has seen is not parsed, counted or answered
+again (:class:`_Memo`); the reply is the one it composed then, under a fresh id.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import json
 import re
 import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -39,6 +45,9 @@ from worker.compaction.tokens import TokenCounter, load_encoding
 
 HANG_S = 600.0  # past any sane client timeout; cut short when the server stops
 BEHAVIOUR_HEADER = "X-Test-Behaviour"
+# Request bodies remembered, least recently used dropped: a benchmark's few distinct
+# prompts (one per session size), at most a few MB in all.
+MEMO_BODIES = 8
 _MARKER = re.compile(r"\[\[behave:([A-Za-z0-9_]+(?::\d+)?)\]\]")
 
 
@@ -54,6 +63,62 @@ class RecordedRequest:
 
 
 @dataclass
+class _Seen:
+    """One request body as parsed and counted, and the replies composed for it."""
+
+    body: dict[str, Any] | None
+    request: ChatRequest | None
+    replies: dict[tuple[Behaviour, ServerConfig], Reply] = field(default_factory=dict)
+
+
+class _Memo:
+    """What the server made of the request bodies it saw last, by their bytes. A reply is
+    a pure function of the body, the behaviour and the configuration, so remembering it
+    changes nothing a client sees but the CPU the server spends (counts stay exact)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
+
+    def seen(self, raw: bytes) -> _Seen:
+        """The body ``raw`` parsed and counted, from memory when it was seen before."""
+        with self._lock:
+            seen = self._seen.get(raw)
+            if seen is not None:
+                self._seen.move_to_end(raw)
+                return seen
+        body = _parse_body(raw)
+        seen = _Seen(body, _parse_chat_request(body))
+        with self._lock:
+            self._seen[raw] = seen
+            while len(self._seen) > MEMO_BODIES:
+                self._seen.popitem(last=False)
+        return seen
+
+    def reply(self, seen: _Seen, key: tuple[Behaviour, ServerConfig],
+              compose: Callable[[], Reply]) -> Reply:
+        """The reply to ``seen`` under ``key``: composed once, then the same one anew."""
+        with self._lock:
+            reply = seen.replies.get(key)
+        if reply is None:
+            reply = compose()
+            with self._lock:
+                seen.replies[key] = reply
+            return reply
+        return _anew(reply)
+
+
+def _anew(reply: Reply) -> Reply:
+    """A remembered reply with its own id and creation time, as every completion has."""
+    payload = reply.payload
+    if payload is None or "created" not in payload:
+        return reply
+    fresh = {**payload, "id": f"chatcmpl-test-{time.monotonic_ns()}",
+             "created": int(time.time())}
+    return dataclasses.replace(reply, payload=fresh)
+
+
+@dataclass
 class _State:
     """What the handler threads share; every mutable field is guarded by ``lock``."""
 
@@ -61,6 +126,7 @@ class _State:
     config: ServerConfig
     api_key: str | None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    memo: _Memo = field(default_factory=_Memo)
     stopping: threading.Event = field(default_factory=threading.Event)
     log: list[RecordedRequest] = field(default_factory=list)
     served: dict[str, int] = field(default_factory=dict)
@@ -198,13 +264,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(Reply(200, {"object": "list", "data": [entry]}))
 
     def do_POST(self) -> None:
-        body = self._read_body()
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
             return
         state = self.server.state
         with state.counting_in_flight():
-            reply = self._answer_chat(body)
+            reply = self._answer_chat(state.memo.seen(raw))
             if reply.payload is None:
                 state.stopping.wait(HANG_S)
                 self.close_connection = True
@@ -213,10 +279,10 @@ class _Handler(BaseHTTPRequestHandler):
                 state.stopping.wait(reply.delay_s)
             self._send(reply)
 
-    def _answer_chat(self, body: dict[str, Any] | None) -> Reply:
+    def _answer_chat(self, seen: _Seen) -> Reply:
         """Log the request (refused ones too) and decide its reply."""
         state = self.server.state
-        request = _parse_chat_request(body)
+        body, request = seen.body, seen.request
         authorized = not state.api_key or (
             self.headers.get("Authorization") == f"Bearer {state.api_key}")
         behaviour = self._resolve_behaviour(request) if request and authorized else None
@@ -233,7 +299,8 @@ class _Handler(BaseHTTPRequestHandler):
                                param="messages")
         if is_agent_turn(request):
             return answer_agent_turn(request, config, _counter())
-        return answer_chat(behaviour, request, config, _counter())
+        return state.memo.reply(seen, (behaviour, config),
+                                lambda: answer_chat(behaviour, request, config, _counter()))
 
     def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:
         state = self.server.state
@@ -257,13 +324,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _read_body(self) -> dict[str, Any] | None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        try:
-            body = json.loads(raw or b"null")
-        except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
+
+
+def _parse_body(raw: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _parse_chat_request(body: dict[str, Any] | None) -> ChatRequest | None:

@@ -28,7 +28,9 @@ MergeRounds = tuple[tuple[tuple[int, ...], ...], ...]
 
 @dataclass(frozen=True, slots=True)
 class SpanItem:
-    """One rendered piece of the span (usually a group), or part ``part`` of ``parts``."""
+    """One rendered piece of the span (usually a group), or part ``part`` of ``parts``;
+    ``tokens`` is its count, or its UTF-8 bytes (an upper bound) in a one-call plan made
+    without exact counts (``plan_summary_calls(exact=False)``)."""
 
     text: str
     tokens: int

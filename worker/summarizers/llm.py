@@ -79,7 +79,9 @@ class LLMSummarizer:
         """The calls ``summarize`` would make (before any replan) and each one's output
         budget, without making them: what ``compactor compact --dry-run`` shows."""
         identifiers, output_tokens = self._prompt_inputs(work)
-        return self._plan(work, identifiers, output_tokens, self._window_tokens), output_tokens
+        # Exact counts: the dry run shows the input tokens the calls would send.
+        plan = self._plan(work, identifiers, output_tokens, self._window_tokens, exact=True)
+        return plan, output_tokens
 
     def _prompt_inputs(self, work: SummaryWork) -> tuple[list[str], int]:
         featured = featured_values(work.failures, [], work.artifacts)
@@ -90,7 +92,7 @@ class LLMSummarizer:
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
              ) -> tuple[Summary, ChunkPlan]:
         identifiers, output_tokens = self._prompt_inputs(work)
-        plan = self._plan(work, identifiers, output_tokens, window_tokens)
+        plan = self._plan(work, identifiers, output_tokens, window_tokens, exact=False)
         single = len(plan.chunks) == 1
         partials = self._map(plan, work.prior if single else None, identifiers,
                              output_tokens, usage)
@@ -101,11 +103,11 @@ class LLMSummarizer:
         return partials[0], plan
 
     def _plan(self, work: SummaryWork, identifiers: Sequence[str], output_tokens: int,
-              window_tokens: int) -> ChunkPlan:
+              window_tokens: int, *, exact: bool) -> ChunkPlan:
         plan = plan_summary_calls(work.span, prior=work.prior, identifiers=identifiers,
                                   window_tokens=window_tokens, margin_ratio=self._margin_ratio,
                                   output_tokens=output_tokens,
-                                  counter=work.counter or self._counter)
+                                  counter=work.counter or self._counter, exact=exact)
         if plan.calls > self._max_calls:
             raise SessionFailure(
                 f"the span needs {plan.calls} LLM calls, over llm_max_calls_per_job="
