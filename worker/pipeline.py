@@ -13,7 +13,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from db import BreakerUpdate, NewRevision, SessionState, Snapshot, StoreError
+from db import (
+    BreakerUpdate,
+    JobSnapshot,
+    MessageText,
+    NewRevision,
+    RevisionRecord,
+    SessionState,
+    StoreError,
+)
 from worker.compaction import (
     Artifact,
     Boundary,
@@ -33,6 +41,7 @@ from worker.compaction import (
     group_messages,
     merge_summaries,
     parse_message,
+    parse_message_json,
     plan_boundary,
     prune_groups,
     rank_artifacts,
@@ -68,16 +77,23 @@ class Admitted:
 
 @dataclass(frozen=True)
 class JobPlan:
-    """The snapshot and where its span ends: what the rest of the job works on."""
+    """Where the snapshot's span ends: what the rest of the job works on. The snapshot's
+    message list is not kept: the boundary's groups hold every message the job uses."""
 
-    snapshot: Snapshot
+    session: SessionState
+    revision: RevisionRecord | None
     boundary: Boundary
     decision: str
 
     @property
     def prior_summary_tokens(self) -> int:
-        revision = self.snapshot.revision
-        return revision.summary_tokens if revision else 0
+        return self.revision.summary_tokens if self.revision else 0
+
+    def without_span(self) -> JobPlan:
+        """The plan once its span is in the summary work, which holds the span pruned:
+        the stored span (every old tool output in full) can be freed before the
+        summarizer runs."""
+        return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()))
 
 
 @dataclass(frozen=True)
@@ -159,12 +175,10 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> Sessio
 def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
              leased: SessionState) -> JobResult:
     admitted = _admit(trace, deps, policy, leased)
-    with trace.step("snapshot"):
-        snapshot = deps.store.job_snapshot(trace.request.session_id, history=RECENT_HISTORY)
-    with trace.step("plan"):
-        plan = plan_job(trace, deps, policy, snapshot)
+    plan = _plan(trace, deps, policy)
     with trace.step("summarize"):
         work = summary_work(trace, deps, policy, plan)
+        plan = plan.without_span()
         draft = admitted.summarizer.summarize(work)
         trace.summarizer = draft.kind
         trace.note(**dataclasses.asdict(draft.usage))
@@ -178,11 +192,19 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
         deps.provider_breaker.record_success()
     with trace.step("swap"):
         trace.revision_id = _swap(trace, deps, plan, work, draft, revision, admitted)
-    trace.parent_revision_id = snapshot.session.active_revision_id
+    trace.parent_revision_id = plan.session.active_revision_id
     if admitted.open_breaker is None:  # the swap closed it
         trace.breaker_state = BreakerState.CLOSED.value
     result = trace.result(admitted.outcome, plan.decision, None)
     return dataclasses.replace(result, queue_marker_cleared=True)
+
+
+def _plan(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobPlan:
+    """Read the snapshot and plan from it; only the plan outlives this call."""
+    with trace.step("snapshot"):
+        snapshot = read_job_snapshot(trace.request.session_id, deps)
+    with trace.step("plan"):
+        return plan_job(trace, deps, policy, snapshot)
 
 
 def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -215,11 +237,24 @@ def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:
     return Admitted(summarizer, Outcome.COMPACTED, None)
 
 
-def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapshot) -> JobPlan:
+def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[StoredMessage]:
+    """Read the job's snapshot, each message parsed from its stored JSON text as its row
+    arrives (one copy of the session in memory, never a dict tree beside the models)."""
+    return deps.store.job_snapshot(session_id, history=RECENT_HISTORY,
+                                   to_message=_to_stored_message)
+
+
+def _to_stored_message(text: MessageText) -> StoredMessage:
+    return StoredMessage(text.seq, parse_message_json(text.body_json), text.tokens,
+                         text.identifiers)
+
+
+def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
+             snapshot: JobSnapshot[StoredMessage]) -> JobPlan:
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
-    stored = [StoredMessage(m.seq, parse_message(m.body), m.tokens) for m in snapshot.messages]
+    stored = snapshot.messages
     prior_tokens = revision.summary_tokens if revision else 0
     tokens_before = sum(m.tokens for m in stored) + prior_tokens
     request = trace.request
@@ -233,10 +268,10 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapsh
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    return JobPlan(snapshot, boundary, decision.reason.value)
+    return JobPlan(snapshot.session, revision, boundary, decision.reason.value)
 
 
-def _recent_savings(snapshot: Snapshot) -> list[float]:
+def _recent_savings(snapshot: JobSnapshot[StoredMessage]) -> list[float]:
     """Share of the projection each of the last compactions saved, newest first."""
     return [1 - r.projection_tokens_after / r.projection_tokens_before
             for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
@@ -246,17 +281,16 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
                  ) -> SummaryWork:
     """What the summarizer reads: the pruned span, the prior summary, its identifiers."""
     span_messages = [m for group in plan.boundary.span for m in group.messages]
-    prior = plan.snapshot.revision
+    prior = plan.revision
     span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
     if policy.span_strategy is not None:
         span = apply_strategy(span, policy.span_strategy, deps.counter)
-    # The identifiers found at ingest: a job never scans the span for them again.
-    stored = {m.seq: m.identifiers or () for m in plan.snapshot.messages}
     span_tokens = sum(m.tokens for m in span_messages)
     work = SummaryWork(
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(collect_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
+        # The identifiers found at ingest: a job never scans the span for them again.
+        artifacts=tuple(collect_artifacts((m.seq, m.identifiers or ()) for m in span_messages)),
         failures=tuple(find_failures(plan.boundary.span)),
         span_tokens=span_tokens,
         budget_tokens=policy.summary_budget.for_span(span_tokens, plan.prior_summary_tokens),
@@ -302,7 +336,7 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
           draft: SummaryDraft, revision: Revision, admitted: Admitted) -> int:
     """Compare-and-swap the revision in, with the run row, the lease release and the
     queue marker, in one store transaction."""
-    now, session = deps.clock(), plan.snapshot.session
+    now, session = deps.clock(), plan.session
     new_revision = NewRevision(
         through_seq=plan.boundary.through_seq, snapshot_head_seq=session.head_seq,
         summary=revision.summary.model_dump(mode="json"), block=revision.block,

@@ -64,7 +64,13 @@ if TYPE_CHECKING:
         measure_json_depth,
     )
     from worker.compaction.merge import MergedSummary, merge_summaries
-    from worker.compaction.messages import ChatMessage, StoredMessage, dump_message, parse_message
+    from worker.compaction.messages import (
+        ChatMessage,
+        StoredMessage,
+        dump_message,
+        parse_message,
+        parse_message_json,
+    )
     from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
     from worker.compaction.prompts import (
         PROMPT_VERSION,
@@ -140,6 +146,7 @@ _DEFINED_IN = {
     "StoredMessage": "worker.compaction.messages",
     "dump_message": "worker.compaction.messages",
     "parse_message": "worker.compaction.messages",
+    "parse_message_json": "worker.compaction.messages",
     "Boundary": "worker.compaction.plan",
     "TriggerPolicy": "worker.compaction.plan",
     "decide_compaction": "worker.compaction.plan",
@@ -242,6 +249,7 @@ __all__ = [
     "merge_summaries",
     "output_budget_tokens",
     "parse_message",
+    "parse_message_json",
     "parse_summary",
     "plan_boundary",
     "plan_summary_calls",

@@ -78,15 +78,28 @@ def parse_message(data: dict[str, Any]) -> ChatMessage:
     return ChatMessage.model_validate(data)
 
 
+def parse_message_json(text: str) -> ChatMessage:
+    """Parse one message from its JSON text, with no dict tree in between."""
+    return ChatMessage.model_validate_json(text)
+
+
 def dump_message(message: ChatMessage) -> dict[str, Any]:
     """Return the message as the dict it was given (unset fields stay absent)."""
     return message.model_dump(mode="json", exclude_unset=True)
 
 
+# One identifier's occurrences in a stored message from one source, as ingest found
+# them: value, kind, source, count.
+StoredMention = tuple[str, str, str, int]
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A message at its position in a session, with its token count cached at append."""
+    """A message at its position in a session, with its token count cached at append
+    and, when it came from the store, the identifiers ingest found in it (None: none
+    stored)."""
 
     seq: int
     message: ChatMessage
     tokens: int
+    identifiers: tuple[StoredMention, ...] | None = None
