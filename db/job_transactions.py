@@ -34,7 +34,7 @@ from sqlalchemy import (
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, SessionRow
-from db.queries import insert_run, iterate_active_texts
+from db.queries import insert_run, iterate_active_texts, json_text_value
 from db.records import (
     BreakerUpdate,
     JobMessage,
@@ -220,15 +220,17 @@ def _insert_revision(connection: Connection, session_pk: int, revision: NewRevis
         "session_id": session_pk, "parent_revision_id": parent_id,
         "through_seq": revision.through_seq, "snapshot_head_seq": revision.snapshot_head_seq,
         "summary": revision.summary, "block": revision.block,
-        "block_tokens": revision.block_tokens, "artifacts": revision.artifacts,
+        "block_tokens": revision.block_tokens,
         "summary_tokens": revision.summary_tokens, "span_tokens": revision.span_tokens,
         "projection_tokens_before": revision.projection_tokens_before,
         "model": revision.model, "prompt_version": revision.prompt_version,
         "summarizer": revision.summarizer, "created_at": now,
     }
-    columns = [*constants, "projection_tokens_after"]
+    columns = [*constants, "artifacts", "projection_tokens_after"]
     source = select(
         *(literal(value, _REVISIONS.c[name].type) for name, value in constants.items()),
+        json_text_value(revision.artifacts_json, _REVISIONS.c.artifacts,
+                        connection.dialect.name),
         projection,
     ).where(_MESSAGES.c.session_id == session_pk)
     created = connection.execute(

@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    Column,
+    ColumnElement,
     Connection,
     Table,
     Text,
@@ -20,10 +22,12 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -248,6 +252,14 @@ def measure_projection(
         projection_tokens=int(instruction_tokens) + block_tokens + int(tail_tokens),
         unsummarized_tokens=int(unsummarized_tokens),
     )
+
+
+def json_text_value(text: str, column: Column[Any], dialect_name: str) -> ColumnElement[Any]:
+    """A value for the JSON ``column`` given as the JSON text it already is, bound as it is
+    (the column type would serialize it again): cast on PostgreSQL; SQLite keeps JSON as
+    text, and a CAST there would take the type name's NUMERIC affinity (text to 0)."""
+    value = literal(text, Text)
+    return sql_cast(value, column.type) if dialect_name == "postgresql" else value
 
 
 def find_revision(session: Session, revision_id: int) -> RevisionRow:

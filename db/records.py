@@ -113,7 +113,9 @@ class NewRevision:
     summary: dict[str, Any]
     block: dict[str, Any]
     block_tokens: int
-    artifacts: list[dict[str, Any]]
+    # The span's artifacts as the JSON array the row stores: the job encodes them once,
+    # straight from its own objects, with no list of dicts beside them.
+    artifacts_json: str
     summary_tokens: int
     span_tokens: int
     projection_tokens_before: int

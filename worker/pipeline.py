@@ -23,7 +23,6 @@ from db import (
     StoreError,
 )
 from worker.compaction import (
-    Artifact,
     Boundary,
     Breaker,
     BreakerState,
@@ -36,6 +35,7 @@ from worker.compaction import (
     breaker_after_failure,
     collect_artifacts,
     decide_compaction,
+    dump_artifacts_json,
     featured_values,
     find_failures,
     group_messages,
@@ -342,7 +342,7 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         summary=revision.summary.model_dump(mode="json"), block=revision.block,
         # The store keeps the block's tokens under both names; they are one figure.
         block_tokens=revision.summary_tokens, summary_tokens=revision.summary_tokens,
-        artifacts=[_artifact_dict(a) for a in work.artifacts], span_tokens=work.span_tokens,
+        artifacts_json=dump_artifacts_json(work.artifacts), span_tokens=work.span_tokens,
         projection_tokens_before=trace.figures.tokens_before or 0,
         model=draft.model, prompt_version=draft.prompt_version, summarizer=draft.kind,
     )
@@ -353,12 +353,6 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         run=trace.new_run(admitted.outcome, plan.decision, None, now), now=now,
         breaker=_breaker_update(open_breaker) if open_breaker else None,
     )
-
-
-def _artifact_dict(artifact: Artifact) -> dict[str, Any]:
-    return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
-            "first_seq": artifact.first_seq, "last_seq": artifact.last_seq,
-            "sources": sorted(artifact.sources)}
 
 
 def _session_breaker(session: SessionState) -> Breaker:

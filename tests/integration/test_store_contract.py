@@ -103,12 +103,16 @@ def a_run(outcome: str = "compacted", session_id: str = SESSION) -> NewRun:
     return NewRun(session_id, "task-1", 1, "test", outcome, None, None, {"k": 1}, None, T0, T0)
 
 
+ARTIFACTS = [{"value": "src/a.py", "kind": "path", "count": 2, "first_seq": 1, "last_seq": 3,
+              "sources": ["tool_output", "user"]}]
+
+
 def a_revision(through_seq: int, head_seq: int = 7) -> NewRevision:
     return NewRevision(through_seq=through_seq, snapshot_head_seq=head_seq,
                        summary={"goal": "g"}, block={"role": "user", "content": "summary"},
-                       block_tokens=5, artifacts=[], summary_tokens=5, span_tokens=40,
-                       projection_tokens_before=91, model="m", prompt_version="p",
-                       summarizer="extractive")
+                       block_tokens=5, artifacts_json=json.dumps(ARTIFACTS), summary_tokens=5,
+                       span_tokens=40, projection_tokens_before=91, model="m",
+                       prompt_version="p", summarizer="extractive")
 
 
 def swap(store: ContractStore, expected: int | None, through_seq: int, owner: str | None = "a",
@@ -329,6 +333,7 @@ def test_a_job_commit_swaps_records_the_run_and_releases_the_lease_in_one_go(
     assert (state.active_revision_id, state.lease_owner, state.lease_expires_at) == \
         (revision_id, None, None)
     assert state.projection_tokens == 10 + 5 + 14 + 15 + 16
+    assert store.revisions(SESSION)[0].artifacts == ARTIFACTS  # stored from its JSON text
     [run] = store.runs(session_id=SESSION)
     assert run.revision_id == revision_id
     with pytest.raises(LeaseLost):  # the lease went with the commit

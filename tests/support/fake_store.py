@@ -236,7 +236,9 @@ class FakeStore:
         created = RevisionRecord(
             id=len(self._revisions) + 1, session_id=session_id,
             parent_revision_id=parent.id if parent else None,
-            **{f.name: getattr(revision, f.name) for f in dataclasses.fields(NewRevision)},
+            **{f.name: getattr(revision, f.name) for f in dataclasses.fields(NewRevision)
+               if f.name != "artifacts_json"},
+            artifacts=json.loads(revision.artifacts_json),
             projection_tokens_after=projection_tokens, created_at=now)
         self._revisions.append(created)
         closed = breaker or BreakerUpdate(state="closed", failures=0, opened_at=None)
