@@ -20,6 +20,7 @@ from db import (
     NewRevision,
     RevisionRecord,
     SessionState,
+    StoredMention,
     StoreError,
 )
 from worker.compaction import (
@@ -75,15 +76,25 @@ class Admitted:
     open_breaker: Breaker | None  # the session's, when a fallback commit must keep it open
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotMessage:
+    """A snapshot's message as the job reads it, with the identifiers ingest stored."""
+
+    stored: StoredMessage
+    mentions: tuple[StoredMention, ...] | None  # None: not indexed yet
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """Where the snapshot's span ends: what the rest of the job works on. The snapshot's
-    message list is not kept: the boundary's groups hold every message the job uses."""
+    message list is not kept: the boundary's groups hold every message the job uses,
+    ``span_mentions`` the identifiers stored for the span's (by seq)."""
 
     session: SessionState
     revision: RevisionRecord | None
     boundary: Boundary
     decision: str
+    span_mentions: dict[int, tuple[StoredMention, ...]]
 
     @property
     def prior_summary_tokens(self) -> int:
@@ -92,8 +103,9 @@ class JobPlan:
     def without_span(self) -> JobPlan:
         """The plan once its span is in the summary work, which holds the span pruned:
         the stored span (every old tool output in full) can be freed before the
-        summarizer runs."""
-        return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()))
+        summarizer runs, and so can its stored mentions, ranked into the work's artifacts."""
+        return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
+                                   span_mentions={})
 
 
 @dataclass(frozen=True)
@@ -237,24 +249,24 @@ def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:
     return Admitted(summarizer, Outcome.COMPACTED, None)
 
 
-def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[StoredMessage]:
+def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMessage]:
     """Read the job's snapshot, each message parsed from its stored JSON text as its row
     arrives (one copy of the session in memory, never a dict tree beside the models)."""
     return deps.store.job_snapshot(session_id, history=RECENT_HISTORY,
-                                   to_message=_to_stored_message)
+                                   to_message=_to_snapshot_message)
 
 
-def _to_stored_message(text: MessageText) -> StoredMessage:
-    return StoredMessage(text.seq, parse_message_json(text.body_json), text.tokens,
-                         text.identifiers)
+def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
+    return SnapshotMessage(StoredMessage(text.seq, parse_message_json(text.body_json),
+                                         text.tokens), text.identifiers)
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
-             snapshot: JobSnapshot[StoredMessage]) -> JobPlan:
+             snapshot: JobSnapshot[SnapshotMessage]) -> JobPlan:
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
-    stored = snapshot.messages
+    stored = [m.stored for m in snapshot.messages]
     prior_tokens = revision.summary_tokens if revision else 0
     tokens_before = sum(m.tokens for m in stored) + prior_tokens
     request = trace.request
@@ -268,10 +280,12 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    return JobPlan(snapshot.session, revision, boundary, decision.reason.value)
+    span_mentions = {m.stored.seq: m.mentions for m in snapshot.messages
+                     if m.mentions and m.stored.seq <= boundary.through_seq}
+    return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
 
 
-def _recent_savings(snapshot: JobSnapshot[StoredMessage]) -> list[float]:
+def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
     """Share of the projection each of the last compactions saved, newest first."""
     return [1 - r.projection_tokens_after / r.projection_tokens_before
             for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
@@ -290,7 +304,8 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
         # The identifiers found at ingest: a job never scans the span for them again.
-        artifacts=tuple(collect_artifacts((m.seq, m.identifiers or ()) for m in span_messages)),
+        artifacts=tuple(collect_artifacts((m.seq, plan.span_mentions.get(m.seq, ()))
+                                          for m in span_messages)),
         failures=tuple(find_failures(plan.boundary.span)),
         span_tokens=span_tokens,
         budget_tokens=policy.summary_budget.for_span(span_tokens, plan.prior_summary_tokens),

@@ -13,13 +13,7 @@ from typing import Any, NamedTuple
 
 from worker.compaction import identifier_rules
 from worker.compaction.identifier_rules import find_identifiers
-from worker.compaction.messages import (
-    INSTRUCTION_ROLES,
-    ChatMessage,
-    Role,
-    StoredMention,
-    StoredMessage,
-)
+from worker.compaction.messages import INSTRUCTION_ROLES, ChatMessage, Role, StoredMessage
 
 __all__ = [
     "KIND_WEIGHTS",
@@ -123,6 +117,9 @@ class _Tally:
     first_seq: int
     last_seq: int
     sources: frozenset[str]  # one of a few combinations, shared by every tally that has it
+
+
+StoredMention = tuple[str, str, str, int]  # a Mention as the store hands it back
 
 
 def collect_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -> list[Artifact]:

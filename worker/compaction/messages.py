@@ -88,18 +88,10 @@ def dump_message(message: ChatMessage) -> dict[str, Any]:
     return message.model_dump(mode="json", exclude_unset=True)
 
 
-# One identifier's occurrences in a stored message from one source, as ingest found
-# them: value, kind, source, count.
-StoredMention = tuple[str, str, str, int]
-
-
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A message at its position in a session, with its token count cached at append
-    and, when it came from the store, the identifiers ingest found in it (None: none
-    stored)."""
+    """A message at its position in a session, with its token count cached at append."""
 
     seq: int
     message: ChatMessage
     tokens: int
-    identifiers: tuple[StoredMention, ...] | None = None
