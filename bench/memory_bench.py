@@ -6,23 +6,35 @@ The pool child's memory is read before its first job (RSS, PSS and private: it s
 the tokenizer and the imports its parent loaded before the fork), its RSS high-water mark
 (``VmHWM``) after a small warm-up job and again after the big one; the peak's growth over
 the baseline is set against the session's raw size (its messages as compact JSON).
+
+``--heap`` also runs the generated session's job in this process under ``tracemalloc``:
+the Python heap's peak in each step, and the allocation sites (the innermost frame in the
+service's own code) that hold the most when the swap begins.
 """
 
 from __future__ import annotations
 
+import linecache
 import tempfile
+import tracemalloc
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.common import (
     BenchWorker,
     Broker,
     ProcessMemory,
+    inline_runtime,
     llm_settings,
     openai_server,
     private_broker,
     private_database,
     proc_status_kib,
+    run_inline,
     settings_env,
     settled_memory,
 )
@@ -42,11 +54,15 @@ from bench.sessions import (
     smallest_corpus_session,
 )
 from db import Store, create_db_engine
+from tests.support.worker_process import REPO_ROOT
+from worker.job import JobTrace
 from worker.logging import JOB_EVENT
 
 WARMUP_TOKENS = 20_000
 MAX_CALLS = 2_000
 MIB = 2**20
+HEAP_SITES = 12
+TRACED_FRAMES = 25
 
 
 @dataclass(frozen=True)
@@ -104,9 +120,84 @@ def print_peaks(peaks: list[Peak]) -> None:
     print(f"machine memory: {os_total_memory_bytes() / 2**30:.1f} GiB")
 
 
+def trace_heap(url: str, llm: dict[str, object], session: BenchSession,
+               warmup: BenchSession) -> None:
+    """Run ``session``'s job in this process under tracemalloc (after a warm-up job) and
+    print the heap's peak per step and the biggest holders at the swap."""
+    with inline_runtime(url, **llm) as runtime:
+        import_copies(runtime.store, warmup, ["heap-warm"])
+        import_copies(runtime.store, session, ["heap"])
+        run_inline(runtime, "heap-warm", force=True)
+        steps: list[tuple[str, float, float]] = []
+        at_swap: list[tracemalloc.Snapshot] = []
+        commit_job = runtime.store.commit_job
+
+        def snapshot_then_commit(*args: Any, **kwargs: Any) -> int:
+            at_swap.append(tracemalloc.take_snapshot())
+            return commit_job(*args, **kwargs)
+
+        runtime.store.commit_job = snapshot_then_commit  # type: ignore[method-assign]  # bench only
+        tracemalloc.start(TRACED_FRAMES)
+        try:
+            with step_heap_recorded(steps):
+                outcome = run_inline(runtime, "heap", force=True).outcome.value
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    print(f"\nPython heap of one in-process job ({session.name}, {outcome}; tracemalloc, "
+          f"MiB): peak {peak / MIB:.1f} = {peak / session.json_bytes:.1f} x raw")
+    print_table(("step", "heap at start", "peak in step"),
+                [(name, start / MIB, top / MIB) for name, start, top in steps])
+    if at_swap:
+        print("\nWhat the heap holds as the swap begins, by allocation site (MiB):")
+        print_table(("MiB", "blocks", "site", "code"), heap_sites(at_swap[0]))
+
+
+@contextmanager
+def step_heap_recorded(steps: list[tuple[str, float, float]]) -> Iterator[None]:
+    """Record each pipeline step's traced heap at its start and its peak inside it."""
+    wall_step = JobTrace.step
+
+    @contextmanager
+    def step(trace: JobTrace, name: str) -> Iterator[None]:
+        start, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        try:
+            with wall_step(trace, name):
+                yield
+        finally:
+            steps.append((name, start, tracemalloc.get_traced_memory()[1]))
+
+    JobTrace.step = step  # type: ignore[method-assign,assignment]  # bench only, restored below
+    try:
+        yield
+    finally:
+        JobTrace.step = wall_step  # type: ignore[method-assign]
+
+
+def heap_sites(snapshot: tracemalloc.Snapshot) -> list[tuple[float, int, str, str]]:
+    """The biggest holders, each charged to the innermost frame of its allocation that is
+    the service's own code (a library's allocation goes to the line that called it)."""
+    sizes: Counter[tuple[str, int]] = Counter()
+    blocks: Counter[tuple[str, int]] = Counter()
+    for stat in snapshot.statistics("traceback"):
+        site = ("(elsewhere)", 0)
+        for frame in reversed(stat.traceback):  # oldest first: walk from the innermost
+            if frame.filename.startswith(str(REPO_ROOT)) and "/.venv/" not in frame.filename:
+                site = (frame.filename, frame.lineno)
+                break
+        sizes[site] += stat.size
+        blocks[site] += stat.count
+    return [(size / MIB, blocks[site], f"{Path(site[0]).relative_to(REPO_ROOT)}:{site[1]}"
+             if site[1] else site[0], linecache.getline(*site).strip()[:70] if site[1] else "")
+            for site, size in sizes.most_common(HEAP_SITES)]
+
+
 def main() -> None:
     parser = bench_parser(__doc__ or "")
     parser.add_argument("--session-tokens", type=int, default=1_000_000)
+    parser.add_argument("--heap", action="store_true",
+                        help="also trace one in-process job's Python heap (tracemalloc)")
     args = parser.parse_args()
     if args.quick:
         args.session_tokens = 30_000
@@ -122,15 +213,16 @@ def main() -> None:
     warmup = generated_session(WARMUP_TOKENS, counter, seed=3)
     with (tempfile.TemporaryDirectory() as log_dir, openai_server() as server,
           private_database() as url, private_broker(url) as broker):
-        env = {**broker.env, **settings_env(
-            database_url=url, **llm_settings(server.base_url, window_tokens=128_000,
-                                             max_calls=MAX_CALLS))}
+        llm = llm_settings(server.base_url, window_tokens=128_000, max_calls=MAX_CALLS)
+        env = {**broker.env, **settings_env(database_url=url, **llm)}
         engine = create_db_engine(url)
         peaks = [measure_peak(broker, Store(engine), env, s, warmup, Path(log_dir))
                  for s in sessions]
         engine.dispose()
-    print_load()
-    print_peaks(peaks)
+        print_load()
+        print_peaks(peaks)
+        if args.heap:
+            trace_heap(url, llm, sessions[0], warmup)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def fill(store: Store, messages: int) -> None:
         "compacted", expected_revision_id=None, lease_owner=None, now=now,
         revision=NewRevision(
             through_seq=through_seq, snapshot_head_seq=messages, summary={"goal": "bench"},
-            block={"role": "user", "content": "[summary]"}, block_tokens=10, artifacts=[],
+            block={"role": "user", "content": "[summary]"}, block_tokens=10, artifacts_json="[]",
             summary_tokens=10, span_tokens=1_000, projection_tokens_before=2_000, model=None,
             prompt_version=None, summarizer="extractive"),
         run=NewRun(session_id="compacted", task_id=None, attempt=1, reason="bench",

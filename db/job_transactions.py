@@ -13,6 +13,7 @@ the same way every call, so SQLAlchemy's compiled cache serves them after the fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,15 +34,17 @@ from sqlalchemy import (
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, SessionRow
-from db.queries import insert_run, select_active
+from db.queries import insert_run, iterate_active_texts, json_text_value
 from db.records import (
     BreakerUpdate,
+    JobMessage,
+    JobSnapshot,
+    MessageText,
     NewRevision,
     NewRun,
     RevisionRecord,
     RevisionSizes,
     SessionState,
-    Snapshot,
 )
 
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]
@@ -77,9 +80,11 @@ def take_lease(connection: Connection, session_id: str, owner: str, ttl_s: float
     return None
 
 
-def read_snapshot(connection: Connection, session_id: str, *, history: int) -> Snapshot:
-    """Read the session, its active revision, its active messages and the sizes of its
-    ``history`` newest revisions (never their summaries); run it in a read snapshot."""
+def read_snapshot(connection: Connection, session_id: str, *, history: int,
+                  to_message: Callable[[MessageText], JobMessage]) -> JobSnapshot[JobMessage]:
+    """Read the session, its active revision, its active messages (each converted by
+    ``to_message`` as its row is fetched) and the sizes of its ``history`` newest
+    revisions (never their summaries); run it in a read snapshot."""
     row = connection.execute(
         select(*_SESSION_COLUMNS, *_REVISION_LABELS)
         .select_from(_SESSIONS.outerjoin(
@@ -103,9 +108,10 @@ def read_snapshot(connection: Connection, session_id: str, *, history: int) -> S
         )
         recent = tuple(RevisionSizes(before, after) for before, after in sizes)
     through_seq = revision.through_seq if revision else 0
-    return Snapshot(session=to_session_state(row), revision=revision,
-                    messages=select_active(connection, mapping["id"], through_seq),
-                    recent_revisions=recent)
+    messages = [to_message(text)
+                for text in iterate_active_texts(connection, mapping["id"], through_seq)]
+    return JobSnapshot(session=to_session_state(row), revision=revision, messages=messages,
+                       recent_revisions=recent)
 
 
 def commit_swap(
@@ -214,15 +220,17 @@ def _insert_revision(connection: Connection, session_pk: int, revision: NewRevis
         "session_id": session_pk, "parent_revision_id": parent_id,
         "through_seq": revision.through_seq, "snapshot_head_seq": revision.snapshot_head_seq,
         "summary": revision.summary, "block": revision.block,
-        "block_tokens": revision.block_tokens, "artifacts": revision.artifacts,
+        "block_tokens": revision.block_tokens,
         "summary_tokens": revision.summary_tokens, "span_tokens": revision.span_tokens,
         "projection_tokens_before": revision.projection_tokens_before,
         "model": revision.model, "prompt_version": revision.prompt_version,
         "summarizer": revision.summarizer, "created_at": now,
     }
-    columns = [*constants, "projection_tokens_after"]
+    columns = [*constants, "artifacts", "projection_tokens_after"]
     source = select(
         *(literal(value, _REVISIONS.c[name].type) for name, value in constants.items()),
+        json_text_value(revision.artifacts_json, _REVISIONS.c.artifacts,
+                        connection.dialect.name),
         projection,
     ).where(_MESSAGES.c.session_id == session_pk)
     created = connection.execute(

@@ -6,12 +6,28 @@ them commits. ``db/store.py`` decides the transaction boundaries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, case, func, insert, or_, select, update
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    Table,
+    Text,
+    and_,
+    case,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -20,6 +36,7 @@ from db.errors import RevisionNotFound, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
 from db.records import (
     MessageRecord,
+    MessageText,
     NewMessage,
     NewRun,
     RevisionRecord,
@@ -129,12 +146,30 @@ def select_history(session: Session, session_pk: int, *, after_seq: int = 0) -> 
     return _select_messages(session, session_pk, MessageRow.seq > after_seq)
 
 
-def select_active(session: Session | Connection, session_pk: int, through_seq: int
+def select_active(session: Session, session_pk: int, through_seq: int
                   ) -> list[MessageRecord]:
     """Return the messages a revision leaves active, in order: instruction messages with
     seq <= ``through_seq`` and every message after it."""
-    active = or_(MessageRow.seq > through_seq, MessageRow.role.in_(INSTRUCTION_ROLES))
-    return _select_messages(session, session_pk, active)
+    return _select_messages(session, session_pk, _is_active(through_seq))
+
+
+def iterate_active_texts(connection: Connection, session_pk: int, through_seq: int
+                         ) -> Iterator[MessageText]:
+    """Yield the messages a revision leaves active, in order, as each row is fetched,
+    their bodies as the stored JSON text: a job parses each into its model at once, so
+    the driver's rows, a decoded dict tree and the models never all coexist."""
+    rows = connection.execute(
+        select(MessageRow.seq, MessageRow.body.cast(Text), MessageRow.tokens,
+               MessageRow.identifiers)
+        .where(MessageRow.session_id == session_pk, _is_active(through_seq))
+        .order_by(MessageRow.seq)
+    )
+    for seq, body_json, tokens, identifiers in rows:
+        yield MessageText(seq, body_json, tokens, _interned_mentions(identifiers))
+
+
+def _is_active(through_seq: int) -> Any:
+    return or_(MessageRow.seq > through_seq, MessageRow.role.in_(INSTRUCTION_ROLES))
 
 
 def read_tool_call_state(session: Session, session_pk: int) -> ToolCallState:
@@ -161,7 +196,7 @@ def read_tool_call_state(session: Session, session_pk: int) -> ToolCallState:
     return ToolCallState(open_ids=open_ids, answered_ids=answered_ids)
 
 
-def _select_messages(session: Session | Connection, session_pk: int, condition: Any
+def _select_messages(session: Session, session_pk: int, condition: Any
                      ) -> list[MessageRecord]:
     rows = session.execute(
         select(
@@ -181,6 +216,16 @@ def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | Non
     # Ingest wrote each as [value, kind, source, count] from a Mention: the JSON decoder
     # already gives those types, so the rows are only frozen, not converted one by one.
     return cast(tuple[StoredMention, ...], tuple(map(tuple, stored)))
+
+
+def _interned_mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
+    """The mentions with their kind and source interned: a few names that the decoder
+    would otherwise make a new string of in each of a span's ~30k mentions."""
+    if stored is None:
+        return None
+    intern = sys.intern
+    return tuple((value, intern(kind), intern(source), count)
+                 for value, kind, source, count in stored)
 
 
 def measure_projection(
@@ -207,6 +252,14 @@ def measure_projection(
         projection_tokens=int(instruction_tokens) + block_tokens + int(tail_tokens),
         unsummarized_tokens=int(unsummarized_tokens),
     )
+
+
+def json_text_value(text: str, column: Column[Any], dialect_name: str) -> ColumnElement[Any]:
+    """A value for the JSON ``column`` given as the JSON text it already is, bound as it is
+    (the column type would serialize it again): cast on PostgreSQL; SQLite keeps JSON as
+    text, and a CAST there would take the type name's NUMERIC affinity (text to 0)."""
+    value = literal(text, Text)
+    return sql_cast(value, column.type) if dialect_name == "postgresql" else value
 
 
 def find_revision(session: Session, revision_id: int) -> RevisionRow:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 # One identifier's occurrences in a message from one source: value, kind, source, count.
 StoredMention = tuple[str, str, str, int]
@@ -36,6 +36,17 @@ class MessageRecord:
     tool_call_id: str | None
     tokens: int
     identifiers: tuple[StoredMention, ...] | None = None  # None: not indexed yet
+
+
+@dataclass(frozen=True, slots=True)
+class MessageText:
+    """An active message as a job reads it: the body as the JSON text stored, never
+    decoded into dicts, so the job parses it straight into its own model."""
+
+    seq: int
+    body_json: str
+    tokens: int
+    identifiers: tuple[StoredMention, ...] | None  # None: not indexed yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +113,9 @@ class NewRevision:
     summary: dict[str, Any]
     block: dict[str, Any]
     block_tokens: int
-    artifacts: list[dict[str, Any]]
+    # The span's artifacts as the JSON array the row stores: the job encodes them once,
+    # straight from its own objects, with no list of dicts beside them.
+    artifacts_json: str
     summary_tokens: int
     span_tokens: int
     projection_tokens_before: int
@@ -177,15 +190,29 @@ class RevisionSizes:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What one job reads in one transaction: the session, its active revision, and the
-    active messages up to ``session.head_seq`` (instructions covered by the revision,
-    then everything after its ``through_seq``); ``recent_revisions``: the sizes of the
-    newest revisions, newest first, as many as the reader asked for."""
+    """A session, its active revision, and the active messages up to
+    ``session.head_seq`` (instructions covered by the revision, then everything after
+    its ``through_seq``), read in one transaction."""
 
     session: SessionState
     revision: RevisionRecord | None
     messages: list[MessageRecord]
-    recent_revisions: tuple[RevisionSizes, ...] = ()
+
+
+JobMessage = TypeVar("JobMessage")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot(Generic[JobMessage]):
+    """What one job reads in one transaction: a :class:`Snapshot` whose messages are
+    already in the job's own form (each converted from its :class:`MessageText` as its
+    row arrived), and ``recent_revisions``: the sizes of the newest revisions, newest
+    first, as many as the job asked for."""
+
+    session: SessionState
+    revision: RevisionRecord | None
+    messages: list[JobMessage]
+    recent_revisions: tuple[RevisionSizes, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ token figures in SQL. ``db/store.py`` owns the transaction; these functions neve
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -134,7 +135,7 @@ def _insert_revision(
         session_id=row.id, parent_revision_id=parent.id if parent else None,
         through_seq=revision.through_seq, snapshot_head_seq=revision.snapshot_head_seq,
         summary=revision.summary, block=revision.block, block_tokens=revision.block_tokens,
-        artifacts=revision.artifacts, summary_tokens=revision.summary_tokens,
+        artifacts=json.loads(revision.artifacts_json), summary_tokens=revision.summary_tokens,
         span_tokens=revision.span_tokens,
         projection_tokens_before=revision.projection_tokens_before,
         projection_tokens_after=figures.projection_tokens,

@@ -39,7 +39,10 @@ from db.records import (
     GcBatch,
     GcPolicy,
     IndexedMessage,
+    JobMessage,
+    JobSnapshot,
     MessageRecord,
+    MessageText,
     NewMessage,
     NewRevision,
     NewRun,
@@ -231,13 +234,17 @@ class Store:
                 messages=q.select_active(session, row.id, through_seq),
             )
 
-    def job_snapshot(self, session_id: str, *, history: int = 2) -> Snapshot:
+    def job_snapshot(self, session_id: str, *, history: int = 2,
+                     to_message: Callable[[MessageText], JobMessage]
+                     ) -> JobSnapshot[JobMessage]:
         """The snapshot a job plans from, in one read transaction of three statements: the
-        session joined to its active revision, its active messages, and the sizes of its
-        ``history`` newest revisions (``Snapshot.recent_revisions``)."""
+        session joined to its active revision, its active messages (each converted by
+        ``to_message`` as its row arrives), and the sizes of its ``history`` newest
+        revisions (``JobSnapshot.recent_revisions``)."""
         with translate_errors(), self._read_engine.connect() as connection, \
                 connection.begin():
-            return job.read_snapshot(connection, session_id, history=history)
+            return job.read_snapshot(connection, session_id, history=history,
+                                     to_message=to_message)
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:
         """Return what a model is sent, in one statement: the instructions the active

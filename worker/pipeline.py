@@ -13,9 +13,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from db import BreakerUpdate, NewRevision, SessionState, Snapshot, StoreError
+from db import (
+    BreakerUpdate,
+    JobSnapshot,
+    MessageText,
+    NewRevision,
+    RevisionRecord,
+    SessionState,
+    StoredMention,
+    StoreError,
+)
 from worker.compaction import (
-    Artifact,
     Boundary,
     Breaker,
     BreakerState,
@@ -28,11 +36,13 @@ from worker.compaction import (
     breaker_after_failure,
     collect_artifacts,
     decide_compaction,
+    dump_artifacts_json,
     featured_values,
     find_failures,
     group_messages,
     merge_summaries,
     parse_message,
+    parse_message_json,
     plan_boundary,
     prune_groups,
     rank_artifacts,
@@ -66,18 +76,36 @@ class Admitted:
     open_breaker: Breaker | None  # the session's, when a fallback commit must keep it open
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotMessage:
+    """A snapshot's message as the job reads it, with the identifiers ingest stored."""
+
+    stored: StoredMessage
+    mentions: tuple[StoredMention, ...] | None  # None: not indexed yet
+
+
 @dataclass(frozen=True)
 class JobPlan:
-    """The snapshot and where its span ends: what the rest of the job works on."""
+    """Where the snapshot's span ends: what the rest of the job works on. The snapshot's
+    message list is not kept: the boundary's groups hold every message the job uses,
+    ``span_mentions`` the identifiers stored for the span's (by seq)."""
 
-    snapshot: Snapshot
+    session: SessionState
+    revision: RevisionRecord | None
     boundary: Boundary
     decision: str
+    span_mentions: dict[int, tuple[StoredMention, ...]]
 
     @property
     def prior_summary_tokens(self) -> int:
-        revision = self.snapshot.revision
-        return revision.summary_tokens if revision else 0
+        return self.revision.summary_tokens if self.revision else 0
+
+    def without_span(self) -> JobPlan:
+        """The plan once its span is in the summary work, which holds the span pruned:
+        the stored span (every old tool output in full) can be freed before the
+        summarizer runs, and so can its stored mentions, ranked into the work's artifacts."""
+        return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
+                                   span_mentions={})
 
 
 @dataclass(frozen=True)
@@ -159,12 +187,10 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> Sessio
 def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
              leased: SessionState) -> JobResult:
     admitted = _admit(trace, deps, policy, leased)
-    with trace.step("snapshot"):
-        snapshot = deps.store.job_snapshot(trace.request.session_id, history=RECENT_HISTORY)
-    with trace.step("plan"):
-        plan = plan_job(trace, deps, policy, snapshot)
+    plan = _plan(trace, deps, policy)
     with trace.step("summarize"):
         work = summary_work(trace, deps, policy, plan)
+        plan = plan.without_span()
         draft = admitted.summarizer.summarize(work)
         trace.summarizer = draft.kind
         trace.note(**dataclasses.asdict(draft.usage))
@@ -178,11 +204,19 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
         deps.provider_breaker.record_success()
     with trace.step("swap"):
         trace.revision_id = _swap(trace, deps, plan, work, draft, revision, admitted)
-    trace.parent_revision_id = snapshot.session.active_revision_id
+    trace.parent_revision_id = plan.session.active_revision_id
     if admitted.open_breaker is None:  # the swap closed it
         trace.breaker_state = BreakerState.CLOSED.value
     result = trace.result(admitted.outcome, plan.decision, None)
     return dataclasses.replace(result, queue_marker_cleared=True)
+
+
+def _plan(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobPlan:
+    """Read the snapshot and plan from it; only the plan outlives this call."""
+    with trace.step("snapshot"):
+        snapshot = read_job_snapshot(trace.request.session_id, deps)
+    with trace.step("plan"):
+        return plan_job(trace, deps, policy, snapshot)
 
 
 def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -215,11 +249,24 @@ def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:
     return Admitted(summarizer, Outcome.COMPACTED, None)
 
 
-def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapshot) -> JobPlan:
+def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMessage]:
+    """Read the job's snapshot, each message parsed from its stored JSON text as its row
+    arrives (one copy of the session in memory, never a dict tree beside the models)."""
+    return deps.store.job_snapshot(session_id, history=RECENT_HISTORY,
+                                   to_message=_to_snapshot_message)
+
+
+def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
+    return SnapshotMessage(StoredMessage(text.seq, parse_message_json(text.body_json),
+                                         text.tokens), text.identifiers)
+
+
+def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
+             snapshot: JobSnapshot[SnapshotMessage]) -> JobPlan:
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
-    stored = [StoredMessage(m.seq, parse_message(m.body), m.tokens) for m in snapshot.messages]
+    stored = [m.stored for m in snapshot.messages]
     prior_tokens = revision.summary_tokens if revision else 0
     tokens_before = sum(m.tokens for m in stored) + prior_tokens
     request = trace.request
@@ -233,10 +280,12 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy, snapshot: Snapsh
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    return JobPlan(snapshot, boundary, decision.reason.value)
+    span_mentions = {m.stored.seq: m.mentions for m in snapshot.messages
+                     if m.mentions and m.stored.seq <= boundary.through_seq}
+    return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
 
 
-def _recent_savings(snapshot: Snapshot) -> list[float]:
+def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
     """Share of the projection each of the last compactions saved, newest first."""
     return [1 - r.projection_tokens_after / r.projection_tokens_before
             for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
@@ -246,17 +295,17 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
                  ) -> SummaryWork:
     """What the summarizer reads: the pruned span, the prior summary, its identifiers."""
     span_messages = [m for group in plan.boundary.span for m in group.messages]
-    prior = plan.snapshot.revision
+    prior = plan.revision
     span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
     if policy.span_strategy is not None:
         span = apply_strategy(span, policy.span_strategy, deps.counter)
-    # The identifiers found at ingest: a job never scans the span for them again.
-    stored = {m.seq: m.identifiers or () for m in plan.snapshot.messages}
     span_tokens = sum(m.tokens for m in span_messages)
     work = SummaryWork(
         span=tuple(span),
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(collect_artifacts((m.seq, stored[m.seq]) for m in span_messages)),
+        # The identifiers found at ingest: a job never scans the span for them again.
+        artifacts=tuple(collect_artifacts((m.seq, plan.span_mentions.get(m.seq, ()))
+                                          for m in span_messages)),
         failures=tuple(find_failures(plan.boundary.span)),
         span_tokens=span_tokens,
         budget_tokens=policy.summary_budget.for_span(span_tokens, plan.prior_summary_tokens),
@@ -302,13 +351,13 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
           draft: SummaryDraft, revision: Revision, admitted: Admitted) -> int:
     """Compare-and-swap the revision in, with the run row, the lease release and the
     queue marker, in one store transaction."""
-    now, session = deps.clock(), plan.snapshot.session
+    now, session = deps.clock(), plan.session
     new_revision = NewRevision(
         through_seq=plan.boundary.through_seq, snapshot_head_seq=session.head_seq,
         summary=revision.summary.model_dump(mode="json"), block=revision.block,
         # The store keeps the block's tokens under both names; they are one figure.
         block_tokens=revision.summary_tokens, summary_tokens=revision.summary_tokens,
-        artifacts=[_artifact_dict(a) for a in work.artifacts], span_tokens=work.span_tokens,
+        artifacts_json=dump_artifacts_json(work.artifacts), span_tokens=work.span_tokens,
         projection_tokens_before=trace.figures.tokens_before or 0,
         model=draft.model, prompt_version=draft.prompt_version, summarizer=draft.kind,
     )
@@ -319,12 +368,6 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         run=trace.new_run(admitted.outcome, plan.decision, None, now), now=now,
         breaker=_breaker_update(open_breaker) if open_breaker else None,
     )
-
-
-def _artifact_dict(artifact: Artifact) -> dict[str, Any]:
-    return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
-            "first_seq": artifact.first_seq, "last_seq": artifact.last_seq,
-            "sources": sorted(artifact.sources)}
 
 
 def _session_breaker(session: SessionState) -> Breaker:

@@ -5,10 +5,13 @@ suite."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from db import BreakerUpdate, NewRevision, NewRun, SessionState, Snapshot
+from db import BreakerUpdate, JobSnapshot, MessageText, NewRevision, NewRun, SessionState
+
+JobMessage = TypeVar("JobMessage")
 
 
 class JobStore(Protocol):
@@ -31,7 +34,9 @@ class JobStore(Protocol):
 
     def set_breaker(self, session_id: str, update: BreakerUpdate) -> None: ...
 
-    def job_snapshot(self, session_id: str, *, history: int = 2) -> Snapshot: ...
+    def job_snapshot(self, session_id: str, *, history: int = 2,
+                     to_message: Callable[[MessageText], JobMessage]
+                     ) -> JobSnapshot[JobMessage]: ...
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,

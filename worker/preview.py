@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from worker.compaction import ChunkPlan, CompactionError
 from worker.job import JobDeps, JobPolicy, JobRequest, JobTrace, Skip
-from worker.pipeline import RECENT_HISTORY, plan_job, summary_work
+from worker.pipeline import plan_job, read_job_snapshot, summary_work
 from worker.summarizers import SummaryWork
 
 
@@ -56,7 +56,7 @@ def preview_compaction(request: JobRequest, deps: JobDeps, policy: JobPolicy
                        ) -> CompactionPreview:
     """Plan the job ``request`` would run, reading the store only."""
     trace = JobTrace(request, started_at=deps.clock())
-    snapshot = deps.store.job_snapshot(request.session_id, history=RECENT_HISTORY)
+    snapshot = read_job_snapshot(request.session_id, deps)
     try:
         plan = plan_job(trace, deps, policy, snapshot)
     except Skip as skip:

@@ -203,7 +203,7 @@ def store_prior_revision(runtime: Runtime, session_id: str, behaviour: Behaviour
     revision = NewRevision(
         through_seq=through_seq, snapshot_head_seq=through_seq,
         summary=summary.model_dump(mode="json"), block=block, block_tokens=block_tokens,
-        artifacts=[], summary_tokens=block_tokens, span_tokens=0, projection_tokens_before=0,
+        artifacts_json="[]", summary_tokens=block_tokens, span_tokens=0, projection_tokens_before=0,
         model="seed", prompt_version="seed", summarizer="extractive")
     run = NewRun(session_id=session_id, task_id="seed", attempt=1, reason="seed",
                  outcome="compacted", failure_class=None, failure_message=None, figures={},

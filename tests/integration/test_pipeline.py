@@ -191,7 +191,9 @@ class InterferingSummarizer:
 def compete_with_a_swap(store: Store, session_id: str, now: datetime) -> None:
     """Swap in a copy of the active revision, as a job that finished first would."""
     active = store.revisions(session_id)[0]
-    fields = {f.name: getattr(active, f.name) for f in dataclasses.fields(NewRevision)}
+    fields = {f.name: getattr(active, f.name) for f in dataclasses.fields(NewRevision)
+              if f.name != "artifacts_json"}
+    fields["artifacts_json"] = json.dumps(active.artifacts)
     fields["snapshot_head_seq"] = store.get_session(session_id).head_seq
     run = NewRun(session_id, "competitor", 1, "competitor", "compacted", None, None, {}, None,
                  now, now)

@@ -45,7 +45,7 @@ def summary_revision(through_seq: int, snapshot_head_seq: int, *, block_tokens: 
     block = {"role": "user", "content": f"[{label} through {through_seq}]"}
     return NewRevision(
         through_seq=through_seq, snapshot_head_seq=snapshot_head_seq, summary={"goal": label},
-        block=block, block_tokens=block_tokens, artifacts=[{"kind": "path", "value": "/a"}],
+        block=block, block_tokens=block_tokens, artifacts_json='[{"kind": "path", "value": "/a"}]',
         summary_tokens=block_tokens, span_tokens=100, projection_tokens_before=200,
         model="test-model", prompt_version="v1", summarizer="extractive",
     )

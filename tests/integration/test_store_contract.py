@@ -5,6 +5,7 @@ and unknown sessions. A fake that drifted from ``db.Store`` fails here."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from db import (
     BreakerUpdate,
     LeaseLost,
+    MessageText,
     NewMessage,
     NewRevision,
     NewRun,
@@ -101,12 +103,16 @@ def a_run(outcome: str = "compacted", session_id: str = SESSION) -> NewRun:
     return NewRun(session_id, "task-1", 1, "test", outcome, None, None, {"k": 1}, None, T0, T0)
 
 
+ARTIFACTS = [{"value": "src/a.py", "kind": "path", "count": 2, "first_seq": 1, "last_seq": 3,
+              "sources": ["tool_output", "user"]}]
+
+
 def a_revision(through_seq: int, head_seq: int = 7) -> NewRevision:
     return NewRevision(through_seq=through_seq, snapshot_head_seq=head_seq,
                        summary={"goal": "g"}, block={"role": "user", "content": "summary"},
-                       block_tokens=5, artifacts=[], summary_tokens=5, span_tokens=40,
-                       projection_tokens_before=91, model="m", prompt_version="p",
-                       summarizer="extractive")
+                       block_tokens=5, artifacts_json=json.dumps(ARTIFACTS), summary_tokens=5,
+                       span_tokens=40, projection_tokens_before=91, model="m",
+                       prompt_version="p", summarizer="extractive")
 
 
 def swap(store: ContractStore, expected: int | None, through_seq: int, owner: str | None = "a",
@@ -122,7 +128,7 @@ def test_every_session_method_raises_session_not_found_for_an_unknown_session(
     calls: list[Callable[[], object]] = [
         lambda: store.acquire_lease("nope", "a", TTL_S, T0),
         lambda: store.start_job("nope", "a", TTL_S, T0),
-        lambda: store.job_snapshot("nope"),
+        lambda: store.job_snapshot("nope", to_message=keep_text),
         lambda: store.commit_job("nope", expected_revision_id=None, lease_owner="a",
                                  revision=a_revision(2), run=a_run(session_id="nope"), now=T0),
         lambda: store.release_lease("nope", "a"),
@@ -293,20 +299,26 @@ def test_a_job_starts_with_the_lease_and_the_row_unless_another_owner_holds_it(
 def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
     store: ContractStore,
 ) -> None:
-    assert store.job_snapshot(SESSION).recent_revisions == ()
+    assert store.job_snapshot(SESSION, to_message=keep_text).recent_revisions == ()
     first = swap(store, None, 2, owner=None)
     second = swap(store, first, 3, owner=None)
     swap(store, second, 4, owner=None)
     revisions = store.revisions(SESSION)
 
-    snapshot = store.job_snapshot(SESSION, history=2)
+    snapshot = store.job_snapshot(SESSION, history=2, to_message=keep_text)
 
     assert snapshot.recent_revisions == tuple(
         RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
         for r in revisions[:2])
     plain = store.snapshot(SESSION)
-    assert (snapshot.session, snapshot.revision, snapshot.messages) == \
-        (plain.session, plain.revision, plain.messages)
+    assert (snapshot.session, snapshot.revision) == (plain.session, plain.revision)
+    assert [(m.seq, json.loads(m.body_json), m.tokens, m.identifiers)
+            for m in snapshot.messages] == \
+        [(m.seq, m.body, m.tokens, m.identifiers) for m in plain.messages]
+
+
+def keep_text(text: MessageText) -> MessageText:
+    return text
 
 
 def test_a_job_commit_swaps_records_the_run_and_releases_the_lease_in_one_go(
@@ -321,6 +333,7 @@ def test_a_job_commit_swaps_records_the_run_and_releases_the_lease_in_one_go(
     assert (state.active_revision_id, state.lease_owner, state.lease_expires_at) == \
         (revision_id, None, None)
     assert state.projection_tokens == 10 + 5 + 14 + 15 + 16
+    assert store.revisions(SESSION)[0].artifacts == ARTIFACTS  # stored from its JSON text
     [run] = store.runs(session_id=SESSION)
     assert run.revision_id == revision_id
     with pytest.raises(LeaseLost):  # the lease went with the commit

@@ -10,14 +10,17 @@ method raise, as a database that went away would.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from db import (
     BreakerUpdate,
+    JobSnapshot,
     LeaseLost,
     MessageRecord,
+    MessageText,
     NewMessage,
     NewRevision,
     NewRun,
@@ -37,6 +40,7 @@ from worker.compaction import find_open_tool_calls, parse_message
 INSTRUCTION_ROLES = ("system", "developer")
 BREAKER_STATES = ("closed", "open", "half_open")
 T = TypeVar("T")
+M = TypeVar("M")
 
 
 class FakeStore:
@@ -123,12 +127,16 @@ class FakeStore:
         return self._find(session_id) if self.acquire_lease(session_id, owner, ttl_s, now) \
             else None
 
-    def job_snapshot(self, session_id: str, *, history: int = 2) -> Snapshot:
+    def job_snapshot(self, session_id: str, *, history: int = 2,
+                     to_message: Callable[[MessageText], M]) -> JobSnapshot[M]:
         self._check("job_snapshot")
         snapshot = self.snapshot(session_id)
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])
-        return dataclasses.replace(snapshot, recent_revisions=recent)
+        # The body as the store's JSON column holds it (json.dumps, as SQLAlchemy writes).
+        messages = [to_message(MessageText(m.seq, json.dumps(m.body), m.tokens, m.identifiers))
+                    for m in snapshot.messages]
+        return JobSnapshot(snapshot.session, snapshot.revision, messages, recent)
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
@@ -228,7 +236,9 @@ class FakeStore:
         created = RevisionRecord(
             id=len(self._revisions) + 1, session_id=session_id,
             parent_revision_id=parent.id if parent else None,
-            **{f.name: getattr(revision, f.name) for f in dataclasses.fields(NewRevision)},
+            **{f.name: getattr(revision, f.name) for f in dataclasses.fields(NewRevision)
+               if f.name != "artifacts_json"},
+            artifacts=json.loads(revision.artifacts_json),
             projection_tokens_after=projection_tokens, created_at=now)
         self._revisions.append(created)
         closed = breaker or BreakerUpdate(state="closed", failures=0, opened_at=None)

@@ -10,7 +10,13 @@ from hypothesis import given, settings
 
 from tests.support.corpus import load_corpus, skip_without_corpus
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
-from worker.compaction.identifiers import Artifact, extract_identifiers, find_identifiers
+from worker.compaction.identifiers import (
+    Artifact,
+    collect_artifacts,
+    dump_artifacts_json,
+    extract_identifiers,
+    find_identifiers,
+)
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
 
 UUID = "123e4567-e89b-12d3-a456-426614174000"
@@ -126,6 +132,18 @@ def test_ranking_puts_spoken_ids_before_ids_only_listed_in_results() -> None:
 def test_errors_outrank_ids_seen_as_often() -> None:
     span = _stored([{"role": "user", "content": "Build ZFA04Y failed with E1234."}])
     assert [a.value for a in extract_identifiers(span)] == ["E1234", "ZFA04Y"]
+
+
+def test_artifacts_are_dumped_as_the_json_a_revision_row_stores() -> None:
+    artifacts = collect_artifacts([(3, [("E1234", "error", "user", 1)]),
+                                   (5, [("E1234", "error", "tool_output", 2),
+                                        ("src/a.py", "path", "tool_argument", 1)])])
+    assert dump_artifacts_json(artifacts) == json.dumps([
+        {"value": "E1234", "kind": "error", "count": 3, "first_seq": 3, "last_seq": 5,
+         "sources": ["tool_output", "user"]},
+        {"value": "src/a.py", "kind": "path", "count": 1, "first_seq": 5, "last_seq": 5,
+         "sources": ["tool_argument"]},
+    ])
 
 
 @settings(max_examples=40, deadline=None)

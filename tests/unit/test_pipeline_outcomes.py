@@ -140,7 +140,7 @@ def swap_a_revision(harness: JobHarness, *, saving_tokens: int) -> int:
     [message] = [m for m in harness.store.messages(SESSION) if m.seq == through_seq]
     block_tokens = message.tokens + (active[0].block_tokens if active else 0)
     revision = NewRevision(through_seq, state.head_seq, empty_summary().model_dump(),
-                           {"role": "user", "content": "summary"}, block_tokens, [],
+                           {"role": "user", "content": "summary"}, block_tokens, "[]",
                            block_tokens, message.tokens,
                            state.projection_tokens + saving_tokens, None, None, "extractive")
     run = NewRun(SESSION, "earlier", 1, "test", "compacted", None, None, {}, None, now, now)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         Artifact,
         Mention,
         collect_artifacts,
+        dump_artifacts_json,
         extract_identifiers,
         identify_message,
         search_text,
@@ -64,7 +65,13 @@ if TYPE_CHECKING:
         measure_json_depth,
     )
     from worker.compaction.merge import MergedSummary, merge_summaries
-    from worker.compaction.messages import ChatMessage, StoredMessage, dump_message, parse_message
+    from worker.compaction.messages import (
+        ChatMessage,
+        StoredMessage,
+        dump_message,
+        parse_message,
+        parse_message_json,
+    )
     from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
     from worker.compaction.prompts import (
         PROMPT_VERSION,
@@ -118,6 +125,7 @@ _DEFINED_IN = {
     "Artifact": "worker.compaction.identifiers",
     "Mention": "worker.compaction.identifiers",
     "collect_artifacts": "worker.compaction.identifiers",
+    "dump_artifacts_json": "worker.compaction.identifiers",
     "extract_identifiers": "worker.compaction.identifiers",
     "identify_message": "worker.compaction.identifiers",
     "search_text": "worker.compaction.identifiers",
@@ -140,6 +148,7 @@ _DEFINED_IN = {
     "StoredMessage": "worker.compaction.messages",
     "dump_message": "worker.compaction.messages",
     "parse_message": "worker.compaction.messages",
+    "parse_message_json": "worker.compaction.messages",
     "Boundary": "worker.compaction.plan",
     "TriggerPolicy": "worker.compaction.plan",
     "decide_compaction": "worker.compaction.plan",
@@ -226,6 +235,7 @@ __all__ = [
     "clean_text",
     "collect_artifacts",
     "decide_compaction",
+    "dump_artifacts_json",
     "dump_message",
     "extract_identifiers",
     "failure_values",
@@ -242,6 +252,7 @@ __all__ = [
     "merge_summaries",
     "output_budget_tokens",
     "parse_message",
+    "parse_message_json",
     "parse_summary",
     "plan_boundary",
     "plan_summary_calls",

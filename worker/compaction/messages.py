@@ -78,6 +78,11 @@ def parse_message(data: dict[str, Any]) -> ChatMessage:
     return ChatMessage.model_validate(data)
 
 
+def parse_message_json(text: str) -> ChatMessage:
+    """Parse one message from its JSON text, with no dict tree in between."""
+    return ChatMessage.model_validate_json(text)
+
+
 def dump_message(message: ChatMessage) -> dict[str, Any]:
     """Return the message as the dict it was given (unset fields stay absent)."""
     return message.model_dump(mode="json", exclude_unset=True)
