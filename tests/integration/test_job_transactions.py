@@ -17,9 +17,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine, event, text
 
-from db import Store
+from db import Store, create_db_engine
+from db import job_transactions as job
+from tests.support.databases import truncate_store_tables
 from tests.support.e2e import append_turns, build_job_env, import_records, token_counter
 from tests.support.generated import generated_session, generated_turns
 from worker import pipeline
@@ -144,3 +146,36 @@ def test_a_skipped_and_a_failed_job_also_end_in_one_write(
     assert_job_ended_cleanly(store, traffic)
     state = store.get_session(SESSION)
     assert (state.breaker_failures, state.active_revision_id) == (1, None)
+
+
+def test_a_take_over_matches_the_task_id_at_the_owners_end_literally(store: Store) -> None:
+    import_records(store, [generated_session(SESSION, 4)])
+    now = datetime.now(UTC)
+    assert store.start_job(SESSION, "w1:task_1%/", 60, now) is not None
+    # LIKE's wildcards and escape character in a task id match only themselves.
+    assert store.start_job(SESSION, "w2:taskX1", 60, now, take_over="task_1") is None
+    assert store.start_job(SESSION, "w2:task", 60, now, take_over="task%") is None
+    taken = store.start_job(SESSION, "w2:task_1%/", 60, now, take_over="task_1%/")
+    assert taken is not None and taken.lease_owner == "w2:task_1%/"
+
+
+def test_only_the_leases_commit_skips_the_wal_flush_on_postgresql(
+    migrated_postgres_url: str,
+) -> None:
+    truncate_store_tables(migrated_postgres_url)
+    engine = create_db_engine(migrated_postgres_url)
+    try:
+        import_records(Store(engine), [generated_session(SESSION, 4)])
+        with engine.connect() as connection:
+            # As in production: the test databases commit asynchronously throughout.
+            connection.execute(text("SET synchronous_commit TO on"))
+            connection.commit()
+            with connection.begin():
+                assert job.take_lease(connection, SESSION, "w1:task-1", 60, datetime.now(UTC))
+                assert connection.scalar(text("SHOW synchronous_commit")) == "off"
+            # Local to the lease's transaction: the next one on this pooled connection (a
+            # swap) commits durably.
+            with connection.begin():
+                assert connection.scalar(text("SHOW synchronous_commit")) == "on"
+    finally:
+        engine.dispose()
