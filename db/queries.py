@@ -221,13 +221,17 @@ def insert_run(executor: Session | Connection, run: NewRun, *,
     """Insert the run row (one Core statement, in an ORM session or a job's connection);
     return its id."""
     return int(executor.execute(
-        insert(_RUNS).returning(_RUNS.c.id),
-        {"session_id": run.session_id, "task_id": run.task_id, "attempt": run.attempt,
-         "reason": run.reason, "outcome": run.outcome, "failure_class": run.failure_class,
-         "failure_message": run.failure_message, "figures": run.figures,
-         "revision_id": revision_id, "started_at": run.started_at,
-         "finished_at": run.finished_at},
+        insert(_RUNS).returning(_RUNS.c.id), run_values(run, revision_id=revision_id),
     ).scalar_one())
+
+
+def run_values(run: NewRun, *, revision_id: int | None) -> dict[str, Any]:
+    """The run row's values by column (its id aside)."""
+    return {"session_id": run.session_id, "task_id": run.task_id, "attempt": run.attempt,
+            "reason": run.reason, "outcome": run.outcome, "failure_class": run.failure_class,
+            "failure_message": run.failure_message, "figures": run.figures,
+            "revision_id": revision_id, "started_at": run.started_at,
+            "finished_at": run.finished_at}
 
 
 def to_session_state(row: SessionRow) -> SessionState:

@@ -1,7 +1,8 @@
 """A job is three transactions and at most twelve database round trips, on PostgreSQL and
 SQLite: the lease (one ``UPDATE ... RETURNING``), the snapshot (one read transaction),
 and one write that ends it (the swap with the run row, lease release and queue marker;
-or, for any other outcome, the run row with the breaker and lease release).
+or, for any other outcome, the run row with the breaker and lease release). On
+PostgreSQL a compaction takes ten: its swap writes in one statement.
 
 Counted with SQLAlchemy's own events on the real engine: every statement
 (``before_cursor_execute``) and every transaction (``begin``); a transaction that is not
@@ -37,6 +38,8 @@ pytestmark = pytest.mark.integration
 SESSION = "generated-transactions"
 MAX_TRANSACTIONS = 3
 MAX_ROUND_TRIPS = 12
+# PostgreSQL writes a swap's revision, session and run in one statement.
+MAX_COMPACTION_ROUND_TRIPS_POSTGRESQL = 10
 
 
 @dataclass
@@ -121,6 +124,8 @@ def test_a_first_and_a_second_compaction_each_take_three_transactions(
     first, traffic = run_counted(store, database_url, "task-1")
     assert first.outcome is Outcome.COMPACTED, first
     assert_job_ended_cleanly(store, traffic)
+    if database_url.startswith("postgresql"):
+        assert traffic.round_trips <= MAX_COMPACTION_ROUND_TRIPS_POSTGRESQL, traffic.statements
 
     append_turns(store, SESSION, generated_turns(f"{SESSION}-b", 30))
     second, traffic = run_counted(store, database_url, "task-2")
