@@ -7,8 +7,10 @@
    under the session's row lock: the revision (compare-and-swap), the session's figures,
    the breaker, the lease release, the queue marker and the run row.
 
-``db/store.py`` owns the transactions; these functions never commit. Statements are built
-the same way every call, so SQLAlchemy's compiled cache serves them after the first job.
+``db/store.py`` owns the transactions; these functions never commit. The lease's and the
+swap's statements are built once, at import, with bound parameters: a job neither builds
+them nor recomputes their cache keys (together ~1.3 ms of CPU a job on the bench machine,
+docs/BENCHMARKS.md section 1), and SQLAlchemy's compiled cache serves them.
 """
 
 from __future__ import annotations
@@ -18,23 +20,28 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
+    Insert,
     Row,
+    Select,
     Table,
+    Text,
+    Update,
     and_,
+    bindparam,
     case,
+    cast,
     func,
     insert,
-    literal,
+    literal_column,
     or_,
     select,
     update,
 )
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
-from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, SessionRow
-from db.queries import insert_run, iterate_active_texts, json_text_value
+from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
+from db.queries import insert_run, iterate_active_texts, run_values
 from db.records import (
     BreakerUpdate,
     JobMessage,
@@ -50,10 +57,47 @@ from db.records import (
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]
 _REVISIONS: Table = RevisionRow.__table__  # type: ignore[assignment]
 _MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
+_RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 _SESSION_COLUMNS = tuple(_SESSIONS.c)
 # The active revision's columns in the snapshot's join, prefixed apart from the session's.
 _REVISION_LABELS = tuple(column.label(f"revision_{column.name}") for column in _REVISIONS.c)
 CLOSED = BreakerUpdate(state="closed", failures=0, opened_at=None)
+
+
+# PostgreSQL only: the lease's commit does not wait for its WAL flush (~0.2-0.4 ms, an
+# fdatasync). Losing a lease in a server crash costs no correctness: the crash also breaks
+# the job's connection, and the swap re-checks the lease under the row lock (LeaseLost:
+# nothing written) besides comparing-and-swapping the active revision; a later durable
+# commit (the swap's) flushes the WAL up to its own record, the lease's with it. Set for
+# the statement's own transaction only (``set_config(..., true)``): the pooled connection,
+# and the swap that reuses it, stay synchronous. Evaluated once the row matched, before
+# anything is written; the function's result is never NULL.
+_LEASE_COMMITS_ASYNCHRONOUSLY = literal_column(
+    "set_config('synchronous_commit', 'off', true)").is_not(None)
+# LIKE's escape character for a take-over suffix (an owner ends in ":" + task id).
+_LIKE_ESCAPE = "/"
+
+
+def _lease_statement(*, take_over: bool, asynchronous_commit: bool) -> Update:
+    owner = _SESSIONS.c.lease_owner
+    free = [owner.is_(None), owner == bindparam("owner"),
+            _SESSIONS.c.lease_expires_at <= bindparam("now")]
+    if take_over:
+        free.append(owner.like(bindparam("take_over_pattern"), escape=_LIKE_ESCAPE))
+    conditions = [_SESSIONS.c.session_id == bindparam("leased_session_id"), or_(*free)]
+    if asynchronous_commit:
+        conditions.append(_LEASE_COMMITS_ASYNCHRONOUSLY)
+    return (update(_SESSIONS).where(*conditions)
+            .values(lease_owner=bindparam("owner"),
+                    lease_expires_at=bindparam("expires_at",
+                                               type_=_SESSIONS.c.lease_expires_at.type))
+            .returning(*_SESSION_COLUMNS))
+
+
+# (take_over, asynchronous_commit) -> the lease's UPDATE ... RETURNING.
+_LEASE_STATEMENTS = {(take_over, asynchronous): _lease_statement(
+    take_over=take_over, asynchronous_commit=asynchronous)
+    for take_over in (False, True) for asynchronous in (False, True)}
 
 
 def take_lease(connection: Connection, session_id: str, owner: str, ttl_s: float,
@@ -61,23 +105,28 @@ def take_lease(connection: Connection, session_id: str, owner: str, ttl_s: float
     """Take or renew the lease and return the session row as it now is; None when another
     owner holds an unexpired lease. ``take_over`` also takes a lease whose owner ends
     with ``":" + take_over`` (an earlier delivery of the same message, lost with its
-    worker). SessionNotFound when the session does not exist."""
+    worker). SessionNotFound when the session does not exist. On PostgreSQL the
+    statement's commit is asynchronous (see ``_LEASE_COMMITS_ASYNCHRONOUSLY``)."""
     if ttl_s <= 0:
         raise ValueError(f"ttl_s must be positive, got {ttl_s}")
-    free = [_SESSIONS.c.lease_owner.is_(None), _SESSIONS.c.lease_owner == owner,
-            _SESSIONS.c.lease_expires_at <= now]
+    parameters: dict[str, Any] = {"leased_session_id": session_id, "owner": owner, "now": now,
+                                  "expires_at": now + timedelta(seconds=ttl_s)}
     if take_over is not None:
-        free.append(_SESSIONS.c.lease_owner.endswith(f":{take_over}", autoescape=True))
-    row = connection.execute(
-        update(_SESSIONS)
-        .where(_SESSIONS.c.session_id == session_id, or_(*free))
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
-        .returning(*_SESSION_COLUMNS)
-    ).first()
+        parameters["take_over_pattern"] = "%" + _escape_like(f":{take_over}")
+    statement = _LEASE_STATEMENTS[take_over is not None,
+                                  connection.dialect.name == "postgresql"]
+    row = connection.execute(statement, parameters).first()
     if row is not None:
         return to_session_state(row)
     _check_exists(connection, session_id)
     return None
+
+
+def _escape_like(value: str) -> str:
+    """``value`` matched literally by LIKE ... ESCAPE ``_LIKE_ESCAPE``."""
+    for special in (_LIKE_ESCAPE, "%", "_"):
+        value = value.replace(special, _LIKE_ESCAPE + special)
+    return value
 
 
 def read_snapshot(connection: Connection, session_id: str, *, history: int,
@@ -114,6 +163,101 @@ def read_snapshot(connection: Connection, session_id: str, *, history: int,
                        recent_revisions=recent)
 
 
+# The swap's lock: the session row with its parent's bounds, under FOR UPDATE.
+_LOCK_FOR_SWAP: Select[Any] = (
+    select(_SESSIONS.c.id, _SESSIONS.c.head_seq, _SESSIONS.c.active_revision_id,
+           _SESSIONS.c.lease_owner, _SESSIONS.c.lease_expires_at, _SESSIONS.c.queued_job_id,
+           select(_REVISIONS.c.through_seq)
+           .where(_REVISIONS.c.id == _SESSIONS.c.active_revision_id)
+           .scalar_subquery().label("parent_through_seq"))
+    .where(_SESSIONS.c.session_id == bindparam("session_id"))
+    .with_for_update(of=_SESSIONS)
+)
+# The revision's columns the job gives, bound as "revision_<column>".
+_REVISION_VALUES = ("session_id", "parent_revision_id", "through_seq", "snapshot_head_seq",
+                    "summary", "block", "block_tokens", "artifacts", "summary_tokens",
+                    "span_tokens", "projection_tokens_before", "model", "prompt_version",
+                    "summarizer", "created_at")
+
+
+def _revision_insert(*, cast_artifacts: bool) -> Insert:
+    """INSERT ... SELECT the revision with its projection size summed from the messages
+    in the same statement (under the row lock no append can commit meanwhile).
+
+    The artifacts arrive as the JSON text the job encoded once (``artifacts_json``), bound
+    as text so the column type does not serialize them again: cast to the column's type on
+    PostgreSQL; SQLite keeps JSON as text, and a CAST there would take the type name's
+    NUMERIC affinity (text to 0)."""
+    values: dict[str, Any] = {name: bindparam(f"revision_{name}", type_=_REVISIONS.c[name].type)
+                              for name in _REVISION_VALUES}
+    artifacts = bindparam("revision_artifacts", type_=Text)
+    values["artifacts"] = (cast(artifacts, _REVISIONS.c.artifacts.type) if cast_artifacts
+                           else artifacts)
+    through_seq = values["through_seq"]
+    covered_instructions = and_(_MESSAGES.c.seq <= through_seq,
+                                _MESSAGES.c.role.in_(INSTRUCTION_ROLES))
+    kept = or_(covered_instructions, _MESSAGES.c.seq > through_seq)
+    projection = values["block_tokens"] + func.coalesce(
+        func.sum(case((kept, _MESSAGES.c.tokens), else_=0)), 0)
+    source = select(*values.values(), projection).where(
+        _MESSAGES.c.session_id == values["session_id"])
+    return (insert(_REVISIONS).from_select([*values, "projection_tokens_after"], source)
+            .returning(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_after))
+
+
+# SQLite writes a swap statement by statement, PostgreSQL in one (``_one_statement_swap``).
+_INSERT_REVISION = _revision_insert(cast_artifacts=False)
+# The tokens appended after the job's snapshot: what the new revision leaves uncompacted.
+_TOKENS_SINCE_SNAPSHOT = (
+    select(func.coalesce(func.sum(_MESSAGES.c.tokens), 0))
+    .where(_MESSAGES.c.session_id == bindparam("session_pk"),
+           _MESSAGES.c.seq > bindparam("snapshot_head_seq"))
+    .scalar_subquery()
+)
+# The session after a swap; the other columns it sets are the execution's parameters.
+_UPDATE_SWAPPED_SESSION: Update = (
+    update(_SESSIONS).where(_SESSIONS.c.id == bindparam("session_pk"))
+    .values(tokens_since_compaction=_TOKENS_SINCE_SNAPSHOT)
+)
+# The swap's session columns set from parameters, bound as "session_<column>" in the
+# one-statement write.
+_SWAPPED_SESSION_VALUES = ("last_compacted_at", "breaker_state", "breaker_failures",
+                           "breaker_opened_at")
+# The run's columns given by the job (the revision's id comes from the INSERT).
+_RUN_VALUES = tuple(c.name for c in _RUNS.c if c.name not in ("id", "revision_id"))
+
+
+def _one_statement_swap(*, release_lease: bool, clear_queue_marker: bool) -> Insert:
+    """PostgreSQL: the revision, the session and the run written by one statement
+    (data-modifying CTEs, which PostgreSQL runs once each whether read or not): two round
+    trips fewer than a statement each. They see one snapshot, taken after the row lock
+    the transaction already holds, as three statements would."""
+    new_revision = _revision_insert(cast_artifacts=True).cte("new_revision")
+    values: dict[str, Any] = {
+        "active_revision_id": select(new_revision.c.id).scalar_subquery(),
+        "projection_tokens": select(new_revision.c.projection_tokens_after).scalar_subquery(),
+        "tokens_since_compaction": _TOKENS_SINCE_SNAPSHOT,
+        **{name: bindparam(f"session_{name}", type_=_SESSIONS.c[name].type)
+           for name in _SWAPPED_SESSION_VALUES},
+    }
+    if release_lease:
+        values |= {"lease_owner": None, "lease_expires_at": None}
+    if clear_queue_marker:
+        values |= {"queued_at": None, "queued_job_id": None}
+    swapped = (update(_SESSIONS).where(_SESSIONS.c.id == bindparam("session_pk"))
+               .values(values).cte("swapped_session"))
+    run = select(*(bindparam(f"run_{name}", type_=_RUNS.c[name].type) for name in _RUN_VALUES),
+                 new_revision.c.id)
+    return (insert(_RUNS).from_select([*_RUN_VALUES, "revision_id"], run)
+            .returning(_RUNS.c.revision_id).add_cte(swapped))
+
+
+# (release_lease, clear_queue_marker) -> PostgreSQL's one-statement write of a swap.
+_ONE_STATEMENT_SWAPS = {(release, clear): _one_statement_swap(
+    release_lease=release, clear_queue_marker=clear)
+    for release in (False, True) for clear in (False, True)}
+
+
 def commit_swap(
     connection: Connection, session_id: str, *, expected_revision_id: int | None,
     lease_owner: str | None, revision: NewRevision, run: NewRun, now: datetime,
@@ -124,23 +268,13 @@ def commit_swap(
     also release ``lease_owner``'s lease, and clear the queue marker if it is still
     ``queue_job_id``'s. Return the revision id.
 
-    Four statements under the row lock: the lock (with the parent's bounds), the revision
-    (its projection size measured by the INSERT itself), the session, the run.
+    Under the row lock: the lock (with the parent's bounds), then the revision (its
+    projection size measured by the INSERT itself), the session and the run: one
+    statement on PostgreSQL (``_one_statement_swap``), three on SQLite.
     """
     if run.session_id != session_id:
         raise ValueError(f"run is for {run.session_id!r}, not {session_id!r}")
-    parent_through_seq = (
-        select(_REVISIONS.c.through_seq)
-        .where(_REVISIONS.c.id == _SESSIONS.c.active_revision_id)
-        .scalar_subquery()
-    )
-    locked = connection.execute(
-        select(_SESSIONS.c.id, _SESSIONS.c.head_seq, _SESSIONS.c.active_revision_id,
-               _SESSIONS.c.lease_owner, _SESSIONS.c.lease_expires_at,
-               _SESSIONS.c.queued_job_id, parent_through_seq.label("parent_through_seq"))
-        .where(_SESSIONS.c.session_id == session_id)
-        .with_for_update(of=_SESSIONS)
-    ).first()
+    locked = connection.execute(_LOCK_FOR_SWAP, {"session_id": session_id}).first()
     if locked is None:
         raise SessionNotFound(f"no session {session_id!r}")
     _check_lease(session_id, locked.lease_owner, locked.lease_expires_at, lease_owner, now)
@@ -148,23 +282,57 @@ def commit_swap(
         raise RevisionConflict(f"session {session_id!r}: active revision is "
                                f"{locked.active_revision_id}, expected {expected_revision_id}")
     _check_bounds(session_id, locked.parent_through_seq or 0, locked.head_seq, revision)
-    revision_id, projection_tokens = _insert_revision(connection, locked.id, revision,
-                                                      expected_revision_id, now)
     breaker = breaker or CLOSED
-    values: dict[str, Any] = {
-        "active_revision_id": revision_id, "projection_tokens": projection_tokens,
-        "tokens_since_compaction": _tokens_where(_MESSAGES.c.seq > revision.snapshot_head_seq,
-                                                 locked.id),
+    write = _write_in_one_statement if connection.dialect.name == "postgresql" \
+        else _write_statement_by_statement
+    return write(connection, locked.id, revision, run, now, {
         "last_compacted_at": now, "breaker_state": breaker.state,
         "breaker_failures": breaker.failures, "breaker_opened_at": breaker.opened_at,
-    }
+    }, expected_revision_id=expected_revision_id, release_lease=release_lease,
+        clear_queue_marker=queue_job_id is not None and locked.queued_job_id == queue_job_id)
+
+
+def _revision_parameters(session_pk: int, parent_id: int | None, revision: NewRevision,
+                         now: datetime) -> dict[str, Any]:
+    """``_INSERT_REVISION``'s parameters."""
+    return {"revision_session_id": session_pk, "revision_parent_revision_id": parent_id,
+            "revision_created_at": now,
+            "revision_artifacts": revision.artifacts_json,
+            **{f"revision_{name}": getattr(revision, name) for name in _REVISION_VALUES
+               if name not in ("session_id", "parent_revision_id", "created_at", "artifacts")}}
+
+
+def _write_in_one_statement(
+    connection: Connection, session_pk: int, revision: NewRevision, run: NewRun,
+    now: datetime, session_values: dict[str, Any], *, expected_revision_id: int | None,
+    release_lease: bool, clear_queue_marker: bool,
+) -> int:
+    run_columns = run_values(run, revision_id=None)
+    return int(connection.execute(_ONE_STATEMENT_SWAPS[release_lease, clear_queue_marker], {
+        **_revision_parameters(session_pk, expected_revision_id, revision, now),
+        "session_pk": session_pk, "snapshot_head_seq": revision.snapshot_head_seq,
+        **{f"session_{name}": value for name, value in session_values.items()},
+        **{f"run_{name}": run_columns[name] for name in _RUN_VALUES},
+    }).scalar_one())
+
+
+def _write_statement_by_statement(
+    connection: Connection, session_pk: int, revision: NewRevision, run: NewRun,
+    now: datetime, session_values: dict[str, Any], *, expected_revision_id: int | None,
+    release_lease: bool, clear_queue_marker: bool,
+) -> int:
+    created = connection.execute(_INSERT_REVISION, _revision_parameters(
+        session_pk, expected_revision_id, revision, now)).one()
     if release_lease:
-        values |= {"lease_owner": None, "lease_expires_at": None}
-    if queue_job_id is not None and locked.queued_job_id == queue_job_id:
-        values |= {"queued_at": None, "queued_job_id": None}
-    connection.execute(update(_SESSIONS).where(_SESSIONS.c.id == locked.id).values(values))
-    insert_run(connection, run, revision_id=revision_id)
-    return revision_id
+        session_values |= {"lease_owner": None, "lease_expires_at": None}
+    if clear_queue_marker:
+        session_values |= {"queued_at": None, "queued_job_id": None}
+    connection.execute(_UPDATE_SWAPPED_SESSION, {
+        "session_pk": session_pk, "snapshot_head_seq": revision.snapshot_head_seq,
+        **session_values, "active_revision_id": created.id,
+        "projection_tokens": created.projection_tokens_after})
+    insert_run(connection, run, revision_id=created.id)
+    return int(created.id)
 
 
 def commit_failure(connection: Connection, run: NewRun, *, breaker: BreakerUpdate | None,
@@ -204,48 +372,6 @@ def to_session_state(row: Row[Any]) -> SessionState:
         breaker_state=m["breaker_state"], breaker_failures=m["breaker_failures"],
         breaker_opened_at=m["breaker_opened_at"], queued_at=m["queued_at"],
         queued_job_id=m["queued_job_id"],
-    )
-
-
-def _insert_revision(connection: Connection, session_pk: int, revision: NewRevision,
-                     parent_id: int | None, now: datetime) -> tuple[int, int]:
-    """INSERT ... SELECT the revision with its projection size summed from the messages
-    in the same statement (under the row lock no append can commit meanwhile)."""
-    covered_instructions = and_(_MESSAGES.c.seq <= revision.through_seq,
-                                _MESSAGES.c.role.in_(INSTRUCTION_ROLES))
-    kept = or_(covered_instructions, _MESSAGES.c.seq > revision.through_seq)
-    projection = literal(revision.block_tokens) + func.coalesce(
-        func.sum(case((kept, _MESSAGES.c.tokens), else_=0)), 0)
-    constants = {
-        "session_id": session_pk, "parent_revision_id": parent_id,
-        "through_seq": revision.through_seq, "snapshot_head_seq": revision.snapshot_head_seq,
-        "summary": revision.summary, "block": revision.block,
-        "block_tokens": revision.block_tokens,
-        "summary_tokens": revision.summary_tokens, "span_tokens": revision.span_tokens,
-        "projection_tokens_before": revision.projection_tokens_before,
-        "model": revision.model, "prompt_version": revision.prompt_version,
-        "summarizer": revision.summarizer, "created_at": now,
-    }
-    columns = [*constants, "artifacts", "projection_tokens_after"]
-    source = select(
-        *(literal(value, _REVISIONS.c[name].type) for name, value in constants.items()),
-        json_text_value(revision.artifacts_json, _REVISIONS.c.artifacts,
-                        connection.dialect.name),
-        projection,
-    ).where(_MESSAGES.c.session_id == session_pk)
-    created = connection.execute(
-        insert(_REVISIONS).from_select(columns, source)
-        .returning(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_after)
-    ).one()
-    return int(created.id), int(created.projection_tokens_after)
-
-
-def _tokens_where(condition: ColumnElement[bool], session_pk: int) -> Any:
-    """A scalar subquery: the tokens of the session's messages that meet ``condition``."""
-    return (
-        select(func.coalesce(func.sum(_MESSAGES.c.tokens), 0))
-        .where(_MESSAGES.c.session_id == session_pk, condition)
-        .scalar_subquery()
     )
 
 

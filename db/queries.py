@@ -13,8 +13,6 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
-    Column,
-    ColumnElement,
     Connection,
     Table,
     Text,
@@ -22,12 +20,10 @@ from sqlalchemy import (
     case,
     func,
     insert,
-    literal,
     or_,
     select,
     update,
 )
-from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -254,14 +250,6 @@ def measure_projection(
     )
 
 
-def json_text_value(text: str, column: Column[Any], dialect_name: str) -> ColumnElement[Any]:
-    """A value for the JSON ``column`` given as the JSON text it already is, bound as it is
-    (the column type would serialize it again): cast on PostgreSQL; SQLite keeps JSON as
-    text, and a CAST there would take the type name's NUMERIC affinity (text to 0)."""
-    value = literal(text, Text)
-    return sql_cast(value, column.type) if dialect_name == "postgresql" else value
-
-
 def find_revision(session: Session, revision_id: int) -> RevisionRow:
     row = session.get(RevisionRow, revision_id)
     if row is None:
@@ -274,13 +262,17 @@ def insert_run(executor: Session | Connection, run: NewRun, *,
     """Insert the run row (one Core statement, in an ORM session or a job's connection);
     return its id."""
     return int(executor.execute(
-        insert(_RUNS).returning(_RUNS.c.id),
-        {"session_id": run.session_id, "task_id": run.task_id, "attempt": run.attempt,
-         "reason": run.reason, "outcome": run.outcome, "failure_class": run.failure_class,
-         "failure_message": run.failure_message, "figures": run.figures,
-         "revision_id": revision_id, "started_at": run.started_at,
-         "finished_at": run.finished_at},
+        insert(_RUNS).returning(_RUNS.c.id), run_values(run, revision_id=revision_id),
     ).scalar_one())
+
+
+def run_values(run: NewRun, *, revision_id: int | None) -> dict[str, Any]:
+    """The run row's values by column (its id aside)."""
+    return {"session_id": run.session_id, "task_id": run.task_id, "attempt": run.attempt,
+            "reason": run.reason, "outcome": run.outcome, "failure_class": run.failure_class,
+            "failure_message": run.failure_message, "figures": run.figures,
+            "revision_id": revision_id, "started_at": run.started_at,
+            "finished_at": run.finished_at}
 
 
 def to_session_state(row: SessionRow) -> SessionState:

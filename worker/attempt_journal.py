@@ -31,7 +31,7 @@ from typing import Any, cast
 import redis
 
 from db import NewRun, Store, StoreError
-from worker.fleet import log_redis_unavailable
+from worker.fleet import DeliveryCounter, log_redis_unavailable
 from worker.keys import RedisKeys
 from worker.logging import get_logger
 
@@ -59,6 +59,15 @@ class PendingAttempt:
     # A later delivery of the same attempt opened then (this one's worker died): runs
     # begun from then on are that delivery's.
     superseded_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedAttempt:
+    """An attempt just entered: its hash field, and how many deliveries of it have been
+    counted (1 on the first; 0 when they were not counted)."""
+
+    entry: str
+    deliveries: int
 
 
 def run_to_json(run: NewRun) -> str:
@@ -152,23 +161,40 @@ class AttemptJournal:
     def unrecorded_count(self) -> int:
         return int(self._client.llen(self._keys.unrecorded_runs()))
 
-    def open(self, task_id: str, session_id: str, attempt: int, now: datetime) -> str:
-        """Enter a starting attempt; returns its entry, for ``close``."""
+    def open(self, task_id: str, session_id: str, attempt: int, now: datetime,
+             counter: DeliveryCounter | None = None) -> OpenedAttempt:
+        """Enter a starting attempt, and with ``counter`` count its delivery, in one
+        round trip; returns its entry, for ``close``, and the deliveries counted."""
         entry = f"{task_id}:{uuid.uuid4().hex}"
         fields = {"task_id": task_id, "session_id": session_id, "attempt": attempt,
                   "opened_at": now.isoformat()}
+        deliveries = 0
         try:
-            for earlier in self.pending():
-                if (earlier.task_id, earlier.attempt) == (task_id, attempt) \
-                        and earlier.superseded_at is None:
-                    self._client.hset(self._keys.pending_events(), earlier.entry, json.dumps(
-                        {"task_id": task_id, "session_id": earlier.session_id,
-                         "attempt": attempt, "opened_at": earlier.opened_at.isoformat(),
-                         "superseded_at": now.isoformat()}))
-            self._client.hset(self._keys.pending_events(), entry, json.dumps(fields))
+            with self._client.pipeline() as pipe:
+                pipe.hset(self._keys.pending_events(), entry, json.dumps(fields))
+                if counter is not None:
+                    counter.count_in(pipe, task_id, attempt - 1)
+                replies = pipe.execute()
+            if counter is not None:
+                deliveries = int(replies[1])
+            # Only a redelivery (or one not counted) can find an earlier delivery's entry
+            # open: the first skips reading every entry of the fleet.
+            if deliveries != 1:
+                self._supersede(task_id, attempt, now, but=entry)
         except redis.RedisError as exc:
             log_redis_unavailable("pending_events", exc)
-        return entry
+        return OpenedAttempt(entry, deliveries)
+
+    def _supersede(self, task_id: str, attempt: int, now: datetime, *, but: str) -> None:
+        """Mark the open entries of the same attempt (deliveries whose worker died) as
+        superseded from ``now``: runs begun from then on are the new delivery's."""
+        for earlier in self.pending():
+            if (earlier.task_id, earlier.attempt) == (task_id, attempt) \
+                    and earlier.superseded_at is None and earlier.entry != but:
+                self._client.hset(self._keys.pending_events(), earlier.entry, json.dumps(
+                    {"task_id": task_id, "session_id": earlier.session_id,
+                     "attempt": attempt, "opened_at": earlier.opened_at.isoformat(),
+                     "superseded_at": now.isoformat()}))
 
     def close(self, entry: str, *, tries: int = CLOSE_TRIES) -> None:
         """The attempt's event is out (or recorded otherwise)."""

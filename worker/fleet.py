@@ -41,19 +41,12 @@ class DeliveryCounter:
         self._keys = keys
         self._ttl_s = ttl_s
 
-    def record_delivery(self, task_id: str, retries: int) -> int:
-        """Count this delivery and return how many there have been (1 on the first; 0
-        when Redis is unreachable and it could not be counted)."""
+    def count_in(self, pipe: redis.client.Pipeline, task_id: str, retries: int) -> None:
+        """Queue the count of this delivery on ``pipe``: its first reply is how many there
+        have been (1 on the first). Queued, it shares a round trip with other writes."""
         key = self._keys.deliveries(task_id, retries)
-        try:
-            with self._client.pipeline() as pipe:
-                pipe.incr(key)
-                pipe.expire(key, self._ttl_s)
-                count, _ = pipe.execute()
-        except redis.RedisError as exc:
-            log_redis_unavailable("delivery_counter", exc)
-            return 0
-        return int(count)
+        pipe.incr(key)
+        pipe.expire(key, self._ttl_s)
 
     def first_attempt_at(self, task_id: str, began: float, *, ttl_s: int) -> float | None:
         """When the task's first attempt began (epoch seconds): ``began`` unless an

@@ -64,18 +64,21 @@ def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
     runtime = get_runtime(settings)
     task_id, retries = str(self.request.id), int(self.request.retries)
     journal = runtime.journal
-    # A kill before the event leaves this entry to the reconciler.
-    entry = journal.open(task_id, str(kwargs.get("session_id", ""))[:MAX_SESSION_ID_CHARS],
-                         retries + 1, runtime.deps.clock()) if journal is not None else None
+    # A kill before the event leaves this entry to the reconciler. Opening it also counts
+    # the delivery (one Redis round trip for both).
+    opened = journal.open(task_id, str(kwargs.get("session_id", ""))[:MAX_SESSION_ID_CHARS],
+                          retries + 1, runtime.deps.clock(), runtime.delivery_counter
+                          ) if journal is not None else None
     if journal is not None:
         journal.write_owed(runtime.store)
-    result = _run_delivery(runtime, args, kwargs, task_id, retries)
+    result = _run_delivery(runtime, args, kwargs, task_id, retries,
+                           deliveries=opened.deliveries if opened is not None else 1)
     if result.unrecorded_run is not None and journal is not None:
         journal.keep_unrecorded(result.unrecorded_run)
     countdown = _retry_countdown(runtime, result, task_id, retries)
     emit_job_event(get_logger(), result, will_retry=countdown is not None)
-    if journal is not None and entry is not None:
-        journal.close(entry)
+    if journal is not None and opened is not None:
+        journal.close(opened.entry)
     if countdown is not None:  # the retry keeps this task id, so the queue marker stays
         # Passed explicitly: Celery's max_retries=None means its default of 3, not unbounded.
         raise self.retry(countdown=countdown, max_retries=settings.max_transient_retries)
@@ -116,15 +119,14 @@ def _clear_queue_marker(runtime: Runtime, session_id: str, task_id: str) -> None
 
 
 def _run_delivery(runtime: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
-                  retries: int) -> JobResult:
+                  retries: int, *, deliveries: int) -> JobResult:
+    """Run the job of a delivery counted ``deliveries``-th of its attempt (0: uncounted)."""
     session_id = str(kwargs.get("session_id", ""))[:MAX_SESSION_ID_CHARS]
     fallback_request = JobRequest(session_id, "invalid", task_id=task_id, attempt=retries + 1)
     try:
         request = parse_job(args, kwargs, task_id, retries + 1)
     except JobRejected as exc:
         return pipeline.record_failure(fallback_request, runtime.deps, runtime.policy, exc)
-    counter = runtime.delivery_counter
-    deliveries = counter.record_delivery(task_id, retries) if counter else 1
     if deliveries > runtime.settings.max_deliveries:
         cap = DeliveryCapExceeded(f"delivered {deliveries} times; its worker keeps dying",
                                   reason="delivery_cap")

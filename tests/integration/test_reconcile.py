@@ -31,6 +31,7 @@ from scheduler.selection import ScanPolicy
 from tests.support.raw_producer import build_raw_message, read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
 from worker.attempt_journal import AttemptJournal
+from worker.fleet import DeliveryCounter
 from worker.keys import RedisKeys
 
 pytestmark = pytest.mark.integration
@@ -405,7 +406,7 @@ def test_an_event_emitted_between_two_sweeps_is_not_reported_again(
     put_session(store, engine, "stalled", 8_000, now=NOW)
     journal = _journal(broker)
     # A commit stalled by a hung database: its run's times are long past when it lands.
-    entry = journal.open("task-stalled", "stalled", 1, LATER - timedelta(minutes=5))
+    entry = journal.open("task-stalled", "stalled", 1, LATER - timedelta(minutes=5)).entry
     store.record_run(_run("stalled", "task-stalled", "compacted", LATER - timedelta(minutes=5)))
 
     with capture_logs() as logs:
@@ -442,7 +443,7 @@ def test_a_redelivered_attempt_leaves_the_killed_delivery_s_event_to_the_reconci
     first = LATER - timedelta(minutes=3)
     journal.open("task-1", "again", 1, first)  # killed after its commit
     store.record_run(_run("again", "task-1", "compacted", first))
-    second = journal.open("task-1", "again", 1, LATER - timedelta(minutes=2))
+    second = journal.open("task-1", "again", 1, LATER - timedelta(minutes=2)).entry
     store.record_run(_run("again", "task-1", "skipped", LATER - timedelta(minutes=2)))
     journal.close(second)  # the redelivery emitted its own event
     journal.open("task-2", "again", 1, LATER - timedelta(minutes=2))  # died before its lease
@@ -462,7 +463,7 @@ def test_a_redelivery_s_own_run_is_never_reported_for_the_delivery_it_replaced(
     put_session(store, engine, "retaken", 8_000, now=NOW)
     journal = _journal(broker)
     journal.open("task-1", "retaken", 1, LATER - timedelta(minutes=4))  # killed mid-job
-    second = journal.open("task-1", "retaken", 1, LATER - timedelta(minutes=3))
+    second = journal.open("task-1", "retaken", 1, LATER - timedelta(minutes=3)).entry
     store.record_run(_run("retaken", "task-1", "compacted", LATER - timedelta(minutes=3)))
     journal.close(second)  # the redelivery took the lease over, committed, emitted
 
@@ -472,3 +473,18 @@ def test_a_redelivery_s_own_run_is_never_reported_for_the_delivery_it_replaced(
 
     assert not [e for e in logs if e["event"] == "compaction.job"]
     assert journal.pending() == []
+
+
+def test_opening_an_attempt_counts_its_delivery_and_a_redelivery_supersedes_the_first(
+    broker: Broker,
+) -> None:
+    journal = _journal(broker)
+    counter = DeliveryCounter(broker.client, RedisKeys(broker.prefix), ttl_s=60)
+    first = journal.open("task-1", "s", 1, LATER - timedelta(minutes=3), counter)
+    other = journal.open("task-2", "s", 1, LATER - timedelta(minutes=3), counter)
+    again = journal.open("task-1", "s", 1, LATER - timedelta(minutes=2), counter)
+
+    assert (first.deliveries, other.deliveries, again.deliveries) == (1, 1, 2)
+    superseded = {p.entry: p.superseded_at for p in journal.pending()}
+    assert superseded == {first.entry: LATER - timedelta(minutes=2), other.entry: None,
+                          again.entry: None}

@@ -347,6 +347,27 @@ def test_a_job_commit_swaps_records_the_run_and_releases_the_lease_in_one_go(
     assert len(store.runs(session_id=SESSION)) == 1
 
 
+def test_a_job_commit_writes_the_sessions_figures_and_the_whole_run(
+    store: ContractStore,
+) -> None:
+    store.start_job(SESSION, "a", TTL_S, T0)
+    store.set_breaker(SESSION, BreakerUpdate("half_open", 2, T0))
+
+    revision_id = store.commit_job(SESSION, expected_revision_id=None, lease_owner="a",
+                                   revision=a_revision(4, head_seq=5), run=a_run(),
+                                   now=T0 + timedelta(seconds=1))
+
+    state = store.get_session(SESSION)
+    assert (state.tokens_since_compaction, state.last_compacted_at) == \
+        (15 + 16, T0 + timedelta(seconds=1))
+    assert (state.breaker_state, state.breaker_failures, state.breaker_opened_at) == \
+        ("closed", 0, None)
+    [run] = store.runs(session_id=SESSION)
+    assert (run.task_id, run.attempt, run.reason, run.outcome, run.failure_class,
+            run.figures, run.revision_id, run.started_at, run.finished_at) == \
+        ("task-1", 1, "test", "compacted", None, {"k": 1}, revision_id, T0, T0)
+
+
 def test_a_finished_job_records_its_run_and_breaker_and_releases_only_its_own_lease(
     store: ContractStore,
 ) -> None:

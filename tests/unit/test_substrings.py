@@ -1,5 +1,6 @@
 """The substring index answers exactly as ``value in text`` does, on any text and values,
-including values shorter than a gram, repeated, empty, or overlapping in the text."""
+including values shorter than a gram, repeated, empty, or overlapping in the text, before
+and after it builds its grams."""
 
 from __future__ import annotations
 
@@ -11,21 +12,23 @@ from worker.compaction.substrings import TextGrams
 # A small alphabet makes values occur in texts (and overlap) often.
 TEXTS = st.text(alphabet="ab/-_1\u0131", max_size=60)
 VALUES = st.lists(st.text(alphabet="ab/-_1\u0131", max_size=8), max_size=20)
+# Plain scans before the grams: none, some of the values, all of them.
+SCANS = st.sampled_from([0, 3, 20])
 
 
-@given(TEXTS, VALUES)
-def test_text_grams_contains_what_in_contains(text: str, values: list[str]) -> None:
-    grams = TextGrams(text)
+@given(TEXTS, VALUES, SCANS)
+def test_text_grams_contains_what_in_contains(text: str, values: list[str], scans: int) -> None:
+    grams = TextGrams(text, scans_before_grams=scans)
     assert [grams.contains(v) for v in values] == [v in text for v in values]
 
 
-@given(TEXTS, VALUES, st.data())
+@given(TEXTS, VALUES, SCANS, st.data())
 def test_values_known_to_occur_are_answered_as_in_answers(
-    text: str, values: list[str], data: st.DataObject
+    text: str, values: list[str], scans: int, data: st.DataObject
 ) -> None:
     windows = [text[i:j] for i in range(len(text)) for j in range(i, len(text) + 1)]
     known = data.draw(st.lists(st.sampled_from(windows), max_size=5)) if windows else []
-    grams = TextGrams(text, known=known)
+    grams = TextGrams(text, known=known, scans_before_grams=scans)
     assert [grams.contains(v) for v in [*values, *known]] == \
         [v in text for v in [*values, *known]]
 
@@ -33,5 +36,6 @@ def test_values_known_to_occur_are_answered_as_in_answers(
 def test_a_long_text_rejects_absent_identifiers_and_keeps_present_ones() -> None:
     text = "- src/app/models.py, ERR-4412, v2.3.1\n" * 200 + "tail 0xdeadbeef"
     values = ["src/app/models.py", "ERR-4412", "0xdeadbeef", "src/app/views.py", "ERR-4413"]
-    grams = TextGrams(text)
-    assert [grams.contains(v) for v in values] == [True, True, True, False, False]
+    for scans in (0, 2, 10):
+        grams = TextGrams(text, scans_before_grams=scans)
+        assert [grams.contains(v) for v in values] == [True, True, True, False, False]
