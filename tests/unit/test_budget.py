@@ -8,8 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter
-from tests.unit.test_schema import SUMMARIES, filled
-from worker.compaction.budget import FRESH_SHARE, SummaryBudget, fit_summary, truncate_text
+from tests.unit.test_schema import ITEMS, SUMMARIES, filled
+from worker.compaction.budget import (
+    FRESH_SHARE,
+    SummaryBudget,
+    fit_summary,
+    truncate_text,
+)
 from worker.compaction.schema import (
     LIST_SECTIONS,
     Summary,
@@ -18,6 +23,7 @@ from worker.compaction.schema import (
     item_line,
     render_summary_block,
 )
+from worker.compaction.tokens import TokenCounter, load_encoding
 
 
 @settings(max_examples=40, deadline=None)
@@ -39,6 +45,25 @@ def _has_long_items(summary: Summary) -> bool:
     counter = shared_counter()
     items = [item for name in LIST_SECTIONS for item in summary.items_of(name)]
     return any(counter.count_text(item_line(item)) > 90 for item in items)
+
+
+# Where a piece could run on past a line break: spaces, breaks, slashes, apostrophes,
+# digits, marks and Unicode spaces next to punctuation.
+_TRICKY_TEXT = st.lists(st.sampled_from(
+    ["'s", "'LL", "ab", "AB", "12345", "-", ".", "!?", " ", "  ", "\t", "/", "\n", "\r\n", "\r",
+     "é", "\u0301", "²", "\u00a0", "\x85", "\u2028", "\x1c", "中文", "pm_5wq", "HTTP 503"]),
+    max_size=12).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(ITEMS | st.text() | _TRICKY_TEXT, max_size=12),
+       st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_bullet_lines_counted_joined_count_as_each_alone(items: list[str], encoding: str
+                                                         ) -> None:
+    counter = TokenCounter(load_encoding(encoding))
+    lines = [f"{item_line(item)}\n" for item in items]
+    expected = [counter.count_text(line) for line in lines]
+    assert counter.count_lines(lines) == counter.for_job().count_lines(lines) == expected
 
 
 def test_a_flooded_section_cannot_starve_the_others() -> None:

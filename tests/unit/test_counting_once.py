@@ -37,6 +37,13 @@ class CountingEncoding:
     def decode_bytes(self, tokens: list[int]) -> bytes:
         return self.inner.decode_bytes(tokens)
 
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        return self.inner.decode_single_token_bytes(token)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
 
 def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -> None:
     plain = shared_counter()

@@ -178,13 +178,10 @@ def _measure(capped: Summary, counter: TokenCounter,
     sections: list[_Section] = []
     for name in LIST_SECTIONS:
         items = capped.items_of(name)
-        costs = []
-        for item in items:
-            cost = _line_tokens(item_line(item), counter)
-            if name == "relevant_artifacts" and is_packable(item):
-                # On a shared line, ", " stands for the bullet's "-" and the line break.
-                cost -= 1
-            costs.append(cost)
+        costs = counter.count_lines([f"{item_line(item)}\n" for item in items])
+        if name == "relevant_artifacts":
+            # On a shared line, ", " stands for the bullet's "-" and the line break.
+            costs = [cost - is_packable(item) for cost, item in zip(costs, items, strict=True)]
         earlier = prior_items.get(name, frozenset())
         indexes = list(range(len(items)))
         if name != "relevant_artifacts":

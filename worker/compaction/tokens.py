@@ -21,7 +21,7 @@ import functools
 import gzip
 import hashlib
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -171,6 +171,26 @@ class TokenCounter:
         """Count ``text`` as plain text (special-token strings count as ordinary text)."""
         return len(self.encoding.encode_ordinary(text)) if text else 0
 
+    def count_lines(self, lines: Sequence[str]) -> list[int]:
+        """Count each of ``lines`` (bullet lines: each starts with "-" and ends in its one
+        line break) in one encode of them joined, ~1 us a line less than one encode each.
+
+        The joined count is the lines' counts added: tiktoken splits text into pieces
+        before it merges bytes, and under both supported patterns no piece runs past a line
+        break into a line that starts with "-". A line's tokens then end at the one token
+        that holds its line break; other lines are counted one by one.
+        """
+        if not lines:
+            return []
+        tokens = self.encoding.encode_ordinary("".join(lines))
+        breaks = _line_break_tokens(self.encoding.name)
+        for token in set(tokens).difference(breaks.keys()):
+            breaks[token] = b"\n" in self.encoding.decode_single_token_bytes(token)
+        ends = [index for index, token in enumerate(tokens, 1) if breaks[token]]
+        if len(ends) != len(lines):  # a line that is no bullet line
+            return [self.count_text(line) for line in lines]
+        return [end - start for start, end in zip([0, *ends], ends, strict=False)]
+
     def count_message(self, message: ChatMessage) -> int:
         """Count one message as the chat API would bill it, overhead included."""
         total = TOKENS_PER_MESSAGE + self.count_text(message.role.value)
@@ -207,6 +227,13 @@ class TokenCounter:
         return total
 
 
+@functools.cache
+def _line_break_tokens(encoding_name: str) -> dict[int, bool]:
+    """Whether a token holds a line break, for each token ``count_lines`` met so far (a
+    process meets a few thousand of the vocabulary's ~200k)."""
+    return {}
+
+
 # Texts up to this long are remembered: summary lines and blocks, not a long span's slices.
 _REMEMBERED_CHARS = 32_768
 
@@ -229,3 +256,11 @@ class JobCounter(TokenCounter):
         if counted is None:
             counted = self._counts[text] = super().count_text(text)
         return counted
+
+    def count_lines(self, lines: Sequence[str]) -> list[int]:
+        unknown = [line for line in dict.fromkeys(lines) if line not in self._counts]
+        counted = dict(zip(unknown, super().count_lines(unknown), strict=True))
+        self._counts.update((line, count) for line, count in counted.items()
+                            if len(line) <= _REMEMBERED_CHARS)
+        return [self._counts[line] if line in self._counts else counted[line]
+                for line in lines]
