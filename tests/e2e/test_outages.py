@@ -138,6 +138,26 @@ SHORT_CALL_DEADLINE = {"COMPACTOR_DB_STATEMENT_TIMEOUT_S": "3",
                        "COMPACTOR_DB_CALL_TIMEOUT_S": "5"}
 
 
+def leased_sessions(outage: Outage) -> set[str]:
+    return {s for s in SESSIONS if outage.store.get_session(s).lease_owner is not None}
+
+
+def wait_for_two_running_jobs(outage: Outage) -> None:
+    """Until two jobs hold their sessions' leases (in their 8-second LLM call)."""
+    wait_until(lambda: len(leased_sessions(outage)) == 2, timeout_s=60)
+
+
+def start_on_short_call_deadline(outage: Outage, processes: list[Any], tmp_path: Path
+                                 ) -> tuple[Outage, WorkerProcess]:
+    """A scan, a worker and a beat on ``SHORT_CALL_DEADLINE``, once two jobs run."""
+    outage = with_env(outage, tmp_path, SHORT_CALL_DEADLINE)
+    scan(outage)
+    worker = start_worker(outage, processes)
+    start_beat(outage, processes)
+    wait_for_two_running_jobs(outage)
+    return outage, worker
+
+
 def test_after_redis_lost_its_queued_jobs_every_due_session_is_compacted(
     outage: Outage, processes: list[Any]
 ) -> None:
@@ -230,14 +250,9 @@ def test_a_frozen_postgresql_ends_running_jobs_as_store_unavailable_not_time_lim
     # The server is frozen (SIGSTOP) past the jobs' 50 s soft time limit: without the
     # client-side call deadline every job blocked on it would end as time_limit, counted
     # on its session's breaker.
-    outage = with_env(outage, tmp_path, SHORT_CALL_DEADLINE)
-    soft_limit_s = outage.job_env.settings.task_soft_time_limit_s
-    scan(outage)
-    worker = start_worker(outage, processes)
-    start_beat(outage, processes)
     # Two jobs in their 8-second LLM call when the server freezes: their swap hangs.
-    wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
-                           for s in SESSIONS) == 2, timeout_s=60)
+    outage, worker = start_on_short_call_deadline(outage, processes, tmp_path)
+    soft_limit_s = outage.job_env.settings.task_soft_time_limit_s
     outage.postgres.hang()
     try:
         time.sleep(soft_limit_s + 5)
@@ -268,12 +283,7 @@ def test_runs_kept_during_a_postgresql_hang_survive_a_redis_restart_without_its_
 ) -> None:
     # The full chaos run's sequence: jobs fail on a frozen server, their runs are kept,
     # and Redis restarts empty before any sweep could write them (docs/CHAOS.md).
-    outage = with_env(outage, tmp_path, SHORT_CALL_DEADLINE)
-    scan(outage)
-    worker = start_worker(outage, processes)
-    start_beat(outage, processes)
-    wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
-                           for s in SESSIONS) == 2, timeout_s=60)
+    outage, worker = start_on_short_call_deadline(outage, processes, tmp_path)
     outage.postgres.hang()
     try:
         wait_until(lambda: sum(not e["run_recorded"] for e in worker.events("compaction.job"))
@@ -297,9 +307,8 @@ def test_the_jobs_of_a_killed_worker_run_again_within_about_a_minute(
 ) -> None:
     scan(outage)
     doomed = start_worker(outage, processes, "doomed")
-    wait_until(lambda: sum(outage.store.get_session(s).lease_owner is not None
-                           for s in SESSIONS) == 2, timeout_s=60)
-    leased = {s for s in SESSIONS if outage.store.get_session(s).lease_owner is not None}
+    wait_for_two_running_jobs(outage)
+    leased = leased_sessions(outage)
     assert doomed.process is not None
     for pid in [*doomed.child_pids(), doomed.process.pid]:
         os.kill(pid, signal.SIGKILL)  # the whole worker, as the OOM killer or a node loss
