@@ -45,7 +45,7 @@ from worker.compaction import (
     parse_message_json,
     plan_boundary,
     prune_groups,
-    rank_artifacts,
+    rerank_featured,
     summary_block_message,
     validate_summary,
     verbatim_items,
@@ -321,7 +321,7 @@ def _ranked_identifiers(work: SummaryWork, draft: SummaryDraft) -> list[str]:
     the values of the draft's decisions and pending items lead."""
     texts = [*draft.summary.key_decisions, *draft.summary.pending]
     featured = featured_values(work.failures, texts, work.artifacts)
-    ranked = rank_artifacts(work.artifacts, featured=featured)
+    ranked = rerank_featured(work.ranked_artifacts, featured)
     return [artifact.value for artifact in ranked if artifact.kind != "tool"]
 
 

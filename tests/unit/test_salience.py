@@ -20,6 +20,7 @@ from worker.compaction.salience import (
     featured_values,
     find_failures,
     rank_artifacts,
+    rerank_featured,
 )
 
 
@@ -54,6 +55,26 @@ def test_a_bare_number_only_a_tool_returned_follows_the_typed_values_of_its_tier
     email = artifact("omar.garcia51@example.org", "email", seq=2, sources=("tool_output",))
     said_number = artifact("4410", seq=1, sources=("user",))
     assert rank_artifacts([item, email, said_number]) == (said_number, email, item)
+
+
+_KINDS = st.sampled_from(["id", "error", "tool", "version"])
+_SOURCES = st.sampled_from([("user",), ("tool_output",), ("tool_argument",),
+                            ("assistant", "tool_output")])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["A1", "B22", "333", "ERR-9", "x.py", "run"]),
+                          _KINDS, st.integers(1, 5), st.integers(1, 9), _SOURCES),
+                unique_by=lambda spec: spec[0]),
+       st.sets(st.sampled_from(["A1", "B22", "333", "ERR-9", "x.py", "run"])),
+       st.sets(st.sampled_from(["A1", "B22", "333", "ERR-9", "x.py", "run"])))
+def test_featuring_more_values_of_a_ranking_ranks_as_ranking_anew(
+        specs: list[tuple[str, str, int, int, tuple[str, ...]]], first: set[str],
+        more: set[str]) -> None:
+    artifacts = [artifact(value, kind, count=count, seq=seq, sources=sources)
+                 for value, kind, count, seq, sources in specs]
+    ranked = rank_artifacts(artifacts, featured=first)
+    featured = first | more
+    assert rerank_featured(ranked, featured) == rank_artifacts(artifacts, featured=featured)
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,7 @@ if TYPE_CHECKING:
         featured_values,
         find_failures,
         rank_artifacts,
+        rerank_featured,
     )
     from worker.compaction.schema import (
         Summary,
@@ -162,6 +163,7 @@ _DEFINED_IN = {
     "featured_values": "worker.compaction.salience",
     "find_failures": "worker.compaction.salience",
     "rank_artifacts": "worker.compaction.salience",
+    "rerank_featured": "worker.compaction.salience",
     "Summary": "worker.compaction.schema",
     "render_summary_block": "worker.compaction.schema",
     "summary_block_message": "worker.compaction.schema",
@@ -259,6 +261,7 @@ __all__ = [
     "prune_groups",
     "rank_artifacts",
     "render_summary_block",
+    "rerank_featured",
     "search_text",
     "summary_block_message",
     "summary_json_schema",

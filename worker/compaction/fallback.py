@@ -22,6 +22,7 @@ from worker.compaction.salience import (
     featured_values,
     find_failures,
     rank_artifacts,
+    rerank_featured,
 )
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
@@ -83,6 +84,7 @@ def fallback_summary(
     counter: TokenCounter,
     prior: Summary | None = None,
     failures: Sequence[Failure] | None = None,
+    ranked: Sequence[Artifact] | None = None,
 ) -> Summary:
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
@@ -93,7 +95,9 @@ def fallback_summary(
     resolved: answered requests, fixed errors, and the prior's items the span settled
     (verbatim, the merge contract); pending: the open request, calls without a result,
     errors not fixed; relevant artifacts: the span's identifiers by salience.
-    ``failures``: the span's failed results when the caller already read them.
+    ``failures``: the span's failed results when the caller already read them;
+    ``ranked``: ``artifacts`` ranked with their values ``failures`` end on featured, when
+    the caller already ranked them.
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
     ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal))
@@ -114,7 +118,7 @@ def fallback_summary(
                   *(f"Fixed: {_describe_failure(f, counter)}" for f in fixed)],
         pending=[*_draft_pending(span, ledger, counter),
                  *(f"{OPEN_ERROR}{error}" for error in open_errors)],
-        relevant_artifacts=_rank_values(artifacts, failures, decisions, ledger),
+        relevant_artifacts=_rank_values(artifacts, ranked, failures, decisions, ledger),
         remaining_work=[],
     )
     return fit_summary(_without_repeats(drafted), budget_tokens, counter).summary
@@ -126,11 +130,13 @@ def _without_repeats(summary: Summary) -> Summary:
                                       for name in LIST_SECTIONS})
 
 
-def _rank_values(artifacts: Sequence[Artifact], failures: Sequence[Failure],
-                 decisions: Sequence[str], ledger: RequestLedger) -> list[str]:
+def _rank_values(artifacts: Sequence[Artifact], ranked: Sequence[Artifact] | None,
+                 failures: Sequence[Failure], decisions: Sequence[str],
+                 ledger: RequestLedger) -> list[str]:
     featured = featured_values(failures, [*decisions, *ledger.open_requests], artifacts)
-    ranked = rank_artifacts(artifacts, featured=featured)
-    return [a.value for a in ranked if a.kind != "tool"][:MAX_ARTIFACTS]
+    order = (rank_artifacts(artifacts, featured=featured) if ranked is None
+             else rerank_featured(ranked, featured))
+    return [a.value for a in order if a.kind != "tool"][:MAX_ARTIFACTS]
 
 
 def _draft_goal(ledger: RequestLedger, *, has_prior_goal: bool, counter: TokenCounter) -> str:

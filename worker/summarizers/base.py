@@ -6,10 +6,19 @@ OpenAI-compatible endpoint, chunk-and-merge).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worker.compaction import Artifact, Failure, Group, Summary, TokenCounter
+from worker.compaction import (
+    Artifact,
+    Failure,
+    Group,
+    Summary,
+    TokenCounter,
+    failure_values,
+    rank_artifacts,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,14 @@ class SummaryWork:
     span_tokens: int
     budget_tokens: int
     counter: TokenCounter | None = None
+
+    @functools.cached_property
+    def ranked_artifacts(self) -> tuple[Artifact, ...]:
+        """The artifacts most salient first, the error codes that ended a call leading:
+        ranked once per job for the prompt's list, the extractive draft and the merge
+        (each features its own values with ``rerank_featured``)."""
+        return rank_artifacts(self.artifacts,
+                              featured=failure_values(self.failures, self.artifacts))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ class ExtractiveSummarizer:
             work.span,
             artifacts=work.artifacts,
             failures=work.failures,
+            ranked=work.ranked_artifacts,
             budget_tokens=work.budget_tokens,
             counter=work.counter or self._counter,
             prior=work.prior,

@@ -20,11 +20,9 @@ from worker.compaction import (
     TokenCounter,
     build_merge_messages,
     build_summarize_messages,
-    featured_values,
     output_budget_tokens,
     parse_summary,
     plan_summary_calls,
-    rank_artifacts,
     summary_json_schema,
 )
 from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
@@ -84,9 +82,8 @@ class LLMSummarizer:
         return plan, output_tokens
 
     def _prompt_inputs(self, work: SummaryWork) -> tuple[list[str], int]:
-        featured = featured_values(work.failures, [], work.artifacts)
-        ranked = rank_artifacts(work.artifacts, featured=featured)
-        identifiers = [a.value for a in ranked if a.kind != "tool"][:PROMPT_IDENTIFIERS]
+        identifiers = [a.value for a in work.ranked_artifacts
+                       if a.kind != "tool"][:PROMPT_IDENTIFIERS]
         return identifiers, output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
