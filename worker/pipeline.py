@@ -339,7 +339,8 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens
     # The block's own items need no scan: it holds them verbatim.
-    block_text = TextGrams(validated.fitted.text, known=verbatim_items(validated.summary))
+    block_text = TextGrams(validated.fitted.text, known=verbatim_items(validated.summary),
+                           asked=len(work.artifacts))
     trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
                identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
                                            for a in work.artifacts),

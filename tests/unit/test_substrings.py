@@ -16,9 +16,10 @@ VALUES = st.lists(st.text(alphabet="ab/-_1\u0131", max_size=8), max_size=20)
 SCANS = st.sampled_from([0, 3, 20])
 
 
-@given(TEXTS, VALUES, SCANS)
-def test_text_grams_contains_what_in_contains(text: str, values: list[str], scans: int) -> None:
-    grams = TextGrams(text, scans_before_grams=scans)
+@given(TEXTS, VALUES, SCANS, st.integers(0, 30))
+def test_text_grams_contains_what_in_contains(text: str, values: list[str], scans: int,
+                                              asked: int) -> None:
+    grams = TextGrams(text, scans_before_grams=scans, asked=asked)
     assert [grams.contains(v) for v in values] == [v in text for v in values]
 
 

@@ -176,14 +176,19 @@ class _SharedSources:
 
 def dump_artifacts_json(artifacts: Iterable[Artifact]) -> str:
     """The artifacts as the JSON array a revision row stores, encoded straight from them:
-    each one's object exists only while it is written."""
-    return json.dumps(list(artifacts), default=_artifact_object)
+    each one's object exists only while it is written. Artifacts share a few sets of
+    sources (``collect_artifacts``): each set is sorted once."""
+    sorted_sources: dict[frozenset[str], list[str]] = {}
 
+    def artifact_object(artifact: Artifact) -> dict[str, Any]:
+        sources = sorted_sources.get(artifact.sources)
+        if sources is None:
+            sources = sorted_sources[artifact.sources] = sorted(artifact.sources)
+        return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
+                "first_seq": artifact.first_seq, "last_seq": artifact.last_seq,
+                "sources": sources}
 
-def _artifact_object(artifact: Artifact) -> dict[str, Any]:
-    return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
-            "first_seq": artifact.first_seq, "last_seq": artifact.last_seq,
-            "sources": sorted(artifact.sources)}
+    return json.dumps(list(artifacts), default=artifact_object)
 
 
 def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:

@@ -56,10 +56,11 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     """
     keys = _ItemKeys()
     merged = new if prior is None else _merge_sections(prior, new, keys)
+    wanted = [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
     known = TextGrams("\n".join([merged.goal, *(item for name in LIST_SECTIONS
                                                 if name not in HISTORY_SECTIONS
-                                                for item in merged.items_of(name))]))
-    wanted = [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
+                                                for item in merged.items_of(name))]),
+                      asked=len(wanted))
     # A listed identifier costs at least a few tokens: more than this could never fit.
     most = budget_tokens // MIN_ARTIFACT_TOKENS
     missing = list(islice((value for value in wanted if not known.contains(value)), most))

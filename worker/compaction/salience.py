@@ -132,7 +132,7 @@ def featured_values(failures: Sequence[Failure], texts: Sequence[str],
                     artifacts: Sequence[Artifact]) -> frozenset[str]:
     """Return the values that lead the ranking: the error codes that ended a call, and the
     span's identifiers that ``texts`` (a summary's decisions and open requests) name."""
-    named = TextGrams("\n".join(texts))  # asked of every identifier of the span
+    named = TextGrams("\n".join(texts), asked=len(artifacts))
     return failure_values(failures, artifacts) | {
         a.value for a in artifacts if a.kind != "tool" and named.contains(a.value)}
 

@@ -26,15 +26,17 @@ class TextGrams:
     """A text and the set of its ``GRAM``-character windows: ``contains`` rejects most
     absent values with set look-ups. ``known``: values the caller knows ``text`` holds
     verbatim (a wrong one would be answered as contained). ``scans_before_grams``: values
-    answered by a plain scan before the grams are built."""
+    answered by a plain scan before the grams are built; ``asked``: how many values the
+    caller will ask, when it knows: more than ``scans_before_grams`` build the grams at
+    the first value the set does not answer (the scans would be spent for nothing)."""
 
     __slots__ = ("_grams", "_known", "_scans_left", "text")
 
     def __init__(self, text: str, known: Iterable[str] = (), *,
-                 scans_before_grams: int = SCANS_BEFORE_GRAMS) -> None:
+                 scans_before_grams: int = SCANS_BEFORE_GRAMS, asked: int = 0) -> None:
         self.text = text
         self._grams: set[str] | None = None
-        self._scans_left = scans_before_grams
+        self._scans_left = 0 if asked > scans_before_grams else scans_before_grams
         self._known = frozenset(known)
 
     def contains(self, value: str) -> bool:
