@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import pytest
@@ -91,6 +92,17 @@ def test_pruning_replaces_only_tool_contents_and_keeps_everything_else() -> None
     assert tool_after == tool_before
     assert after[1].seq == before[1].seq
     assert after[1].tokens == shared_counter().count_message(after[1].message) < before[1].tokens
+
+
+def test_a_digest_is_counted_when_its_count_is_asked_and_stands_for_a_stored_message(
+) -> None:
+    counter = shared_counter().for_job()
+    groups = groups_of({"role": "user", "content": "who am I?"}, *exchange("a", USER_DETAILS))
+    digest = prune_groups(groups, audit_mode=False, counter=counter)[1].messages[1]
+    assert digest.message.text not in counter._counts  # type: ignore[attr-defined]
+    stored = StoredMessage(digest.seq, digest.message, counter.count_message(digest.message))
+    assert (digest.tokens, digest, hash(digest)) == (stored.tokens, stored, hash(stored))
+    assert pickle.loads(pickle.dumps(digest)) == stored
 
 
 def test_pruning_keeps_the_most_recent_tool_groups_whole() -> None:

@@ -10,7 +10,7 @@ import string
 from collections.abc import Sequence
 
 from worker.compaction.grouping import Group, GroupKind
-from worker.compaction.messages import Role, StoredMessage
+from worker.compaction.messages import ChatMessage, Role, StoredMessage
 from worker.compaction.tokens import TokenCounter
 
 DIGEST_LINE_CHARS = 160
@@ -101,5 +101,40 @@ def _prune_exchange(group: Group, counter: TokenCounter) -> Group:
             pruned.append(stored)  # a short output is its own best digest
             continue
         message = stored.message.model_copy(update={"content": digest})
-        pruned.append(StoredMessage(stored.seq, message, counter.count_message(message)))
+        pruned.append(_DigestMessage(stored.seq, message, counter))
     return Group(group.kind, tuple(pruned), group.pending)
+
+
+class _DigestMessage(StoredMessage):
+    """A pruned tool message whose count is taken on first use: a summarizer that reads
+    the pruned span as text (the LLM prompt, the extractive draft) never asks it, and a
+    100k-token span has ~200 digests to encode (~3 ms a job)."""
+
+    __slots__ = ("_counter", "_tokens")
+    _counter: TokenCounter
+    _tokens: int | None
+
+    def __init__(self, seq: int, message: ChatMessage, counter: TokenCounter) -> None:
+        for name, value in (("seq", seq), ("message", message), ("_counter", counter),
+                            ("_tokens", None)):
+            object.__setattr__(self, name, value)
+
+    @property  # read-only, as the frozen field it stands for
+    def tokens(self) -> int:
+        tokens = self._tokens
+        if tokens is None:
+            tokens = self._counter.count_message(self.message)
+            object.__setattr__(self, "_tokens", tokens)
+        return tokens
+
+    # Equal to, hashed and pickled as the StoredMessage it stands for.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredMessage):
+            return NotImplemented
+        return (self.seq, self.message, self.tokens) == (other.seq, other.message, other.tokens)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.message, self.tokens))
+
+    def __reduce__(self) -> tuple[type[StoredMessage], tuple[int, ChatMessage, int]]:
+        return StoredMessage, (self.seq, self.message, self.tokens)
