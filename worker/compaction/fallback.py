@@ -96,8 +96,8 @@ def fallback_summary(
     (verbatim, the merge contract); pending: the open request, calls without a result,
     errors not fixed; relevant artifacts: the span's identifiers by salience.
     ``failures``: the span's failed results when the caller already read them;
-    ``ranked``: ``artifacts`` ranked with their values ``failures`` end on featured, when
-    the caller already ranked them.
+    ``ranked``: ``artifacts`` as ``rank_artifacts`` orders them with the error codes that
+    ended ``failures`` featured (``failure_values``), when the caller already has them.
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
     ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal))
