@@ -5,7 +5,10 @@ session and the corpus's largest dev_long session, each in a fresh prefork worke
 The pool child's memory is read before its first job (RSS, PSS and private: it shares
 the tokenizer and the imports its parent loaded before the fork), its RSS high-water mark
 (``VmHWM``) after a small warm-up job and again after the big one; the peak's growth over
-the baseline is set against the session's raw size (its messages as compact JSON).
+the baseline, and over the warm-up's mark, is set against the session's raw size (its
+messages as compact JSON). The child's file-backed pages (``RssFile``: the code of the
+libraries it runs, shared through the page cache) are read at each point: a fork does not
+map them in the child, so its first job faults in the pages it runs, which RSS counts.
 
 ``--heap`` also runs the generated session's job in this process under ``tracemalloc``:
 the Python heap's peak in each step, and the allocation sites (the innermost frame in the
@@ -72,6 +75,7 @@ class Peak:
     main: ProcessMemory  # the worker's main process, at the same time
     warm_hwm_kib: int
     peak_hwm_kib: int
+    file_kib: tuple[int, int, int]  # RssFile before its first job, after each job
     job_s: float
     outcome: str
 
@@ -87,14 +91,18 @@ def measure_peak(broker: Broker, store: Store, env: dict[str, str], session: Ben
         assert worker.process is not None
         baseline = settled_memory(child)
         main = settled_memory(worker.process.pid)
+        file_kib = [proc_status_kib(child, "RssFile")]
         broker.publish_jobs([f"warm-{tag}"], force=True)
         worker.wait_for(JOB_EVENT, 1, timeout_s=120)
         warm_kib = proc_status_kib(child, "VmHWM")
+        file_kib.append(proc_status_kib(child, "RssFile"))
         broker.publish_jobs([tag], force=True)
         events = worker.wait_for(JOB_EVENT, 2, timeout_s=600)
         peak_kib = proc_status_kib(child, "VmHWM")
+        file_kib.append(proc_status_kib(child, "RssFile"))
     event = next(e for e in events if e.get("session_id") == tag)
-    return Peak(session, baseline, main, warm_kib, peak_kib,
+    before, warmed, after = file_kib
+    return Peak(session, baseline, main, warm_kib, peak_kib, (before, warmed, after),
                 float(event["duration_ms"]) / 1000, str(event["outcome"]))
 
 
@@ -109,14 +117,19 @@ def print_peaks(peaks: list[Peak]) -> None:
     for peak in peaks:
         raw_mib = peak.session.json_bytes / MIB
         growth_mib = (peak.peak_hwm_kib - peak.baseline.rss_kib) / 1024
+        over_warm_mib = (peak.peak_hwm_kib - peak.warm_hwm_kib) / 1024
         rows.append((peak.session.name, len(peak.session.rows), peak.session.tokens, raw_mib,
                      peak.baseline.rss_kib / 1024, peak.warm_hwm_kib / 1024,
                      peak.peak_hwm_kib / 1024, growth_mib, growth_mib / raw_mib,
+                     over_warm_mib, over_warm_mib / raw_mib,
+                     " / ".join(f"{kib / 1024:.1f}" for kib in peak.file_kib),
                      peak.job_s, peak.outcome))
-    print("\nPeak of the pool child (RSS high-water mark) against its baseline RSS:")
+    print("\nPeak of the pool child (RSS high-water mark) against its baseline RSS, and "
+          "against its mark after the warm-up job:")
     print_table(("session", "messages", "tokens", "raw JSON MiB", "child RSS base MiB",
                  "child HWM warm MiB", "child HWM peak MiB", "peak - base MiB",
-                 "growth / raw", "job s", "outcome"), rows)
+                 "growth / raw", "peak - warm MiB", "over warm / raw",
+                 "file pages MiB base / warm / peak", "job s", "outcome"), rows)
     print(f"machine memory: {os_total_memory_bytes() / 2**30:.1f} GiB")
 
 
@@ -141,9 +154,10 @@ def trace_heap(url: str, llm: dict[str, object], session: BenchSession,
         try:
             with step_heap_recorded(steps):
                 outcome = run_inline(runtime, "heap", force=True).outcome.value
-            _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
+    # Each step resets tracemalloc's peak: the job's is the highest step's.
+    peak = max(top for _, _, top in steps)
     print(f"\nPython heap of one in-process job ({session.name}, {outcome}; tracemalloc, "
           f"MiB): peak {peak / MIB:.1f} = {peak / session.json_bytes:.1f} x raw")
     print_table(("step", "heap at start", "peak in step"),

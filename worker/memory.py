@@ -1,27 +1,40 @@
-"""Returning a process's freed heap to the system (glibc's ``malloc_trim``)."""
+"""The worker's use of glibc's allocator: one malloc arena per process, and the freed
+heap returned to the system after each job (``malloc_trim``)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
+
+# glibc's malloc.h
+_M_ARENA_MAX = -8
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        return ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc (musl, macOS): its allocator returns memory its own way
         return None
-    trim: Callable[[int], int] = libc.malloc_trim
-    return trim
+
+
+def use_one_malloc_arena() -> bool:
+    """Have every thread allocate from the main arena (``M_ARENA_MAX`` = 1, what
+    ``MALLOC_ARENA_MAX=1`` sets), before the pool forks so that each child inherits it.
+
+    glibc gives each new thread its own arena: the summarizer's concurrent calls then build
+    their prompts and parse their replies in arenas whose freed pages no other thread
+    reuses (a 1M-token job's peak: 43.1 against 38.0 MiB over the child's baseline). The
+    threads hold the GIL while they allocate, so one arena costs them no waiting."""
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(_M_ARENA_MAX, 1))
 
 
 def return_free_heap() -> bool:
     """Release the free pages at the heap's top and inside it, which glibc keeps after
     large frees (a big job's rows and models); ``False`` where there is no glibc."""
-    trim = _malloc_trim()
-    if trim is None:
+    libc = _libc()
+    if libc is None:
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True

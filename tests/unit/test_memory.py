@@ -35,3 +35,41 @@ def test_the_heap_a_job_freed_leaves_the_process_once_returned() -> None:
     returned, released_mib = done.stdout.split()
     assert returned == "True"
     assert int(released_mib) >= FREED_MIB // 2
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="M_ARENA_MAX is glibc's")
+def test_with_one_arena_the_heap_a_thread_freed_serves_the_main_thread() -> None:
+    # A thread's own arena keeps the pages it freed for that arena: the main thread's
+    # allocations after it would take new pages. With one arena they reuse them.
+    script = textwrap.dedent(f"""
+        import threading
+        from worker.memory import use_one_malloc_arena
+
+        def rss_mib():
+            with open("/proc/self/status") as status:
+                return next(int(line.split()[1]) // 1024 for line in status
+                            if line.startswith("VmRSS:"))
+
+        def allocate():
+            return [bytes(1000) + bytes([i % 256]) for i in range({FREED_MIB} * 1024)]
+
+        pins = []
+
+        def in_a_thread():
+            chunks = allocate()
+            pins.append(bytes(1000) + b"pin")
+            del chunks
+
+        one_arena = use_one_malloc_arena()
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join()
+        before = rss_mib()
+        kept = allocate()
+        print(one_arena, rss_mib() - before)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    one_arena, grown_mib = done.stdout.split()
+    assert one_arena == "True"
+    assert int(grown_mib) <= FREED_MIB // 4

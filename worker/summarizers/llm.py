@@ -61,17 +61,18 @@ class LLMSummarizer:
         usage = LLMUsage()
         try:
             try:
-                summary, plan = self._run(work, usage, self._window_tokens)
+                summary, chunks, merge_rounds = self._run(work, usage, self._window_tokens)
             except ContextOverflow:
                 # Our token counts undershot the endpoint's; retry once with more room.
-                summary, plan = self._run(work, usage, int(self._window_tokens * REPLAN_RATIO))
+                summary, chunks, merge_rounds = self._run(
+                    work, usage, int(self._window_tokens * REPLAN_RATIO))
         except CompactionError as exc:
             exc.figures.update(_usage_figures(usage))  # a failed job's cost is reported too
             raise
         return SummaryDraft(summary=summary, kind=self.kind, model=self._client.model,
                             prompt_version=PROMPT_VERSION, usage=SummaryUsage(
-                                **_usage_figures(usage), chunks=len(plan.chunks),
-                                merge_rounds=len(plan.merge_rounds)))
+                                **_usage_figures(usage), chunks=chunks,
+                                merge_rounds=merge_rounds))
 
     def plan_calls(self, work: SummaryWork) -> tuple[ChunkPlan, int]:
         """The calls ``summarize`` would make (before any replan) and each one's output
@@ -87,39 +88,54 @@ class LLMSummarizer:
         return identifiers, output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
-             ) -> tuple[Summary, ChunkPlan]:
+             ) -> tuple[Summary, int, int]:
+        """The summary, and the numbers of map calls and merge rounds it took."""
         identifiers, output_tokens = self._prompt_inputs(work)
         plan = self._plan(work, identifiers, output_tokens, window_tokens, exact=False)
-        single = len(plan.chunks) == 1
-        partials = self._map(plan, work.prior if single else None, identifiers,
+        # The rendered span leaves the plan for lists that each map call empties once its
+        # prompt holds the text (a 1M-token span renders to ~1.6 MiB).
+        chunk_texts = [[item.text for item in chunk.items] for chunk in plan.chunks]
+        merge_rounds = plan.merge_rounds
+        del plan
+        single = len(chunk_texts) == 1
+        partials = self._map(chunk_texts, work.prior if single else None, identifiers,
                              output_tokens, usage)
-        for batches in plan.merge_rounds:
+        for batches in merge_rounds:
             final_round = len(batches) == 1
             partials = self._merge_round(partials, batches, work.prior if final_round else None,
                                          identifiers, output_tokens, usage)
-        return partials[0], plan
+        return partials[0], len(chunk_texts), len(merge_rounds)
 
     def _plan(self, work: SummaryWork, identifiers: Sequence[str], output_tokens: int,
               window_tokens: int, *, exact: bool) -> ChunkPlan:
         plan = plan_summary_calls(work.span, prior=work.prior, identifiers=identifiers,
                                   window_tokens=window_tokens, margin_ratio=self._margin_ratio,
                                   output_tokens=output_tokens,
-                                  counter=work.counter or self._counter, exact=exact)
+                                  # Not the job's counter: it would keep every rendered
+                                  # group (~1.6 MiB at 1M tokens) for the rest of the job,
+                                  # and nothing after the calls counts them again.
+                                  counter=self._counter, exact=exact)
         if plan.calls > self._max_calls:
             raise SessionFailure(
                 f"the span needs {plan.calls} LLM calls, over llm_max_calls_per_job="
                 f"{self._max_calls}", reason="too_many_calls")
         return plan
 
-    def _map(self, plan: ChunkPlan, prior: Summary | None, identifiers: Sequence[str],
-             output_tokens: int, usage: LLMUsage) -> list[Summary]:
-        def summarize_chunk(text: str) -> Callable[[], Summary]:
-            messages = build_summarize_messages(text, prior=prior, identifiers=identifiers,
-                                                budget_tokens=output_tokens)
-            return lambda: self._call(messages, output_tokens, usage)
+    def _map(self, chunk_texts: list[list[str]], prior: Summary | None,
+             identifiers: Sequence[str], output_tokens: int, usage: LLMUsage
+             ) -> list[Summary]:
+        def summarize_chunk(texts: list[str]) -> Callable[[], Summary]:
+            # Built in its call, not before the first: only the prompts of the calls in
+            # flight exist, and the rendered span only until its prompt is built.
+            def call() -> Summary:
+                messages = build_summarize_messages(
+                    _take_joined(texts), prior=prior, identifiers=identifiers,
+                    budget_tokens=output_tokens)
+                return self._call(messages, output_tokens, usage)
 
-        texts = ["\n\n".join(item.text for item in chunk.items) for chunk in plan.chunks]
-        return self._run_all([summarize_chunk(text) for text in texts])
+            return call
+
+        return self._run_all([summarize_chunk(texts) for texts in chunk_texts])
 
     def _merge_round(self, partials: list[Summary], batches: Sequence[Sequence[int]],
                      prior: Summary | None, identifiers: Sequence[str], output_tokens: int,
@@ -164,6 +180,13 @@ class LLMSummarizer:
                 if future in done and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]  # checked not None
             return [future.result() for future in futures]
+
+
+def _take_joined(texts: list[str]) -> str:
+    """A chunk's text, its items emptied out: the prompt built from it holds them next."""
+    joined = "\n\n".join(texts)
+    texts.clear()
+    return joined
 
 
 def _usage_figures(usage: LLMUsage) -> dict[str, Any]:
