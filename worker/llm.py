@@ -18,6 +18,7 @@ included) and names what is wrong (``malformed_json``, schema).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ssl
 import threading
@@ -147,6 +148,16 @@ def shared_tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+class _HttpClient(openai.DefaultHttpxClient):
+    """The SDK's default HTTP client, closed when collected as the SDK closes its own."""
+
+    def __del__(self) -> None:
+        # At interpreter exit its modules may be gone: nothing to report then.
+        with contextlib.suppress(Exception):
+            if not self.is_closed:
+                self.close()
+
+
 class LLMClient:
     """Calls one OpenAI-compatible endpoint for JSON; safe to share between threads."""
 
@@ -160,7 +171,7 @@ class LLMClient:
             api_key=config.api_key or KEYLESS_PLACEHOLDER,
             timeout=timeout,
             max_retries=config.max_retries,
-            http_client=openai.DefaultHttpxClient(verify=shared_tls_context()),
+            http_client=_HttpClient(verify=shared_tls_context()),
         )
         # The SDK imports its chat resources (~1.4 MiB of modules) on first access: taken
         # here, a worker's preload (``share_before_fork``) loads them for every pool child.
