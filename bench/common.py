@@ -103,12 +103,15 @@ class BenchWorker(WorkerProcess):
         super().__init__(env, log_path, concurrency=concurrency)
         self.app = app
 
-    def start(self, timeout_s: float = 60.0) -> BenchWorker:
+    def argv(self) -> list[str]:
         # The flags of `compactor worker` (scheduler/cli/jobs.py), for either app.
-        argv = [sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool=prefork",
+        return [sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool=prefork",
                 f"--concurrency={self.concurrency}", f"--queues={self.queue}", "--loglevel=INFO",
                 "-O", "fair", "--without-gossip", "--without-mingle",
                 "-n", f"bench-{uuid.uuid4().hex[:8]}@%h"]
+
+    def start(self, timeout_s: float = 60.0) -> BenchWorker:
+        argv = self.argv()
         with self.log_path.open("ab") as log, self.stdout_path.open("ab") as out:
             self.process = subprocess.Popen(argv, env=self.env, stdout=out, stderr=log,
                                             cwd=REPO_ROOT, start_new_session=True)

@@ -2,8 +2,9 @@
 session and the corpus's largest dev_long session, each in a fresh prefork worker
 (concurrency 1, LLM summarizer on the OpenAI test server at latency 0).
 
-The pool child's memory is read before its first job (RSS, PSS and private: it shares
-the tokenizer and the imports its parent loaded before the fork), its RSS high-water mark
+The worker starts as the deploy files start it, ``compactor worker``. The pool child's
+memory is read before its first job (RSS, PSS and private: it shares the tokenizer and
+the imports its parent loaded before the fork), its RSS high-water mark
 (``VmHWM``) after a small warm-up job and again after the big one; the peak's growth over
 the baseline, and over the warm-up's mark, is set against the session's raw size (its
 messages as compact JSON). The child's file-backed pages (``RssFile``: the code of the
@@ -18,6 +19,7 @@ service's own code) that hold the most when the swap begins.
 from __future__ import annotations
 
 import linecache
+import sys
 import tempfile
 import tracemalloc
 from collections import Counter
@@ -80,13 +82,23 @@ class Peak:
     outcome: str
 
 
+class CompactorBenchWorker(BenchWorker):
+    """``compactor worker``, which runs Celery's worker command in a process that holds
+    none of the command line's modules (``celery -A ... worker`` loads Celery's whole
+    command group: ~10 MiB more in every child)."""
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "scheduler", "worker",
+                f"--concurrency={self.concurrency}"]
+
+
 def measure_peak(broker: Broker, store: Store, env: dict[str, str], session: BenchSession,
                  warmup: BenchSession, log_dir: Path) -> Peak:
     """Warm a fresh worker up, then compact ``session``; read the child's high-water mark."""
     tag = f"{session.name}-{len(session.rows)}"
     import_copies(store, warmup, [f"warm-{tag}"])
     import_copies(store, session, [tag])
-    with BenchWorker(env, log_dir / f"{tag}.log") as worker:
+    with CompactorBenchWorker(env, log_dir / f"{tag}.log") as worker:
         [child] = worker.child_pids()
         assert worker.process is not None
         baseline = settled_memory(child)

@@ -18,6 +18,9 @@ included) and names what is wrong (``malformed_json``, schema).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -135,6 +138,26 @@ class _ModeMemory:
             self._modes[key] = mode
 
 
+@functools.cache
+def shared_tls_context() -> ssl.SSLContext:
+    """The one TLS context of this process's LLM clients (the system's trusted CAs, or
+    those ``SSL_CERT_FILE``/``SSL_CERT_DIR`` name, as the SDK's default context on Linux).
+    Each context the SDK made itself cost ~4 MiB of OpenSSL memory; a worker makes this
+    one before the pool forks (``share_before_fork`` builds a client), so that every
+    child shares it instead of loading the certificates again."""
+    return ssl.create_default_context()
+
+
+class _HttpClient(openai.DefaultHttpxClient):
+    """The SDK's default HTTP client, closed when collected as the SDK closes its own."""
+
+    def __del__(self) -> None:
+        # At interpreter exit its modules may be gone: nothing to report then.
+        with contextlib.suppress(Exception):
+            if not self.is_closed:
+                self.close()
+
+
 class LLMClient:
     """Calls one OpenAI-compatible endpoint for JSON; safe to share between threads."""
 
@@ -148,6 +171,7 @@ class LLMClient:
             api_key=config.api_key or KEYLESS_PLACEHOLDER,
             timeout=timeout,
             max_retries=config.max_retries,
+            http_client=_HttpClient(verify=shared_tls_context()),
         )
         # The SDK imports its chat resources (~1.4 MiB of modules) on first access: taken
         # here, a worker's preload (``share_before_fork``) loads them for every pool child.

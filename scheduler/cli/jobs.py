@@ -3,6 +3,8 @@ table, roll a session back, and inspect or reset its breaker."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -50,20 +52,17 @@ def worker_command(
 ) -> None:
     """Start a Celery worker on the compaction queue (prefork pool, fair scheduling)."""
     settings = get_settings()
-    from celery.bin.base import CLIContext
-    from celery.bin.worker import worker as celery_worker
-
-    from worker.celery_app import app  # loads the Celery app only for this command
-
-    # Celery's worker command alone, not `app.worker_main`: that runs Celery's whole
-    # command group, whose `repl` command imports prompt_toolkit and pygments (~6 MiB)
-    # into this process and so into every pool child.
-    celery_worker.main([
+    argv = [
         "--pool=prefork", f"--concurrency={concurrency or settings.worker_concurrency}",
         f"--queues={settings.queue_name}", f"--loglevel={loglevel}", "-O", "fair",
         "--without-gossip", "--without-mingle",
-    ], prog_name="compactor worker", standalone_mode=False,  # as `app.worker_main` runs it
-        obj=CLIContext(app=app, no_color=None, workdir=None, quiet=False))
+    ]
+    # This process becomes the worker (same pid, signals and environment), without the
+    # command line's modules that every pool child would otherwise inherit (worker/serve.py).
+    # -P: the working directory (a data directory) is not on the module path.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-P", "-m", "worker.serve", *argv])
 
 
 @expected_errors

@@ -1,0 +1,27 @@
+"""`compactor worker`'s process: Celery's worker command on the service's app. The CLI
+parses the options, then execs ``python -P -m worker.serve <Celery's worker options>``, so
+that the pool's children inherit none of the command line's modules (typer, rich, every
+command's imports) with the rest of their parent's memory."""
+
+from __future__ import annotations
+
+import sys
+
+
+def serve_worker(argv: list[str]) -> None:
+    """Run Celery's worker command alone (not its whole command group: `repl` imports
+    prompt_toolkit and pygments, ~6 MiB) with ``argv``, as ``app.worker_main`` runs it."""
+    # structlog imports rich when it is installed, for console tracebacks only (rich,
+    # pygments and attrs: ~3 MiB in every child); the worker's tracebacks are plain text.
+    sys.modules.setdefault("rich", None)  # type: ignore[arg-type]  # None: "not importable"
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker as celery_worker
+
+    from worker.celery_app import app
+
+    celery_worker.main(argv, prog_name="compactor worker", standalone_mode=False,
+                       obj=CLIContext(app=app, no_color=None, workdir=None, quiet=False))
+
+
+if __name__ == "__main__":
+    serve_worker(sys.argv[1:])
