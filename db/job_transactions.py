@@ -2,7 +2,8 @@
 
 1. :func:`take_lease`: one ``UPDATE ... RETURNING`` takes the lease and reads the row.
 2. :func:`read_snapshot`: the session with its active revision (one join), its active
-   messages, and the sizes of its last few revisions, in one read snapshot.
+   messages, and the sizes of its last few revisions, in one read snapshot (on
+   PostgreSQL one statement).
 3. :func:`commit_swap` or :func:`commit_failure`: everything the job writes at its end,
    under the session's row lock: the revision (compare-and-swap), the session's figures,
    the breaker, the lease release, the queue marker and the run row.
@@ -20,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    CompoundSelect,
     Connection,
     Insert,
     Row,
@@ -34,14 +36,16 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.queries import insert_run, iterate_active_texts, run_values
+from db.queries import insert_run, interned_mentions, iterate_active_texts, run_values
 from db.records import (
     BreakerUpdate,
     JobMessage,
@@ -133,34 +137,133 @@ def read_snapshot(connection: Connection, session_id: str, *, history: int,
                   to_message: Callable[[MessageText], JobMessage]) -> JobSnapshot[JobMessage]:
     """Read the session, its active revision, its active messages (each converted by
     ``to_message`` as its row is fetched) and the sizes of its ``history`` newest
-    revisions (never their summaries); run it in a read snapshot."""
-    row = connection.execute(
-        select(*_SESSION_COLUMNS, *_REVISION_LABELS)
-        .select_from(_SESSIONS.outerjoin(
-            _REVISIONS, _REVISIONS.c.id == _SESSIONS.c.active_revision_id))
-        .where(_SESSIONS.c.session_id == session_id)
-    ).first()
+    revisions (never their summaries): on PostgreSQL in one statement (its own
+    snapshot, run it in autocommit), elsewhere in three (run them in a read snapshot)."""
+    if connection.dialect.name == "postgresql":
+        return _read_snapshot_in_one_statement(connection, session_id, history=history,
+                                               to_message=to_message)
+    row = connection.execute(_SESSION_WITH_REVISION, {"session_id": session_id}).first()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
+    recent: tuple[RevisionSizes, ...] = ()
+    if history > 0:
+        sizes = connection.execute(_RECENT_SIZES, {"session_pk": row.id, "history": history})
+        recent = tuple(RevisionSizes(before, after) for _id, before, after in sizes)
+    revision = _active_revision(session_id, row)
+    through_seq = revision.through_seq if revision else 0
+    messages = [to_message(text)
+                for text in iterate_active_texts(connection, row.id, through_seq)]
+    return JobSnapshot(session=to_session_state(row), revision=revision, messages=messages,
+                       recent_revisions=recent)
+
+
+# The session joined to its active revision.
+_SESSION_WITH_REVISION: Select[Any] = (
+    select(*_SESSION_COLUMNS, *_REVISION_LABELS)
+    .select_from(_SESSIONS.outerjoin(
+        _REVISIONS, _REVISIONS.c.id == _SESSIONS.c.active_revision_id))
+    .where(_SESSIONS.c.session_id == bindparam("session_id"))
+)
+# The sizes of a session's newest revisions, newest first.
+_RECENT_SIZES: Select[Any] = (
+    select(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_before,
+           _REVISIONS.c.projection_tokens_after)
+    .where(_REVISIONS.c.session_id == bindparam("session_pk"))
+    .order_by(_REVISIONS.c.id.desc())
+    .limit(bindparam("history"))
+)
+
+
+def _active_revision(session_id: str, row: Row[Any]) -> RevisionRecord | None:
+    """The active revision of a ``_SESSION_WITH_REVISION`` row; None when it has none."""
     mapping = row._mapping
-    revision = None if mapping["revision_id"] is None else RevisionRecord(
+    if mapping["revision_id"] is None:
+        return None
+    return RevisionRecord(
         session_id=session_id,
         **{c.name: mapping[f"revision_{c.name}"] for c in _REVISIONS.c if c.name != "session_id"},
     )
-    recent: tuple[RevisionSizes, ...] = ()
-    if history > 0:
-        sizes = connection.execute(
-            select(_REVISIONS.c.projection_tokens_before, _REVISIONS.c.projection_tokens_after)
-            .where(_REVISIONS.c.session_id == mapping["id"])
-            .order_by(_REVISIONS.c.id.desc())
-            .limit(history)
-        )
-        recent = tuple(RevisionSizes(before, after) for before, after in sizes)
-    through_seq = revision.through_seq if revision else 0
-    messages = [to_message(text)
-                for text in iterate_active_texts(connection, mapping["id"], through_seq)]
-    return JobSnapshot(session=to_session_state(row), revision=revision, messages=messages,
-                       recent_revisions=recent)
+
+
+# The snapshot statement's parts (its column ``part``).
+_HEAD_PART, _MESSAGE_PART, _SIZE_PART = 0, 1, 2
+
+
+def _snapshot_statement() -> CompoundSelect[Any]:
+    """PostgreSQL: the snapshot as one statement, which sees one snapshot by itself (no
+    BEGIN and COMMIT round trips, nor two more statements'): the session with its active
+    revision, its active messages in seq order and its newest revisions' sizes, as the
+    rows of one ``UNION ALL`` told apart by ``part``, each part's columns NULL in the
+    others' rows."""
+    head = _SESSION_WITH_REVISION.cte("head")
+    message_columns = (_MESSAGES.c.seq.label("message_seq"),
+                       _MESSAGES.c.body.cast(Text).label("message_body"),
+                       _MESSAGES.c.tokens.label("message_tokens"),
+                       _MESSAGES.c.identifiers.label("message_identifiers"))
+    size_columns = (_REVISIONS.c.id.label("size_revision_id"),
+                    _REVISIONS.c.projection_tokens_before.label("size_before"),
+                    _REVISIONS.c.projection_tokens_after.label("size_after"))
+
+    def nulls(columns: tuple[Any, ...]) -> list[Any]:
+        return [cast(null(), column.type).label(column.name) for column in columns]
+
+    def part(number: int) -> Any:
+        return literal_column(str(number)).label("part")
+
+    head_nulls = nulls(tuple(head.c))
+    session_part = select(part(_HEAD_PART), *head.c, *nulls(message_columns),
+                          *nulls(size_columns))
+    through_seq = func.coalesce(head.c.revision_through_seq, 0)
+    messages_part = (
+        select(part(_MESSAGE_PART), *head_nulls, *message_columns, *nulls(size_columns))
+        .where(_MESSAGES.c.session_id == head.c.id,
+               or_(_MESSAGES.c.seq > through_seq, _MESSAGES.c.role.in_(INSTRUCTION_ROLES)))
+        .order_by(_MESSAGES.c.seq)
+    )
+    sizes_part = (
+        select(part(_SIZE_PART), *head_nulls, *nulls(message_columns), *size_columns)
+        .where(_REVISIONS.c.session_id == head.c.id)
+        .order_by(_REVISIONS.c.id.desc())
+        .limit(bindparam("history"))
+    )
+    return union_all(session_part, messages_part.subquery().select(),
+                     sizes_part.subquery().select())
+
+
+_SNAPSHOT_STATEMENT = _snapshot_statement()
+
+
+def _read_snapshot_in_one_statement(
+    connection: Connection, session_id: str, *, history: int,
+    to_message: Callable[[MessageText], JobMessage],
+) -> JobSnapshot[JobMessage]:
+    """Run ``_SNAPSHOT_STATEMENT``, converting each message as its row arrives."""
+    head: Row[Any] | None = None
+    seqs: list[int] = []
+    messages: list[JobMessage] = []
+    sizes: list[tuple[int, RevisionSizes]] = []
+    rows = connection.execute(_SNAPSHOT_STATEMENT,
+                              {"session_id": session_id, "history": history})
+    for row in rows:
+        part = row.part
+        if part == _MESSAGE_PART:
+            seqs.append(row.message_seq)
+            messages.append(to_message(MessageText(
+                row.message_seq, row.message_body, row.message_tokens,
+                interned_mentions(row.message_identifiers))))
+        elif part == _HEAD_PART:
+            head = row
+        else:
+            sizes.append((row.size_revision_id,
+                          RevisionSizes(row.size_before, row.size_after)))
+    if head is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    if seqs != sorted(seqs):  # SQL orders a UNION's rows by its ORDER BY alone
+        messages = [message for _seq, message in sorted(
+            zip(seqs, messages, strict=True), key=lambda pair: pair[0])]
+    sizes.sort(key=lambda pair: pair[0], reverse=True)
+    return JobSnapshot(session=to_session_state(head), revision=_active_revision(session_id, head),
+                       messages=messages, recent_revisions=tuple(size for _id, size in sizes))
 
 
 # The swap's lock: the session row with its parent's bounds, under FOR UPDATE.

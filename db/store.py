@@ -237,11 +237,12 @@ class Store:
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], JobMessage]
                      ) -> JobSnapshot[JobMessage]:
-        """The snapshot a job plans from, in one read transaction of three statements: the
-        session joined to its active revision, its active messages (each converted by
-        ``to_message`` as its row arrives), and the sizes of its ``history`` newest
-        revisions (``JobSnapshot.recent_revisions``)."""
-        with translate_errors(), self._read_engine.connect() as connection, \
+        """The snapshot a job plans from, in one consistent read: the session joined to
+        its active revision, its active messages (each converted by ``to_message`` as its
+        row arrives), and the sizes of its ``history`` newest revisions
+        (``JobSnapshot.recent_revisions``); on PostgreSQL one statement, on SQLite a read
+        transaction of three."""
+        with translate_errors(), self._statement_engine.connect() as connection, \
                 connection.begin():
             return job.read_snapshot(connection, session_id, history=history,
                                      to_message=to_message)
