@@ -6,7 +6,8 @@
    PostgreSQL one statement).
 3. :func:`commit_swap` or :func:`commit_failure`: everything the job writes at its end,
    under the session's row lock: the revision (compare-and-swap), the session's figures,
-   the breaker, the lease release, the queue marker and the run row.
+   the breaker, the lease release, the queue marker and the run row. On PostgreSQL a
+   compaction first tries :func:`try_checked_swap`, the same in one statement.
 
 ``db/store.py`` owns the transactions; these functions never commit. The lease's and the
 swap's statements are built once, at import, with bound parameters: a job neither builds
@@ -21,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     CompoundSelect,
     Connection,
     Insert,
@@ -266,16 +268,21 @@ def _read_snapshot_in_one_statement(
                        messages=messages, recent_revisions=tuple(size for _id, size in sizes))
 
 
-# The swap's lock: the session row with its parent's bounds, under FOR UPDATE.
-_LOCK_FOR_SWAP: Select[Any] = (
-    select(_SESSIONS.c.id, _SESSIONS.c.head_seq, _SESSIONS.c.active_revision_id,
-           _SESSIONS.c.lease_owner, _SESSIONS.c.lease_expires_at, _SESSIONS.c.queued_job_id,
-           select(_REVISIONS.c.through_seq)
-           .where(_REVISIONS.c.id == _SESSIONS.c.active_revision_id)
-           .scalar_subquery().label("parent_through_seq"))
-    .where(_SESSIONS.c.session_id == bindparam("session_id"))
-    .with_for_update(of=_SESSIONS)
-)
+def _lock_for_swap(session_id_parameter: str) -> Select[Any]:
+    """The swap's lock: the session row with its parent's bounds, under FOR UPDATE."""
+    return (
+        select(_SESSIONS.c.id, _SESSIONS.c.head_seq, _SESSIONS.c.active_revision_id,
+               _SESSIONS.c.lease_owner, _SESSIONS.c.lease_expires_at,
+               _SESSIONS.c.queued_job_id,
+               select(_REVISIONS.c.through_seq)
+               .where(_REVISIONS.c.id == _SESSIONS.c.active_revision_id)
+               .scalar_subquery().label("parent_through_seq"))
+        .where(_SESSIONS.c.session_id == bindparam(session_id_parameter))
+        .with_for_update(of=_SESSIONS)
+    )
+
+
+_LOCK_FOR_SWAP = _lock_for_swap("session_id")
 # The revision's columns the job gives, bound as "revision_<column>".
 _REVISION_VALUES = ("session_id", "parent_revision_id", "through_seq", "snapshot_head_seq",
                     "summary", "block", "block_tokens", "artifacts", "summary_tokens",
@@ -283,9 +290,11 @@ _REVISION_VALUES = ("session_id", "parent_revision_id", "through_seq", "snapshot
                     "summarizer", "created_at")
 
 
-def _revision_insert(*, cast_artifacts: bool) -> Insert:
+def _revision_insert(*, cast_artifacts: bool, session: CTE | None = None) -> Insert:
     """INSERT ... SELECT the revision with its projection size summed from the messages
-    in the same statement (under the row lock no append can commit meanwhile).
+    in the same statement (under the row lock no append can commit meanwhile); with
+    ``session`` (a CTE of the session's ``id``), of that session, and nothing when the
+    CTE holds no row.
 
     The artifacts arrive as the JSON text the job encoded once (``artifacts_json``), bound
     as text so the column type does not serialize them again: cast to the column's type on
@@ -302,10 +311,18 @@ def _revision_insert(*, cast_artifacts: bool) -> Insert:
     kept = or_(covered_instructions, _MESSAGES.c.seq > through_seq)
     projection = values["block_tokens"] + func.coalesce(
         func.sum(case((kept, _MESSAGES.c.tokens), else_=0)), 0)
-    source = select(*values.values(), projection).where(
-        _MESSAGES.c.session_id == values["session_id"])
+    if session is None:
+        source = select(*values.values(), projection).where(
+            _MESSAGES.c.session_id == values["session_id"])
+    else:
+        values["session_id"] = session.c.id
+        source = (select(*values.values(), projection)
+                  .select_from(session.outerjoin(_MESSAGES,
+                                                 _MESSAGES.c.session_id == session.c.id))
+                  .group_by(session.c.id))
     return (insert(_REVISIONS).from_select([*values, "projection_tokens_after"], source)
-            .returning(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_after))
+            .returning(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_after,
+                       _REVISIONS.c.session_id))
 
 
 # SQLite writes a swap statement by statement, PostgreSQL in one (``_one_statement_swap``).
@@ -359,6 +376,88 @@ def _one_statement_swap(*, release_lease: bool, clear_queue_marker: bool) -> Ins
 _ONE_STATEMENT_SWAPS = {(release, clear): _one_statement_swap(
     release_lease=release, clear_queue_marker=clear)
     for release in (False, True) for clear in (False, True)}
+
+
+def _checked_swap() -> Insert:
+    """PostgreSQL: a job's whole swap in one statement, run in autocommit (no BEGIN and
+    COMMIT round trips, nor a lock statement's): ``commit_swap``'s lock and checks as a
+    CTE (``checked``: a row only when they all pass), then its writes, which read that
+    row, so that a failed check writes nothing.
+
+    A statement's snapshot is taken before it waits for the row lock, and its reads of
+    the messages see that snapshot: were an append to commit while it waits, the sums
+    would miss its messages. ``checked`` also requires the locked row's ``head_seq``
+    (the newest version, which the lock reads) to be the newest seq the snapshot sees;
+    when it is not, nothing is written and ``commit_job`` runs ``commit_swap``."""
+    newest_seq = (select(func.coalesce(func.max(_MESSAGES.c.seq), 0))
+                  .where(_MESSAGES.c.session_id == _SESSIONS.c.id).scalar_subquery())
+    # Parameters never named as a sessions column: the UPDATE below would take them as
+    # the values of those columns.
+    locked = (_lock_for_swap("locked_session_id").add_columns(newest_seq.label("newest_seq"))
+              .cte("locked"))
+    checked = select(locked.c.id).where(
+        locked.c.lease_owner == bindparam("expected_lease_owner"),
+        locked.c.lease_expires_at > bindparam("now", type_=_SESSIONS.c.lease_expires_at.type),
+        locked.c.active_revision_id.is_not_distinct_from(bindparam(
+            "revision_parent_revision_id", type_=_REVISIONS.c.parent_revision_id.type)),
+        func.coalesce(locked.c.parent_through_seq, 0)
+        <= bindparam("revision_through_seq", type_=_REVISIONS.c.through_seq.type),
+        bindparam("revision_snapshot_head_seq", type_=_REVISIONS.c.snapshot_head_seq.type)
+        <= locked.c.head_seq,
+        locked.c.head_seq == locked.c.newest_seq,
+    ).cte("checked")
+    new_revision = _revision_insert(cast_artifacts=True, session=checked).cte("new_revision")
+    queued_here = _SESSIONS.c.queued_job_id == bindparam("queue_job_id")
+    swapped = (
+        update(_SESSIONS)
+        .where(_SESSIONS.c.id.in_(select(new_revision.c.session_id)))
+        .values({
+            "active_revision_id": select(new_revision.c.id).scalar_subquery(),
+            "projection_tokens":
+                select(new_revision.c.projection_tokens_after).scalar_subquery(),
+            "tokens_since_compaction": (
+                select(func.coalesce(func.sum(_MESSAGES.c.tokens), 0))
+                .where(_MESSAGES.c.session_id == _SESSIONS.c.id,
+                       _MESSAGES.c.seq > bindparam("revision_snapshot_head_seq"))
+                .scalar_subquery()),
+            **{name: bindparam(f"session_{name}", type_=_SESSIONS.c[name].type)
+               for name in _SWAPPED_SESSION_VALUES},
+            "lease_owner": null(), "lease_expires_at": null(),
+            "queued_at": case((queued_here, None), else_=_SESSIONS.c.queued_at),
+            "queued_job_id": case((queued_here, None), else_=_SESSIONS.c.queued_job_id),
+        })
+        .cte("swapped_session"))
+    run = select(*(bindparam(f"run_{name}", type_=_RUNS.c[name].type) for name in _RUN_VALUES),
+                 new_revision.c.id)
+    return (insert(_RUNS).from_select([*_RUN_VALUES, "revision_id"], run)
+            .returning(_RUNS.c.revision_id).add_cte(swapped))
+
+
+_CHECKED_SWAP = _checked_swap()
+
+
+def try_checked_swap(
+    connection: Connection, session_id: str, *, expected_revision_id: int | None,
+    lease_owner: str, revision: NewRevision, run: NewRun, now: datetime,
+    breaker: BreakerUpdate | None = None,
+) -> int | None:
+    """``commit_swap`` with ``release_lease`` and the queue marker of ``run.task_id``, in
+    one statement (``_checked_swap``; PostgreSQL, in autocommit). Return the revision id;
+    None when it wrote nothing (a check failed, or an append raced it): ``commit_swap``
+    then tells which, or writes."""
+    if run.session_id != session_id or not revision.through_seq <= revision.snapshot_head_seq:
+        return None
+    breaker = breaker or CLOSED
+    run_columns = run_values(run, revision_id=None)
+    written = connection.execute(_CHECKED_SWAP, {
+        **_revision_parameters(0, expected_revision_id, revision, now),
+        "locked_session_id": session_id, "expected_lease_owner": lease_owner, "now": now,
+        "queue_job_id": run.task_id, "session_last_compacted_at": now,
+        "session_breaker_state": breaker.state, "session_breaker_failures": breaker.failures,
+        "session_breaker_opened_at": breaker.opened_at,
+        **{f"run_{name}": run_columns[name] for name in _RUN_VALUES},
+    }).first()
+    return None if written is None else int(written.revision_id)
 
 
 def commit_swap(

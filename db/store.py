@@ -300,7 +300,19 @@ class Store:
         """End a job that compacted, in one transaction under the session's row lock: the
         compare-and-swap of ``swap_revision`` (same errors, nothing written on any), the
         run row, the lease released and the queue marker cleared if it is ``run.task_id``'s.
-        Return the revision id."""
+        Return the revision id.
+
+        On PostgreSQL first as one statement in autocommit (``job.try_checked_swap``);
+        when that writes nothing, in a transaction that tells why (or writes: an append
+        raced the statement)."""
+        if self._engine.dialect.name == "postgresql":
+            with translate_errors(), self._write_statement_engine.begin() as connection:
+                revision_id = job.try_checked_swap(
+                    connection, session_id, expected_revision_id=expected_revision_id,
+                    lease_owner=lease_owner, revision=revision, run=run, now=now,
+                    breaker=breaker)
+            if revision_id is not None:
+                return revision_id
         with translate_errors(), self._engine.begin() as connection:
             return job.commit_swap(
                 connection, session_id, expected_revision_id=expected_revision_id,
