@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    ColumnClause,
     CompoundSelect,
     Connection,
     Insert,
@@ -68,6 +69,12 @@ _SESSION_COLUMNS = tuple(_SESSIONS.c)
 # The active revision's columns in the snapshot's join, prefixed apart from the session's.
 _REVISION_LABELS = tuple(column.label(f"revision_{column.name}") for column in _REVISIONS.c)
 CLOSED = BreakerUpdate(state="closed", failures=0, opened_at=None)
+# Constants written into the statements' text, not bound: psycopg caches its conversion of
+# a statement's placeholders only for a text of at most 4,096 characters and 50
+# parameters (``psycopg._queries``), and re-parses a longer one on every execution.
+_ZERO: ColumnClause[Any] = literal_column("0")
+_IS_INSTRUCTION = _MESSAGES.c.role.in_(
+    [literal_column(f"'{role}'") for role in INSTRUCTION_ROLES])
 
 
 # PostgreSQL only: the lease's commit does not wait for its WAL flush (~0.2-0.4 ms, an
@@ -212,24 +219,27 @@ def _snapshot_statement() -> CompoundSelect[Any]:
     def part(number: int) -> Any:
         return literal_column(str(number)).label("part")
 
-    head_nulls = nulls(tuple(head.c))
+    # The first part's columns name and type the union's; the others' NULLs take them.
+    def bare_nulls(columns: tuple[Any, ...]) -> list[Any]:
+        return [literal_column("NULL") for _ in columns]
+
+    head_nulls = bare_nulls(tuple(head.c))
     session_part = select(part(_HEAD_PART), *head.c, *nulls(message_columns),
                           *nulls(size_columns))
-    through_seq = func.coalesce(head.c.revision_through_seq, 0)
+    through_seq = func.coalesce(head.c.revision_through_seq, _ZERO)
     messages_part = (
-        select(part(_MESSAGE_PART), *head_nulls, *message_columns, *nulls(size_columns))
+        select(part(_MESSAGE_PART), *head_nulls, *message_columns, *bare_nulls(size_columns))
         .where(_MESSAGES.c.session_id == head.c.id,
-               or_(_MESSAGES.c.seq > through_seq, _MESSAGES.c.role.in_(INSTRUCTION_ROLES)))
+               or_(_MESSAGES.c.seq > through_seq, _IS_INSTRUCTION))
         .order_by(_MESSAGES.c.seq)
     )
     sizes_part = (
-        select(part(_SIZE_PART), *head_nulls, *nulls(message_columns), *size_columns)
+        select(part(_SIZE_PART), *head_nulls, *bare_nulls(message_columns), *size_columns)
         .where(_REVISIONS.c.session_id == head.c.id)
         .order_by(_REVISIONS.c.id.desc())
         .limit(bindparam("history"))
     )
-    return union_all(session_part, messages_part.subquery().select(),
-                     sizes_part.subquery().select())
+    return union_all(session_part, messages_part, sizes_part)
 
 
 _SNAPSHOT_STATEMENT = _snapshot_statement()
@@ -306,11 +316,10 @@ def _revision_insert(*, cast_artifacts: bool, session: CTE | None = None) -> Ins
     values["artifacts"] = (cast(artifacts, _REVISIONS.c.artifacts.type) if cast_artifacts
                            else artifacts)
     through_seq = values["through_seq"]
-    covered_instructions = and_(_MESSAGES.c.seq <= through_seq,
-                                _MESSAGES.c.role.in_(INSTRUCTION_ROLES))
+    covered_instructions = and_(_MESSAGES.c.seq <= through_seq, _IS_INSTRUCTION)
     kept = or_(covered_instructions, _MESSAGES.c.seq > through_seq)
     projection = values["block_tokens"] + func.coalesce(
-        func.sum(case((kept, _MESSAGES.c.tokens), else_=0)), 0)
+        func.sum(case((kept, _MESSAGES.c.tokens), else_=_ZERO)), _ZERO)
     if session is None:
         source = select(*values.values(), projection).where(
             _MESSAGES.c.session_id == values["session_id"])
@@ -329,7 +338,7 @@ def _revision_insert(*, cast_artifacts: bool, session: CTE | None = None) -> Ins
 _INSERT_REVISION = _revision_insert(cast_artifacts=False)
 # The tokens appended after the job's snapshot: what the new revision leaves uncompacted.
 _TOKENS_SINCE_SNAPSHOT = (
-    select(func.coalesce(func.sum(_MESSAGES.c.tokens), 0))
+    select(func.coalesce(func.sum(_MESSAGES.c.tokens), _ZERO))
     .where(_MESSAGES.c.session_id == bindparam("session_pk"),
            _MESSAGES.c.seq > bindparam("snapshot_head_seq"))
     .scalar_subquery()
@@ -389,7 +398,7 @@ def _checked_swap() -> Insert:
     would miss its messages. ``checked`` also requires the locked row's ``head_seq``
     (the newest version, which the lock reads) to be the newest seq the snapshot sees;
     when it is not, nothing is written and ``commit_job`` runs ``commit_swap``."""
-    newest_seq = (select(func.coalesce(func.max(_MESSAGES.c.seq), 0))
+    newest_seq = (select(func.coalesce(func.max(_MESSAGES.c.seq), _ZERO))
                   .where(_MESSAGES.c.session_id == _SESSIONS.c.id).scalar_subquery())
     # Parameters never named as a sessions column: the UPDATE below would take them as
     # the values of those columns.
@@ -400,13 +409,13 @@ def _checked_swap() -> Insert:
         locked.c.lease_expires_at > bindparam("now", type_=_SESSIONS.c.lease_expires_at.type),
         locked.c.active_revision_id.is_not_distinct_from(bindparam(
             "revision_parent_revision_id", type_=_REVISIONS.c.parent_revision_id.type)),
-        func.coalesce(locked.c.parent_through_seq, 0)
+        func.coalesce(locked.c.parent_through_seq, _ZERO)
         <= bindparam("revision_through_seq", type_=_REVISIONS.c.through_seq.type),
         bindparam("revision_snapshot_head_seq", type_=_REVISIONS.c.snapshot_head_seq.type)
         <= locked.c.head_seq,
         locked.c.head_seq == locked.c.newest_seq,
     ).cte("checked")
-    new_revision = _revision_insert(cast_artifacts=True, session=checked).cte("new_revision")
+    new_revision = _revision_insert(cast_artifacts=True, session=checked).cte("created")
     queued_here = _SESSIONS.c.queued_job_id == bindparam("queue_job_id")
     swapped = (
         update(_SESSIONS)
@@ -416,7 +425,7 @@ def _checked_swap() -> Insert:
             "projection_tokens":
                 select(new_revision.c.projection_tokens_after).scalar_subquery(),
             "tokens_since_compaction": (
-                select(func.coalesce(func.sum(_MESSAGES.c.tokens), 0))
+                select(func.coalesce(func.sum(_MESSAGES.c.tokens), _ZERO))
                 .where(_MESSAGES.c.session_id == _SESSIONS.c.id,
                        _MESSAGES.c.seq > bindparam("revision_snapshot_head_seq"))
                 .scalar_subquery()),
@@ -426,7 +435,7 @@ def _checked_swap() -> Insert:
             "queued_at": case((queued_here, None), else_=_SESSIONS.c.queued_at),
             "queued_job_id": case((queued_here, None), else_=_SESSIONS.c.queued_job_id),
         })
-        .cte("swapped_session"))
+        .cte("swapped"))
     run = select(*(bindparam(f"run_{name}", type_=_RUNS.c[name].type) for name in _RUN_VALUES),
                  new_revision.c.id)
     return (insert(_RUNS).from_select([*_RUN_VALUES, "revision_id"], run)
