@@ -243,6 +243,14 @@ def _snapshot_statement() -> CompoundSelect[Any]:
 
 
 _SNAPSHOT_STATEMENT = _snapshot_statement()
+# Where the message and size columns sit in its rows (read by position, not by name:
+# a Row's attribute lookup costs ~10x a tuple index, and a message row has four).
+_SNAPSHOT_POSITIONS = {column.key: position for position, column
+                       in enumerate(_SNAPSHOT_STATEMENT.selected_columns)}
+_SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
+    _SNAPSHOT_POSITIONS[key] for key in (
+        "message_seq", "message_body", "message_tokens", "message_identifiers",
+        "size_revision_id", "size_before", "size_after"))
 
 
 def _read_snapshot_in_one_statement(
@@ -257,17 +265,15 @@ def _read_snapshot_in_one_statement(
     rows = connection.execute(_SNAPSHOT_STATEMENT,
                               {"session_id": session_id, "history": history})
     for row in rows:
-        part = row.part
+        part = row[0]
         if part == _MESSAGE_PART:
-            seqs.append(row.message_seq)
+            seqs.append(row[_SEQ])
             messages.append(to_message(MessageText(
-                row.message_seq, row.message_body, row.message_tokens,
-                interned_mentions(row.message_identifiers))))
+                row[_SEQ], row[_BODY], row[_TOKENS], interned_mentions(row[_IDENTIFIERS]))))
         elif part == _HEAD_PART:
             head = row
         else:
-            sizes.append((row.size_revision_id,
-                          RevisionSizes(row.size_before, row.size_after)))
+            sizes.append((row[_SIZE_ID], RevisionSizes(row[_SIZE_BEFORE], row[_SIZE_AFTER])))
     if head is None:
         raise SessionNotFound(f"no session {session_id!r}")
     if seqs != sorted(seqs):  # SQL orders a UNION's rows by its ORDER BY alone
