@@ -51,7 +51,9 @@ class LeaseHeartbeat:
 
 
 class _Beater:
-    """The process's heartbeat thread: beats each added heartbeat when it is due."""
+    """The process's heartbeat thread: beats each added heartbeat when it is due, one at
+    a time (a renewal hung on the database delays the others' in a process running
+    several jobs at once; a prefork pool child runs one)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -65,11 +67,13 @@ class _Beater:
             self._changed.notify_all()
 
     def remove(self, heartbeat: LeaseHeartbeat) -> None:
-        """Stop beating ``heartbeat``; returns once no beat of it is under way."""
+        """Stop beating ``heartbeat``; returns once no beat of it is under way, or after
+        one period (a renewal hung on the database does not hold the job's end)."""
         with self._changed:
             self._due.pop(heartbeat, None)
-            while self._beating is heartbeat:
-                self._changed.wait()
+            deadline = time.monotonic() + heartbeat.period_s
+            while self._beating is heartbeat and (left_s := deadline - time.monotonic()) > 0:
+                self._changed.wait(left_s)
 
     def _run(self) -> None:
         while True:
