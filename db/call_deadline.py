@@ -11,7 +11,13 @@ limit).
 
 SQLAlchemy's ``pool_pre_ping`` runs before the pool's checkout event, out of the
 deadline's reach (and a pooled connection to a frozen server hangs right there), so an
-engine with a deadline pings in that event instead, once the deadline is armed.
+engine with a deadline pings in that event instead, once the deadline is armed; and only
+a connection idle for ``PING_AFTER_IDLE_S`` or more: one checked in moments ago (a job's
+three store calls follow each other within milliseconds) answered its last statement
+then, and a ping would be one more round trip per call. Should the server have gone in
+that moment, the call's statement fails instead of the ping: SQLAlchemy discards the
+connection (and, on a disconnect, every connection pooled before it) and the call fails as
+``StoreUnavailable``, a transient failure a job is retried on.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 from sqlalchemy.exc import DisconnectionError
+
+# A pooled connection idle this long (s) is pinged before use; a fresher one is not.
+PING_AFTER_IDLE_S = 1.0
+# The connection record's ``info`` key of its last checkin (``time.monotonic()``).
+_CHECKED_IN_AT = "compactor_checked_in_at"
 
 
 class CallWatchdog:
@@ -98,13 +109,17 @@ def shut_down(dbapi_connection: Any) -> None:
 
 def bound_store_calls(engine: Engine, timeout_s: float) -> CallWatchdog:
     """Arm a deadline of ``timeout_s`` on every checkout from ``engine``'s pool (created
-    without ``pool_pre_ping``: the checkout pings here, under the deadline)."""
+    without ``pool_pre_ping``: the checkout pings here, under the deadline, a connection
+    idle for ``PING_AFTER_IDLE_S`` or more)."""
     watchdog = CallWatchdog(timeout_s)
     dialect = engine.dialect
 
     @event.listens_for(engine.pool, "checkout")
     def _arm_and_ping(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         watchdog.arm(record, dbapi_connection)
+        checked_in_at = record.info.get(_CHECKED_IN_AT)
+        if checked_in_at is not None and time.monotonic() - checked_in_at < PING_AFTER_IDLE_S:
+            return
         try:
             dialect.do_ping(dbapi_connection)
         except dialect.loaded_dbapi.Error as exc:
@@ -114,5 +129,6 @@ def bound_store_calls(engine: Engine, timeout_s: float) -> CallWatchdog:
     @event.listens_for(engine.pool, "checkin")
     def _disarm(_dbapi_connection: Any, record: Any) -> None:
         watchdog.disarm(record)
+        record.info[_CHECKED_IN_AT] = time.monotonic()
 
     return watchdog

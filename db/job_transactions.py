@@ -2,10 +2,12 @@
 
 1. :func:`take_lease`: one ``UPDATE ... RETURNING`` takes the lease and reads the row.
 2. :func:`read_snapshot`: the session with its active revision (one join), its active
-   messages, and the sizes of its last few revisions, in one read snapshot.
+   messages, and the sizes of its last few revisions, in one read snapshot (on
+   PostgreSQL one statement).
 3. :func:`commit_swap` or :func:`commit_failure`: everything the job writes at its end,
    under the session's row lock: the revision (compare-and-swap), the session's figures,
-   the breaker, the lease release, the queue marker and the run row.
+   the breaker, the lease release, the queue marker and the run row. On PostgreSQL a
+   compaction first tries :func:`try_checked_swap`, the same in one statement.
 
 ``db/store.py`` owns the transactions; these functions never commit. The lease's and the
 swap's statements are built once, at import, with bound parameters: a job neither builds
@@ -20,6 +22,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
+    ColumnClause,
+    CompoundSelect,
     Connection,
     Insert,
     Row,
@@ -34,14 +39,16 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.queries import insert_run, iterate_active_texts, run_values
+from db.queries import insert_run, interned_mentions, iterate_active_texts, run_values
 from db.records import (
     BreakerUpdate,
     JobMessage,
@@ -62,6 +69,12 @@ _SESSION_COLUMNS = tuple(_SESSIONS.c)
 # The active revision's columns in the snapshot's join, prefixed apart from the session's.
 _REVISION_LABELS = tuple(column.label(f"revision_{column.name}") for column in _REVISIONS.c)
 CLOSED = BreakerUpdate(state="closed", failures=0, opened_at=None)
+# Constants written into the statements' text, not bound: psycopg caches its conversion of
+# a statement's placeholders only for a text of at most 4,096 characters and 50
+# parameters (``psycopg._queries``), and re-parses a longer one on every execution.
+_ZERO: ColumnClause[Any] = literal_column("0")
+_IS_INSTRUCTION = _MESSAGES.c.role.in_(
+    [literal_column(f"'{role}'") for role in INSTRUCTION_ROLES])
 
 
 # PostgreSQL only: the lease's commit does not wait for its WAL flush (~0.2-0.4 ms, an
@@ -133,46 +146,159 @@ def read_snapshot(connection: Connection, session_id: str, *, history: int,
                   to_message: Callable[[MessageText], JobMessage]) -> JobSnapshot[JobMessage]:
     """Read the session, its active revision, its active messages (each converted by
     ``to_message`` as its row is fetched) and the sizes of its ``history`` newest
-    revisions (never their summaries); run it in a read snapshot."""
-    row = connection.execute(
-        select(*_SESSION_COLUMNS, *_REVISION_LABELS)
-        .select_from(_SESSIONS.outerjoin(
-            _REVISIONS, _REVISIONS.c.id == _SESSIONS.c.active_revision_id))
-        .where(_SESSIONS.c.session_id == session_id)
-    ).first()
+    revisions (never their summaries): on PostgreSQL in one statement (its own
+    snapshot, run it in autocommit), elsewhere in three (run them in a read snapshot)."""
+    if connection.dialect.name == "postgresql":
+        return _read_snapshot_in_one_statement(connection, session_id, history=history,
+                                               to_message=to_message)
+    row = connection.execute(_SESSION_WITH_REVISION, {"session_id": session_id}).first()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
-    mapping = row._mapping
-    revision = None if mapping["revision_id"] is None else RevisionRecord(
-        session_id=session_id,
-        **{c.name: mapping[f"revision_{c.name}"] for c in _REVISIONS.c if c.name != "session_id"},
-    )
     recent: tuple[RevisionSizes, ...] = ()
     if history > 0:
-        sizes = connection.execute(
-            select(_REVISIONS.c.projection_tokens_before, _REVISIONS.c.projection_tokens_after)
-            .where(_REVISIONS.c.session_id == mapping["id"])
-            .order_by(_REVISIONS.c.id.desc())
-            .limit(history)
-        )
-        recent = tuple(RevisionSizes(before, after) for before, after in sizes)
+        sizes = connection.execute(_RECENT_SIZES, {"session_pk": row.id, "history": history})
+        recent = tuple(RevisionSizes(before, after) for _id, before, after in sizes)
+    revision = _active_revision(session_id, row)
     through_seq = revision.through_seq if revision else 0
     messages = [to_message(text)
-                for text in iterate_active_texts(connection, mapping["id"], through_seq)]
+                for text in iterate_active_texts(connection, row.id, through_seq)]
     return JobSnapshot(session=to_session_state(row), revision=revision, messages=messages,
                        recent_revisions=recent)
 
 
-# The swap's lock: the session row with its parent's bounds, under FOR UPDATE.
-_LOCK_FOR_SWAP: Select[Any] = (
-    select(_SESSIONS.c.id, _SESSIONS.c.head_seq, _SESSIONS.c.active_revision_id,
-           _SESSIONS.c.lease_owner, _SESSIONS.c.lease_expires_at, _SESSIONS.c.queued_job_id,
-           select(_REVISIONS.c.through_seq)
-           .where(_REVISIONS.c.id == _SESSIONS.c.active_revision_id)
-           .scalar_subquery().label("parent_through_seq"))
+# The session joined to its active revision.
+_SESSION_WITH_REVISION: Select[Any] = (
+    select(*_SESSION_COLUMNS, *_REVISION_LABELS)
+    .select_from(_SESSIONS.outerjoin(
+        _REVISIONS, _REVISIONS.c.id == _SESSIONS.c.active_revision_id))
     .where(_SESSIONS.c.session_id == bindparam("session_id"))
-    .with_for_update(of=_SESSIONS)
 )
+# The sizes of a session's newest revisions, newest first.
+_RECENT_SIZES: Select[Any] = (
+    select(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_before,
+           _REVISIONS.c.projection_tokens_after)
+    .where(_REVISIONS.c.session_id == bindparam("session_pk"))
+    .order_by(_REVISIONS.c.id.desc())
+    .limit(bindparam("history"))
+)
+
+
+def _active_revision(session_id: str, row: Row[Any]) -> RevisionRecord | None:
+    """The active revision of a ``_SESSION_WITH_REVISION`` row; None when it has none."""
+    mapping = row._mapping
+    if mapping["revision_id"] is None:
+        return None
+    return RevisionRecord(
+        session_id=session_id,
+        **{c.name: mapping[f"revision_{c.name}"] for c in _REVISIONS.c if c.name != "session_id"},
+    )
+
+
+# The snapshot statement's parts (its column ``part``).
+_HEAD_PART, _MESSAGE_PART, _SIZE_PART = 0, 1, 2
+
+
+def _snapshot_statement() -> CompoundSelect[Any]:
+    """PostgreSQL: the snapshot as one statement, which sees one snapshot by itself (no
+    BEGIN and COMMIT round trips, nor two more statements'): the session with its active
+    revision, its active messages in seq order and its newest revisions' sizes, as the
+    rows of one ``UNION ALL`` told apart by ``part``, each part's columns NULL in the
+    others' rows."""
+    head = _SESSION_WITH_REVISION.cte("head")
+    message_columns = (_MESSAGES.c.seq.label("message_seq"),
+                       _MESSAGES.c.body.cast(Text).label("message_body"),
+                       _MESSAGES.c.tokens.label("message_tokens"),
+                       _MESSAGES.c.identifiers.label("message_identifiers"))
+    size_columns = (_REVISIONS.c.id.label("size_revision_id"),
+                    _REVISIONS.c.projection_tokens_before.label("size_before"),
+                    _REVISIONS.c.projection_tokens_after.label("size_after"))
+
+    def nulls(columns: tuple[Any, ...]) -> list[Any]:
+        return [cast(null(), column.type).label(column.name) for column in columns]
+
+    def part(number: int) -> Any:
+        return literal_column(str(number)).label("part")
+
+    # The first part's columns name and type the union's; the others' NULLs take them.
+    def bare_nulls(columns: tuple[Any, ...]) -> list[Any]:
+        return [literal_column("NULL") for _ in columns]
+
+    head_nulls = bare_nulls(tuple(head.c))
+    session_part = select(part(_HEAD_PART), *head.c, *nulls(message_columns),
+                          *nulls(size_columns))
+    through_seq = func.coalesce(head.c.revision_through_seq, _ZERO)
+    messages_part = (
+        select(part(_MESSAGE_PART), *head_nulls, *message_columns, *bare_nulls(size_columns))
+        .where(_MESSAGES.c.session_id == head.c.id,
+               or_(_MESSAGES.c.seq > through_seq, _IS_INSTRUCTION))
+        .order_by(_MESSAGES.c.seq)
+    )
+    sizes_part = (
+        select(part(_SIZE_PART), *head_nulls, *bare_nulls(message_columns), *size_columns)
+        .where(_REVISIONS.c.session_id == head.c.id)
+        .order_by(_REVISIONS.c.id.desc())
+        .limit(bindparam("history"))
+    )
+    return union_all(session_part, messages_part, sizes_part)
+
+
+_SNAPSHOT_STATEMENT = _snapshot_statement()
+# Where the message and size columns sit in its rows (read by position, not by name:
+# a Row's attribute lookup costs ~10x a tuple index, and a message row has four).
+_SNAPSHOT_POSITIONS = {column.key: position for position, column
+                       in enumerate(_SNAPSHOT_STATEMENT.selected_columns)}
+_SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
+    _SNAPSHOT_POSITIONS[key] for key in (
+        "message_seq", "message_body", "message_tokens", "message_identifiers",
+        "size_revision_id", "size_before", "size_after"))
+
+
+def _read_snapshot_in_one_statement(
+    connection: Connection, session_id: str, *, history: int,
+    to_message: Callable[[MessageText], JobMessage],
+) -> JobSnapshot[JobMessage]:
+    """Run ``_SNAPSHOT_STATEMENT``, converting each message as its row arrives."""
+    head: Row[Any] | None = None
+    seqs: list[int] = []
+    messages: list[JobMessage] = []
+    sizes: list[tuple[int, RevisionSizes]] = []
+    rows = connection.execute(_SNAPSHOT_STATEMENT,
+                              {"session_id": session_id, "history": history})
+    for row in rows:
+        part = row[0]
+        if part == _MESSAGE_PART:
+            seqs.append(row[_SEQ])
+            messages.append(to_message(MessageText(
+                row[_SEQ], row[_BODY], row[_TOKENS], interned_mentions(row[_IDENTIFIERS]))))
+        elif part == _HEAD_PART:
+            head = row
+        else:
+            sizes.append((row[_SIZE_ID], RevisionSizes(row[_SIZE_BEFORE], row[_SIZE_AFTER])))
+    if head is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    if seqs != sorted(seqs):  # SQL orders a UNION's rows by its ORDER BY alone
+        messages = [message for _seq, message in sorted(
+            zip(seqs, messages, strict=True), key=lambda pair: pair[0])]
+    sizes.sort(key=lambda pair: pair[0], reverse=True)
+    return JobSnapshot(session=to_session_state(head), revision=_active_revision(session_id, head),
+                       messages=messages, recent_revisions=tuple(size for _id, size in sizes))
+
+
+def _lock_for_swap(session_id_parameter: str) -> Select[Any]:
+    """The swap's lock: the session row with its parent's bounds, under FOR UPDATE."""
+    return (
+        select(_SESSIONS.c.id, _SESSIONS.c.head_seq, _SESSIONS.c.active_revision_id,
+               _SESSIONS.c.lease_owner, _SESSIONS.c.lease_expires_at,
+               _SESSIONS.c.queued_job_id,
+               select(_REVISIONS.c.through_seq)
+               .where(_REVISIONS.c.id == _SESSIONS.c.active_revision_id)
+               .scalar_subquery().label("parent_through_seq"))
+        .where(_SESSIONS.c.session_id == bindparam(session_id_parameter))
+        .with_for_update(of=_SESSIONS)
+    )
+
+
+_LOCK_FOR_SWAP = _lock_for_swap("session_id")
 # The revision's columns the job gives, bound as "revision_<column>".
 _REVISION_VALUES = ("session_id", "parent_revision_id", "through_seq", "snapshot_head_seq",
                     "summary", "block", "block_tokens", "artifacts", "summary_tokens",
@@ -180,9 +306,11 @@ _REVISION_VALUES = ("session_id", "parent_revision_id", "through_seq", "snapshot
                     "summarizer", "created_at")
 
 
-def _revision_insert(*, cast_artifacts: bool) -> Insert:
+def _revision_insert(*, cast_artifacts: bool, session: CTE | None = None) -> Insert:
     """INSERT ... SELECT the revision with its projection size summed from the messages
-    in the same statement (under the row lock no append can commit meanwhile).
+    in the same statement (under the row lock no append can commit meanwhile); with
+    ``session`` (a CTE of the session's ``id``), of that session, and nothing when the
+    CTE holds no row.
 
     The artifacts arrive as the JSON text the job encoded once (``artifacts_json``), bound
     as text so the column type does not serialize them again: cast to the column's type on
@@ -194,22 +322,29 @@ def _revision_insert(*, cast_artifacts: bool) -> Insert:
     values["artifacts"] = (cast(artifacts, _REVISIONS.c.artifacts.type) if cast_artifacts
                            else artifacts)
     through_seq = values["through_seq"]
-    covered_instructions = and_(_MESSAGES.c.seq <= through_seq,
-                                _MESSAGES.c.role.in_(INSTRUCTION_ROLES))
+    covered_instructions = and_(_MESSAGES.c.seq <= through_seq, _IS_INSTRUCTION)
     kept = or_(covered_instructions, _MESSAGES.c.seq > through_seq)
     projection = values["block_tokens"] + func.coalesce(
-        func.sum(case((kept, _MESSAGES.c.tokens), else_=0)), 0)
-    source = select(*values.values(), projection).where(
-        _MESSAGES.c.session_id == values["session_id"])
+        func.sum(case((kept, _MESSAGES.c.tokens), else_=_ZERO)), _ZERO)
+    if session is None:
+        source = select(*values.values(), projection).where(
+            _MESSAGES.c.session_id == values["session_id"])
+    else:
+        values["session_id"] = session.c.id
+        source = (select(*values.values(), projection)
+                  .select_from(session.outerjoin(_MESSAGES,
+                                                 _MESSAGES.c.session_id == session.c.id))
+                  .group_by(session.c.id))
     return (insert(_REVISIONS).from_select([*values, "projection_tokens_after"], source)
-            .returning(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_after))
+            .returning(_REVISIONS.c.id, _REVISIONS.c.projection_tokens_after,
+                       _REVISIONS.c.session_id))
 
 
 # SQLite writes a swap statement by statement, PostgreSQL in one (``_one_statement_swap``).
 _INSERT_REVISION = _revision_insert(cast_artifacts=False)
 # The tokens appended after the job's snapshot: what the new revision leaves uncompacted.
 _TOKENS_SINCE_SNAPSHOT = (
-    select(func.coalesce(func.sum(_MESSAGES.c.tokens), 0))
+    select(func.coalesce(func.sum(_MESSAGES.c.tokens), _ZERO))
     .where(_MESSAGES.c.session_id == bindparam("session_pk"),
            _MESSAGES.c.seq > bindparam("snapshot_head_seq"))
     .scalar_subquery()
@@ -256,6 +391,88 @@ def _one_statement_swap(*, release_lease: bool, clear_queue_marker: bool) -> Ins
 _ONE_STATEMENT_SWAPS = {(release, clear): _one_statement_swap(
     release_lease=release, clear_queue_marker=clear)
     for release in (False, True) for clear in (False, True)}
+
+
+def _checked_swap() -> Insert:
+    """PostgreSQL: a job's whole swap in one statement, run in autocommit (no BEGIN and
+    COMMIT round trips, nor a lock statement's): ``commit_swap``'s lock and checks as a
+    CTE (``checked``: a row only when they all pass), then its writes, which read that
+    row, so that a failed check writes nothing.
+
+    A statement's snapshot is taken before it waits for the row lock, and its reads of
+    the messages see that snapshot: were an append to commit while it waits, the sums
+    would miss its messages. ``checked`` also requires the locked row's ``head_seq``
+    (the newest version, which the lock reads) to be the newest seq the snapshot sees;
+    when it is not, nothing is written and ``commit_job`` runs ``commit_swap``."""
+    newest_seq = (select(func.coalesce(func.max(_MESSAGES.c.seq), _ZERO))
+                  .where(_MESSAGES.c.session_id == _SESSIONS.c.id).scalar_subquery())
+    # Parameters never named as a sessions column: the UPDATE below would take them as
+    # the values of those columns.
+    locked = (_lock_for_swap("locked_session_id").add_columns(newest_seq.label("newest_seq"))
+              .cte("locked"))
+    checked = select(locked.c.id).where(
+        locked.c.lease_owner == bindparam("expected_lease_owner"),
+        locked.c.lease_expires_at > bindparam("now", type_=_SESSIONS.c.lease_expires_at.type),
+        locked.c.active_revision_id.is_not_distinct_from(bindparam(
+            "revision_parent_revision_id", type_=_REVISIONS.c.parent_revision_id.type)),
+        func.coalesce(locked.c.parent_through_seq, _ZERO)
+        <= bindparam("revision_through_seq", type_=_REVISIONS.c.through_seq.type),
+        bindparam("revision_snapshot_head_seq", type_=_REVISIONS.c.snapshot_head_seq.type)
+        <= locked.c.head_seq,
+        locked.c.head_seq == locked.c.newest_seq,
+    ).cte("checked")
+    new_revision = _revision_insert(cast_artifacts=True, session=checked).cte("created")
+    queued_here = _SESSIONS.c.queued_job_id == bindparam("queue_job_id")
+    swapped = (
+        update(_SESSIONS)
+        .where(_SESSIONS.c.id.in_(select(new_revision.c.session_id)))
+        .values({
+            "active_revision_id": select(new_revision.c.id).scalar_subquery(),
+            "projection_tokens":
+                select(new_revision.c.projection_tokens_after).scalar_subquery(),
+            "tokens_since_compaction": (
+                select(func.coalesce(func.sum(_MESSAGES.c.tokens), _ZERO))
+                .where(_MESSAGES.c.session_id == _SESSIONS.c.id,
+                       _MESSAGES.c.seq > bindparam("revision_snapshot_head_seq"))
+                .scalar_subquery()),
+            **{name: bindparam(f"session_{name}", type_=_SESSIONS.c[name].type)
+               for name in _SWAPPED_SESSION_VALUES},
+            "lease_owner": null(), "lease_expires_at": null(),
+            "queued_at": case((queued_here, None), else_=_SESSIONS.c.queued_at),
+            "queued_job_id": case((queued_here, None), else_=_SESSIONS.c.queued_job_id),
+        })
+        .cte("swapped"))
+    run = select(*(bindparam(f"run_{name}", type_=_RUNS.c[name].type) for name in _RUN_VALUES),
+                 new_revision.c.id)
+    return (insert(_RUNS).from_select([*_RUN_VALUES, "revision_id"], run)
+            .returning(_RUNS.c.revision_id).add_cte(swapped))
+
+
+_CHECKED_SWAP = _checked_swap()
+
+
+def try_checked_swap(
+    connection: Connection, session_id: str, *, expected_revision_id: int | None,
+    lease_owner: str, revision: NewRevision, run: NewRun, now: datetime,
+    breaker: BreakerUpdate | None = None,
+) -> int | None:
+    """``commit_swap`` with ``release_lease`` and the queue marker of ``run.task_id``, in
+    one statement (``_checked_swap``; PostgreSQL, in autocommit). Return the revision id;
+    None when it wrote nothing (a check failed, or an append raced it): ``commit_swap``
+    then tells which, or writes."""
+    if run.session_id != session_id or not revision.through_seq <= revision.snapshot_head_seq:
+        return None
+    breaker = breaker or CLOSED
+    run_columns = run_values(run, revision_id=None)
+    written = connection.execute(_CHECKED_SWAP, {
+        **_revision_parameters(0, expected_revision_id, revision, now),
+        "locked_session_id": session_id, "expected_lease_owner": lease_owner, "now": now,
+        "queue_job_id": run.task_id, "session_last_compacted_at": now,
+        "session_breaker_state": breaker.state, "session_breaker_failures": breaker.failures,
+        "session_breaker_opened_at": breaker.opened_at,
+        **{f"run_{name}": run_columns[name] for name in _RUN_VALUES},
+    }).first()
+    return None if written is None else int(written.revision_id)
 
 
 def commit_swap(

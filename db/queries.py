@@ -161,7 +161,7 @@ def iterate_active_texts(connection: Connection, session_pk: int, through_seq: i
         .order_by(MessageRow.seq)
     )
     for seq, body_json, tokens, identifiers in rows:
-        yield MessageText(seq, body_json, tokens, _interned_mentions(identifiers))
+        yield MessageText(seq, body_json, tokens, interned_mentions(identifiers))
 
 
 def _is_active(through_seq: int) -> Any:
@@ -214,7 +214,7 @@ def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | Non
     return cast(tuple[StoredMention, ...], tuple(map(tuple, stored)))
 
 
-def _interned_mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
+def interned_mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
     """The mentions with their kind and source interned: a few names that the decoder
     would otherwise make a new string of in each of a span's ~30k mentions."""
     if stored is None:

@@ -237,11 +237,12 @@ class Store:
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], JobMessage]
                      ) -> JobSnapshot[JobMessage]:
-        """The snapshot a job plans from, in one read transaction of three statements: the
-        session joined to its active revision, its active messages (each converted by
-        ``to_message`` as its row arrives), and the sizes of its ``history`` newest
-        revisions (``JobSnapshot.recent_revisions``)."""
-        with translate_errors(), self._read_engine.connect() as connection, \
+        """The snapshot a job plans from, in one consistent read: the session joined to
+        its active revision, its active messages (each converted by ``to_message`` as its
+        row arrives), and the sizes of its ``history`` newest revisions
+        (``JobSnapshot.recent_revisions``); on PostgreSQL one statement, on SQLite a read
+        transaction of three."""
+        with translate_errors(), self._statement_engine.connect() as connection, \
                 connection.begin():
             return job.read_snapshot(connection, session_id, history=history,
                                      to_message=to_message)
@@ -299,7 +300,19 @@ class Store:
         """End a job that compacted, in one transaction under the session's row lock: the
         compare-and-swap of ``swap_revision`` (same errors, nothing written on any), the
         run row, the lease released and the queue marker cleared if it is ``run.task_id``'s.
-        Return the revision id."""
+        Return the revision id.
+
+        On PostgreSQL first as one statement in autocommit (``job.try_checked_swap``);
+        when that writes nothing, in a transaction that tells why (or writes: an append
+        raced the statement)."""
+        if self._engine.dialect.name == "postgresql":
+            with translate_errors(), self._write_statement_engine.begin() as connection:
+                revision_id = job.try_checked_swap(
+                    connection, session_id, expected_revision_id=expected_revision_id,
+                    lease_owner=lease_owner, revision=revision, run=run, now=now,
+                    breaker=breaker)
+            if revision_id is not None:
+                return revision_id
         with translate_errors(), self._engine.begin() as connection:
             return job.commit_swap(
                 connection, session_id, expected_revision_id=expected_revision_id,

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from db import Store, StoreUnavailable, upgrade_database
+from db import Store, StoreUnavailable, call_deadline, upgrade_database
 from db.call_deadline import CallWatchdog
 from db.engine import with_postgres_timeouts
 from tests.support.private_postgres import PrivatePostgres
@@ -118,5 +119,39 @@ def test_without_a_deadline_the_pool_pings_as_before(private_postgres: PrivatePo
     try:
         assert store._engine.pool._pre_ping
         assert store.list_sessions() == []
+    finally:
+        store.close()
+
+
+def test_only_a_connection_idle_for_a_while_is_pinged_and_a_stale_fresh_one_fails_once(
+    private_postgres: PrivatePostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job's store calls follow each other within milliseconds: a ping each would be a
+    # round trip each, on a connection that answered moments ago.
+    store = open_bounded_store(private_postgres.url)
+    dialect = store._engine.dialect
+    ping = dialect.do_ping
+    pings: list[object] = []
+
+    def counted_ping(dbapi_connection: Any) -> bool:
+        pings.append(dbapi_connection)
+        return ping(dbapi_connection)
+
+    monkeypatch.setattr(dialect, "do_ping", counted_ping)
+    try:
+        store.list_sessions()  # a new connection
+        store.list_sessions()  # checked in moments ago: no ping
+        assert len(pings) == 1
+        monkeypatch.setattr(call_deadline, "PING_AFTER_IDLE_S", 0.0)
+        store.list_sessions()  # idle "long enough": pinged
+        assert len(pings) == 2
+        monkeypatch.setattr(call_deadline, "PING_AFTER_IDLE_S", 3600.0)
+        # The server restarts right after a call: the next one, unpinged, fails as a
+        # transient StoreUnavailable (a job is retried) and discards the connection...
+        private_postgres.stop()
+        private_postgres.start()
+        with pytest.raises(StoreUnavailable):
+            store.list_sessions()
+        assert store.list_sessions() == []  # ... and the one after works on a new one
     finally:
         store.close()

@@ -47,3 +47,14 @@ def test_the_default_period_is_a_third_of_the_lease_and_a_longer_one_is_refused(
         assert "lease_heartbeat_s" in str(exc)
     else:
         raise AssertionError("a heartbeat slower than a third of the TTL was accepted")
+
+
+def test_a_renewal_hung_when_the_block_ends_holds_it_for_one_period_at_most() -> None:
+    def renew() -> bool:
+        time.sleep(1.0)  # a database that does not answer
+        return True
+
+    with LeaseHeartbeat(renew, 0.05):
+        time.sleep(0.1)  # the first beat is under way
+        ending = time.monotonic()
+    assert time.monotonic() - ending < 0.5
