@@ -100,7 +100,9 @@ def main() -> None:
     parser.add_argument("--session-tokens", default="20000,100000", help="comma-separated")
     args = parser.parse_args()
     if args.quick:
-        args.concurrency, args.latency_ms, args.jobs_per_process = "2", 200, 3
+        # Enough jobs that the counted ones use several of /proc's 10 ms CPU ticks: four
+        # small jobs could be charged none.
+        args.concurrency, args.latency_ms, args.jobs_per_process = "2", 200, 10
         args.session_tokens = "3000"
     levels = [int(c) for c in args.concurrency.split(",")]
     sizes = [int(t) for t in args.session_tokens.split(",")]
