@@ -1,4 +1,4 @@
-"""Returning freed heap to the system after a job."""
+"""The worker's use of glibc's allocator: freed heap returned after a job, one arena."""
 
 from __future__ import annotations
 
@@ -10,6 +10,20 @@ import textwrap
 import pytest
 
 FREED_MIB = 64
+# What each script measures with: its own resident memory, in MiB.
+_RSS_MIB = textwrap.dedent("""
+    def rss_mib():
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) // 1024 for line in status
+                        if line.startswith("VmRSS:"))
+""")
+
+
+def _run_with_rss(script: str) -> list[str]:
+    """Run ``script`` in a fresh interpreter, with ``rss_mib()`` defined; its printed words."""
+    done = subprocess.run([sys.executable, "-c", _RSS_MIB + script], capture_output=True,
+                          text=True, timeout=60, check=True)
+    return done.stdout.split()
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
@@ -19,20 +33,13 @@ def test_the_heap_a_job_freed_leaves_the_process_once_returned() -> None:
     script = textwrap.dedent(f"""
         from worker.memory import return_free_heap
 
-        def rss_mib():
-            with open("/proc/self/status") as status:
-                return next(int(line.split()[1]) // 1024 for line in status
-                            if line.startswith("VmRSS:"))
-
         chunks = [bytes(1000) + bytes([i % 256]) for i in range({FREED_MIB} * 1024)]
         pin = bytes(1000) + b"pin"
         del chunks
         before = rss_mib()
         print(return_free_heap(), before - rss_mib())
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=True)
-    returned, released_mib = done.stdout.split()
+    returned, released_mib = _run_with_rss(script)
     assert returned == "True"
     assert int(released_mib) >= FREED_MIB // 2
 
@@ -44,11 +51,6 @@ def test_with_one_arena_the_heap_a_thread_freed_serves_the_main_thread() -> None
     script = textwrap.dedent(f"""
         import threading
         from worker.memory import use_one_malloc_arena
-
-        def rss_mib():
-            with open("/proc/self/status") as status:
-                return next(int(line.split()[1]) // 1024 for line in status
-                            if line.startswith("VmRSS:"))
 
         def allocate():
             return [bytes(1000) + bytes([i % 256]) for i in range({FREED_MIB} * 1024)]
@@ -68,8 +70,6 @@ def test_with_one_arena_the_heap_a_thread_freed_serves_the_main_thread() -> None
         kept = allocate()
         print(one_arena, rss_mib() - before)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=True)
-    one_arena, grown_mib = done.stdout.split()
+    one_arena, grown_mib = _run_with_rss(script)
     assert one_arena == "True"
     assert int(grown_mib) <= FREED_MIB // 4
