@@ -7,13 +7,24 @@ from __future__ import annotations
 
 import sys
 
+# Optional imports that only dress output for a terminal, which a worker never writes to:
+# structlog's console tracebacks (rich, with pygments and attrs: ~3 MiB in every child) and
+# the highlighted results of Celery's inspection commands (``celery.bin.base``: pygments,
+# ~1.3 MiB). Both libraries import them in ``try: ... except ImportError``, and a name
+# bound to None in ``sys.modules`` makes its import raise ImportError.
+TERMINAL_ONLY_MODULES = ("rich", "pygments")
+
+
+def keep_out_terminal_only_modules() -> None:
+    """Have the terminal-only optional imports fail, before anything tries them."""
+    for name in TERMINAL_ONLY_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
+
 
 def serve_worker(argv: list[str]) -> None:
     """Run Celery's worker command alone (not its whole command group: `repl` imports
     prompt_toolkit and pygments, ~6 MiB) with ``argv``, as ``app.worker_main`` runs it."""
-    # structlog imports rich when it is installed, for console tracebacks only (rich,
-    # pygments and attrs: ~3 MiB in every child); the worker's tracebacks are plain text.
-    sys.modules.setdefault("rich", None)  # type: ignore[arg-type]  # None: "not importable"
+    keep_out_terminal_only_modules()
     from celery.bin.base import CLIContext
     from celery.bin.worker import worker as celery_worker
 
