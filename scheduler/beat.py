@@ -2,8 +2,9 @@
 that keeps two beat processes (started by mistake) from scanning at the same time.
 
 The lock only saves a second pass over the sessions; the conditional UPDATE of each
-session's queue marker is what enqueues every due session once. Workers load this module
-through the Celery app's ``include``.
+session's queue marker is what enqueues every due session once. The tasks that run it on
+a worker are registered by ``scheduler/tasks.py``, which imports this module on a task's
+first run.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from db import Store
 from scheduler.enqueue import Publisher, ScanReport, run_scan
 from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
-from worker.celery_app import app
-from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME
+from worker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
 from worker.keys import RedisKeys
 from worker.lifecycle import collect_garbage, gc_policy
 from worker.logging import get_logger
@@ -31,7 +31,6 @@ from worker.settings import Settings, get_settings
 
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
 GC_ENTRY_NAME = "compactor-gc"
-GC_TASK_NAME = "compactor.gc"
 RECONCILE_ENTRY_NAME = "compactor-reconcile"
 BEAT_SCHEDULE_FILENAME = "beat-schedule"
 # Refreshed after every page, so it only has to outlast one page; a scanner that dies
@@ -185,9 +184,8 @@ def run_scheduled_scan(
         store.close()
 
 
-@app.task(name=SCAN_TASK_NAME, ignore_result=True)
-def scan_due_sessions() -> str:
-    """``compactor.scan``: enqueue the due sessions (sent by beat)."""
+def scan_and_report() -> str:
+    """Enqueue the due sessions and log the scan's figures (the ``compactor.scan`` task)."""
     report = run_scheduled_scan(get_settings(), datetime.now(UTC))
     if report is None:
         return "skipped"
@@ -198,10 +196,9 @@ def scan_due_sessions() -> str:
     return "scanned"
 
 
-@app.task(name=GC_TASK_NAME, ignore_result=True)
-def collect_garbage_task() -> str:
-    """``compactor.gc``: remove superseded revisions and old runs (sent by beat when
-    ``gc_cron`` is set; logs ``lifecycle.gc``)."""
+def collect_garbage_now() -> str:
+    """Remove superseded revisions and old runs (the ``compactor.gc`` task; logs
+    ``lifecycle.gc``)."""
     settings = get_settings()
     store = Store.from_url(settings.effective_database_url,
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,

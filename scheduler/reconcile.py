@@ -43,8 +43,7 @@ from scheduler.beat import REDIS_TIMEOUT_S, scan_policy
 from scheduler.enqueue import Publisher, QueuedJob, publish_or_release
 from scheduler.publisher import RedisPublisher
 from worker.attempt_journal import AttemptJournal
-from worker.celery_app import app
-from worker.contract import RECONCILE_TASK_NAME, job_kwargs, queue_list_key
+from worker.contract import job_kwargs, queue_list_key
 from worker.errors import CompactionError, Outcome
 from worker.job import JobRequest, JobTrace
 from worker.keys import RedisKeys
@@ -309,9 +308,9 @@ def run_scheduled_reconcile(settings: Settings, now: datetime, *,
         store.close()
 
 
-@app.task(name=RECONCILE_TASK_NAME, ignore_result=True)
-def reconcile_task() -> str:
-    """``compactor.reconcile``: one sweep (sent by beat every ``reconcile_interval_s``)."""
+def reconcile_and_report() -> str:
+    """One sweep, its failure logged rather than raised (the ``compactor.reconcile``
+    task)."""
     try:
         runtime = current_runtime()
         if runtime is not None and runtime.journal is not None:  # this child's kept runs

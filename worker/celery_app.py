@@ -38,14 +38,14 @@ from worker.settings import Settings, get_settings
 from worker.settings_errors import settings_or_exit
 from worker.transport import ITEM_POLICY_OPTION, item_policy
 
-_INCLUDE = ["worker.tasks", "scheduler.beat", "scheduler.reconcile"]
+_INCLUDE = ["worker.tasks", "scheduler.tasks"]
 EXIT_CHECK_FAILED = 1
 
 
 def create_app(settings: Settings) -> Celery:
     """Build an app from settings; connects to nothing until used."""
-    # Celery loads the scheduler's scan task by name: the scan runs as a task on a
-    # worker, while nothing in worker/ imports scheduler/ (the dependency direction).
+    # Celery loads the scheduler's tasks by name: the scan runs as a task on a worker,
+    # while nothing in worker/ imports scheduler/ (the dependency direction).
     app = Celery("compactor", include=_INCLUDE)
     app.config_from_object(celery_config(settings))
     return app

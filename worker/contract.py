@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 TASK_NAME = "compactor.compact_session"
 SCAN_TASK_NAME = "compactor.scan"
-GC_TASK_NAME = "compactor.gc"  # registered by scheduler/beat.py
-RECONCILE_TASK_NAME = "compactor.reconcile"  # registered by scheduler/reconcile.py
+GC_TASK_NAME = "compactor.gc"  # registered by scheduler/tasks.py, as the scan
+RECONCILE_TASK_NAME = "compactor.reconcile"  # registered by scheduler/tasks.py
 # The only task names a worker runs from its queue: Celery's built-in tasks
 # (``celery.accumulate``, ``celery.chord_unlock``...) are refused like any unknown name.
 SERVICE_TASK_NAMES = frozenset({TASK_NAME, SCAN_TASK_NAME, GC_TASK_NAME, RECONCILE_TASK_NAME})

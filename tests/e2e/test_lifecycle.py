@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import create_engine, func, select, table
 
 from db import SessionLeased, SessionNotFound, Store
-from scheduler.beat import GC_TASK_NAME
 from tests.e2e.conftest import StartWorker
 from tests.support.e2e import (
     EVENT_TIMEOUT_S,
@@ -23,6 +22,7 @@ from tests.support.e2e import (
 )
 from tests.support.generated import generated_session, generated_turns
 from tests.support.openai_server import OpenAIServer
+from worker.contract import GC_TASK_NAME
 from worker.lifecycle import delete_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

@@ -22,7 +22,6 @@ from db import Store
 from scheduler.beat import (
     BEAT_SCHEDULE_FILENAME,
     GC_ENTRY_NAME,
-    GC_TASK_NAME,
     SCAN_ENTRY_NAME,
     beat_schedule,
     run_scheduled_scan,
@@ -32,7 +31,7 @@ from scheduler.enqueue import ScanReport
 from tests.support.raw_producer import read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session
 from tests.support.worker_process import WorkerProcess
-from worker.contract import SCAN_TASK_NAME
+from worker.contract import GC_TASK_NAME, SCAN_TASK_NAME
 from worker.keys import RedisKeys
 from worker.settings import Settings
 

@@ -1,0 +1,37 @@
+"""The scheduler's tasks as a worker registers them: the scan, the reconciler's sweep and
+garbage collection, each run on a worker when beat sends it.
+
+Every worker registers them (the Celery app's ``include``), but few pool children ever
+run one: each task imports its module on its first run, so a child that only compacts
+holds none of the scheduler's code (~1.2 MiB of every child's baseline otherwise).
+"""
+
+from __future__ import annotations
+
+from worker.celery_app import app
+from worker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
+
+
+@app.task(name=SCAN_TASK_NAME, ignore_result=True)
+def scan_due_sessions() -> str:
+    """``compactor.scan``: enqueue the due sessions (sent by beat)."""
+    from scheduler.beat import scan_and_report
+
+    return scan_and_report()
+
+
+@app.task(name=RECONCILE_TASK_NAME, ignore_result=True)
+def reconcile_sessions() -> str:
+    """``compactor.reconcile``: one sweep (sent by beat every ``reconcile_interval_s``)."""
+    from scheduler.reconcile import reconcile_and_report
+
+    return reconcile_and_report()
+
+
+@app.task(name=GC_TASK_NAME, ignore_result=True)
+def collect_garbage() -> str:
+    """``compactor.gc``: remove superseded revisions and old runs (sent by beat when
+    ``gc_cron`` is set)."""
+    from scheduler.beat import collect_garbage_now
+
+    return collect_garbage_now()
