@@ -3,7 +3,8 @@
 1. :func:`take_lease`: one ``UPDATE ... RETURNING`` takes the lease and reads the row.
 2. :func:`read_snapshot`: the session with its active revision (one join), its active
    messages, and the sizes of its last few revisions, in one read snapshot (on
-   PostgreSQL one statement).
+   PostgreSQL one statement). On PostgreSQL a job runs the two as one statement,
+   :func:`take_lease_with_snapshot`.
 3. :func:`commit_swap` or :func:`commit_failure`: everything the job writes at its end,
    under the session's row lock: the revision (compare-and-swap), the session's figures,
    the breaker, the lease release, the queue marker and the run row. On PostgreSQL a
@@ -24,8 +25,10 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     ColumnClause,
+    ColumnElement,
     CompoundSelect,
     Connection,
+    FromClause,
     Insert,
     Row,
     Select,
@@ -120,19 +123,26 @@ def take_lease(connection: Connection, session_id: str, owner: str, ttl_s: float
     with ``":" + take_over`` (an earlier delivery of the same message, lost with its
     worker). SessionNotFound when the session does not exist. On PostgreSQL the
     statement's commit is asynchronous (see ``_LEASE_COMMITS_ASYNCHRONOUSLY``)."""
+    statement = _LEASE_STATEMENTS[take_over is not None,
+                                  connection.dialect.name == "postgresql"]
+    row = connection.execute(
+        statement, _lease_parameters(session_id, owner, ttl_s, now, take_over)).first()
+    if row is not None:
+        return to_session_state(row)
+    _check_exists(connection, session_id)
+    return None
+
+
+def _lease_parameters(session_id: str, owner: str, ttl_s: float, now: datetime,
+                      take_over: str | None) -> dict[str, Any]:
+    """``_lease_statement``'s parameters."""
     if ttl_s <= 0:
         raise ValueError(f"ttl_s must be positive, got {ttl_s}")
     parameters: dict[str, Any] = {"leased_session_id": session_id, "owner": owner, "now": now,
                                   "expires_at": now + timedelta(seconds=ttl_s)}
     if take_over is not None:
         parameters["take_over_pattern"] = "%" + _escape_like(f":{take_over}")
-    statement = _LEASE_STATEMENTS[take_over is not None,
-                                  connection.dialect.name == "postgresql"]
-    row = connection.execute(statement, parameters).first()
-    if row is not None:
-        return to_session_state(row)
-    _check_exists(connection, session_id)
-    return None
+    return parameters
 
 
 def _escape_like(value: str) -> str:
@@ -198,13 +208,18 @@ def _active_revision(session_id: str, row: Row[Any]) -> RevisionRecord | None:
 _HEAD_PART, _MESSAGE_PART, _SIZE_PART = 0, 1, 2
 
 
-def _snapshot_statement() -> CompoundSelect[Any]:
+def _snapshot_statement(session: Any, revision: Any, source: FromClause,
+                        found: ColumnElement[bool]) -> CompoundSelect[Any]:
     """PostgreSQL: the snapshot as one statement, which sees one snapshot by itself (no
     BEGIN and COMMIT round trips, nor two more statements'): the session with its active
     revision, its active messages in seq order and its newest revisions' sizes, as the
     rows of one ``UNION ALL`` told apart by ``part``, each part's columns NULL in the
-    others' rows."""
-    head = _SESSION_WITH_REVISION.cte("head")
+    others' rows. The session row is ``session``'s columns with ``revision``'s (labelled
+    as ``_REVISION_LABELS``), read from ``source`` where ``found``; the other parts find
+    it through a CTE of its id and bound alone, which keeps the text within psycopg's
+    cache (see ``_ZERO``)."""
+    head = (select(session.c.id, revision.c.through_seq).select_from(source).where(found)
+            .cte("head"))
     message_columns = (_MESSAGES.c.seq.label("message_seq"),
                        _MESSAGES.c.body.cast(Text).label("message_body"),
                        _MESSAGES.c.tokens.label("message_tokens"),
@@ -220,21 +235,23 @@ def _snapshot_statement() -> CompoundSelect[Any]:
         return literal_column(str(number)).label("part")
 
     # The first part's columns name and type the union's; the others' NULLs take them.
-    def bare_nulls(columns: tuple[Any, ...]) -> list[Any]:
-        return [literal_column("NULL") for _ in columns]
+    def bare_nulls(count: int) -> list[Any]:
+        return [literal_column("NULL") for _ in range(count)]
 
-    head_nulls = bare_nulls(tuple(head.c))
-    session_part = select(part(_HEAD_PART), *head.c, *nulls(message_columns),
-                          *nulls(size_columns))
-    through_seq = func.coalesce(head.c.revision_through_seq, _ZERO)
+    head_columns = (*session.c, *(c.label(f"revision_{c.name}") for c in revision.c))
+    session_part = (select(part(_HEAD_PART), *head_columns, *nulls(message_columns),
+                           *nulls(size_columns)).select_from(source).where(found))
+    through_seq = func.coalesce(head.c.through_seq, _ZERO)
     messages_part = (
-        select(part(_MESSAGE_PART), *head_nulls, *message_columns, *bare_nulls(size_columns))
+        select(part(_MESSAGE_PART), *bare_nulls(len(head_columns)), *message_columns,
+               *bare_nulls(len(size_columns)))
         .where(_MESSAGES.c.session_id == head.c.id,
                or_(_MESSAGES.c.seq > through_seq, _IS_INSTRUCTION))
         .order_by(_MESSAGES.c.seq)
     )
     sizes_part = (
-        select(part(_SIZE_PART), *head_nulls, *bare_nulls(message_columns), *size_columns)
+        select(part(_SIZE_PART), *bare_nulls(len(head_columns) + len(message_columns)),
+               *size_columns)
         .where(_REVISIONS.c.session_id == head.c.id)
         .order_by(_REVISIONS.c.id.desc())
         .limit(bindparam("history"))
@@ -242,7 +259,10 @@ def _snapshot_statement() -> CompoundSelect[Any]:
     return union_all(session_part, messages_part, sizes_part)
 
 
-_SNAPSHOT_STATEMENT = _snapshot_statement()
+_SNAPSHOT_STATEMENT = _snapshot_statement(
+    _SESSIONS, _REVISIONS,
+    _SESSIONS.outerjoin(_REVISIONS, _REVISIONS.c.id == _SESSIONS.c.active_revision_id),
+    _SESSIONS.c.session_id == bindparam("session_id"))
 # Where the message and size columns sit in its rows (read by position, not by name:
 # a Row's attribute lookup costs ~10x a tuple index, and a message row has four).
 _SNAPSHOT_POSITIONS = {column.key: position for position, column
@@ -256,14 +276,17 @@ _SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
 def _read_snapshot_in_one_statement(
     connection: Connection, session_id: str, *, history: int,
     to_message: Callable[[MessageText], JobMessage],
+    statement: CompoundSelect[Any] = _SNAPSHOT_STATEMENT,
+    parameters: dict[str, Any] | None = None,
 ) -> JobSnapshot[JobMessage]:
-    """Run ``_SNAPSHOT_STATEMENT``, converting each message as its row arrives."""
+    """Run ``_SNAPSHOT_STATEMENT`` (or ``statement``, a ``_snapshot_statement`` with
+    ``parameters`` besides ``history``), converting each message as its row arrives."""
     head: Row[Any] | None = None
     seqs: list[int] = []
     messages: list[JobMessage] = []
     sizes: list[tuple[int, RevisionSizes]] = []
-    rows = connection.execute(_SNAPSHOT_STATEMENT,
-                              {"session_id": session_id, "history": history})
+    rows = connection.execute(statement, {"session_id": session_id, "history": history}
+                              if parameters is None else {**parameters, "history": history})
     for row in rows:
         part = row[0]
         if part == _MESSAGE_PART:
@@ -282,6 +305,63 @@ def _read_snapshot_in_one_statement(
     sizes.sort(key=lambda pair: pair[0], reverse=True)
     return JobSnapshot(session=to_session_state(head), revision=_active_revision(session_id, head),
                        messages=messages, recent_revisions=tuple(size for _id, size in sizes))
+
+
+def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
+    """PostgreSQL: ``_lease_statement`` and ``_SNAPSHOT_STATEMENT`` as one statement (one
+    round trip): its head is the row the lease's UPDATE returns, joined to the active
+    revision, so nothing is read when the lease is not taken.
+
+    The statement's snapshot is taken before its UPDATE waits for the row lock; were a
+    write (an append, a swap) to commit meanwhile, the UPDATE would return the row as
+    that write left it while the messages and the revision are read as they were
+    before. The head is therefore kept only when the row the snapshot sees has the same
+    ``head_seq`` and active revision as the one the lease returned; when it does not,
+    the lease is taken but the statement returns no row (``take_lease_with_snapshot``
+    then reads a fresh snapshot)."""
+    lease = _lease_statement(take_over=take_over, asynchronous_commit=True).cte("lease")
+    seen, revision = _SESSIONS.alias("seen"), _REVISIONS.alias("r")
+    return _snapshot_statement(
+        lease, revision,
+        lease.join(seen, seen.c.id == lease.c.id).outerjoin(
+            revision, revision.c.id == lease.c.active_revision_id),
+        and_(seen.c.head_seq == lease.c.head_seq,
+             seen.c.active_revision_id.is_not_distinct_from(lease.c.active_revision_id)))
+
+
+# take_over -> the lease and the snapshot in one statement.
+_LEASED_SNAPSHOT_STATEMENTS = {take_over: _leased_snapshot_statement(take_over=take_over)
+                               for take_over in (False, True)}
+
+
+def take_lease_with_snapshot(
+    connection: Connection, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+    take_over: str | None = None, history: int,
+    to_message: Callable[[MessageText], JobMessage],
+) -> JobSnapshot[JobMessage] | None:
+    """PostgreSQL (run it in autocommit): ``take_lease`` and ``read_snapshot`` in one
+    statement; the snapshot, whose session is the row the lease left, or None when
+    another owner holds the lease (nothing else is read then). Two statements more when
+    the lease is not taken (which owner holds it), or when a write committed while the
+    statement waited for the row lock (a fresh snapshot)."""
+    try:
+        return _read_snapshot_in_one_statement(
+            connection, session_id, history=history, to_message=to_message,
+            statement=_LEASED_SNAPSHOT_STATEMENTS[take_over is not None],
+            parameters=_lease_parameters(session_id, owner, ttl_s, now, take_over))
+    except SessionNotFound:
+        pass  # no head row: the lease was not taken, or its snapshot is stale
+    holder = connection.execute(_LEASE_HOLDER, {"session_id": session_id}).first()
+    if holder is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    if holder.lease_owner != owner:
+        return None
+    return _read_snapshot_in_one_statement(connection, session_id, history=history,
+                                           to_message=to_message)
+
+
+_LEASE_HOLDER: Select[Any] = select(_SESSIONS.c.lease_owner).where(
+    _SESSIONS.c.session_id == bindparam("session_id"))
 
 
 def _lock_for_swap(session_id_parameter: str) -> Select[Any]:

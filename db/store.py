@@ -409,6 +409,24 @@ class Store:
             return job.take_lease(connection, session_id, owner, ttl_s, now,
                                   take_over=take_over)
 
+    def start_job_with_snapshot(
+        self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+        take_over: str | None = None, history: int = 2,
+        to_message: Callable[[MessageText], JobMessage],
+    ) -> JobSnapshot[JobMessage] | None:
+        """``start_job`` then ``job_snapshot``: the snapshot, whose session is the row as
+        the lease left it; None when another owner holds the lease (and nothing is read).
+        On PostgreSQL one statement in autocommit (``job.take_lease_with_snapshot``), on
+        SQLite two transactions."""
+        if self._engine.dialect.name != "postgresql":
+            if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
+                return None
+            return self.job_snapshot(session_id, history=history, to_message=to_message)
+        with translate_errors(), self._write_statement_engine.begin() as connection:
+            return job.take_lease_with_snapshot(
+                connection, session_id, owner, ttl_s, now, take_over=take_over,
+                history=history, to_message=to_message)
+
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         """Take or renew the session's lease until ``now + ttl_s``; False when another
         owner holds an unexpired lease."""

@@ -11,7 +11,10 @@ Two records in Redis close the gaps a job cannot close itself:
 - an attempt is entered in a hash when it starts and removed once its ``compaction.job``
   event is out. An entry left behind whose run row exists (the worker was killed after
   the job's last transaction committed, before its event) is reported by the reconciler
-  from the run row.
+  from the run row. A task sends the removal without waiting for Redis's answer
+  (``close_unanswered``), and reads that answer before its process's next attempt
+  opens (removing the entry again, with retries, when it did not come): a job's end
+  waits for no round trip.
 
 Redis being unreachable loses no job: the journal fails open, loudly, like the fleet's
 other shared state (``worker/fleet.py``).
@@ -111,6 +114,8 @@ class AttemptJournal:
         # The same runs, held by the process that kept them: a Redis restart without its
         # data loses the list, and the process writes them itself before its next job.
         self.owed: deque[NewRun] = deque(maxlen=MAX_OWED_RUNS)
+        # The removal sent last whose answer is still unread: its connection and entry.
+        self._unanswered: tuple[redis.connection.Connection, str] | None = None
 
     def keep_unrecorded(self, run: NewRun) -> bool:
         """Keep a run row the database refused, in Redis for the reconciler and in this
@@ -165,6 +170,7 @@ class AttemptJournal:
              counter: DeliveryCounter | None = None) -> OpenedAttempt:
         """Enter a starting attempt, and with ``counter`` count its delivery, in one
         round trip; returns its entry, for ``close``, and the deliveries counted."""
+        self.settle_close()
         entry = f"{task_id}:{uuid.uuid4().hex}"
         fields = {"task_id": task_id, "session_id": session_id, "attempt": attempt,
                   "opened_at": now.isoformat()}
@@ -207,6 +213,42 @@ class AttemptJournal:
                     log_redis_unavailable("pending_events", exc)
                 else:
                     time.sleep(CLOSE_RETRY_S)
+
+    def close_unanswered(self, entry: str) -> None:
+        """``close`` without waiting for Redis's answer: the removal is sent on a
+        connection kept out of the pool until ``settle_close`` (the next ``open``) reads
+        the answer. Sent, it is carried out even if this process dies next."""
+        self.settle_close()
+        pool = self._client.connection_pool
+        try:
+            connection = pool.get_connection()
+        except redis.RedisError:
+            self.close(entry)
+            return
+        try:
+            # redis-py's Connection has no hints on these two.
+            connection.send_command(  # type: ignore[no-untyped-call]
+                "HDEL", self._keys.pending_events(), entry)
+        except redis.RedisError:
+            pool.release(connection)
+            self.close(entry)
+            return
+        self._unanswered = (connection, entry)
+
+    def settle_close(self) -> None:
+        """Read the answer to the removal ``close_unanswered`` sent last; without one (the
+        connection broke, Redis restarted), remove the entry again as ``close`` does."""
+        if self._unanswered is None:
+            return
+        connection, entry = self._unanswered
+        self._unanswered = None
+        try:
+            connection.read_response()
+        except redis.RedisError:
+            connection.disconnect()  # type: ignore[no-untyped-call]  # redis-py: no hints
+            self.close(entry)
+        finally:
+            self._client.connection_pool.release(connection)
 
     def close_task(self, task_id: str) -> None:
         """Close every entry of a task (the reconciler recorded its lost attempt)."""

@@ -59,12 +59,17 @@ class _Beater:
         self._changed = threading.Condition()
         self._due: dict[LeaseHeartbeat, float] = {}  # heartbeat -> next beat (monotonic)
         self._beating: LeaseHeartbeat | None = None
+        # When the thread's wait ends (monotonic; None: it waits for an add).
+        self._wakes_at: float | None = None
         threading.Thread(target=self._run, name="lease-heartbeat", daemon=True).start()
 
     def add(self, heartbeat: LeaseHeartbeat) -> None:
         with self._changed:
-            self._due[heartbeat] = time.monotonic() + heartbeat.period_s
-            self._changed.notify_all()
+            due = self._due[heartbeat] = time.monotonic() + heartbeat.period_s
+            # Woken only when this beat comes before its wait ends: a job's start costs
+            # no thread switch while an earlier job's beat is still ahead.
+            if self._wakes_at is None or due < self._wakes_at:
+                self._changed.notify_all()
 
     def remove(self, heartbeat: LeaseHeartbeat) -> None:
         """Stop beating ``heartbeat``; returns once no beat of it is under way, or after
@@ -92,12 +97,14 @@ class _Beater:
         """Wait (holding the condition) until a heartbeat is due; return it."""
         while True:
             if not self._due:
+                self._wakes_at = None
                 self._changed.wait()
                 continue
             heartbeat, due = min(self._due.items(), key=lambda item: item[1])
             wait_s = due - time.monotonic()
             if wait_s <= 0:
                 return heartbeat
+            self._wakes_at = due
             self._changed.wait(wait_s)
 
 

@@ -96,7 +96,7 @@ def build_job_metrics(registry: CollectorRegistry) -> JobMetrics:
         duration=histogram("compactor_job_duration_seconds", "Job wall time by outcome.",
                            ["outcome"]),
         step_duration=histogram("compactor_job_step_duration_seconds", "Wall time of each "
-                                "job step (lease, breaker, snapshot, plan, summarize, merge, "
+                                "job step (lease, breaker, plan, summarize, merge, "
                                 "validate, swap).", ["step"]),
         tokens_before=counter("compactor_tokens_before", "Projection tokens before the "
                               "committed compactions."),

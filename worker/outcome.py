@@ -48,7 +48,8 @@ RESULT_FIELDS: dict[str, str] = {
     "parent_revision_id": "the revision it replaced (null: the full history)",
     "breaker_state": "the session's breaker after the job: `closed`, `open`, `half_open`",
     "duration_ms": "the job's wall time (ms)",
-    "durations_ms": "wall time per step: `lease`, `breaker`, `snapshot`, `plan`, "
+    "durations_ms": "wall time per step: `lease` (taking the lease and reading the "
+                    "snapshot: on PostgreSQL one statement), `breaker`, `plan`, "
                     "`summarize`, `merge`, `validate`, `swap` (ms)",
     "run_recorded": "false when the run record could not be written at the job's end "
                     "(the database was down): it is kept in Redis and the reconciler "

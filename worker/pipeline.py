@@ -118,8 +118,9 @@ class Revision:
 
 
 def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
-    """Run one job to its outcome; never raises. Three store transactions: the lease
-    (which reads the session row), the snapshot, and the one write that ends the job."""
+    """Run one job to its outcome; never raises. Three store transactions at most: the
+    lease with the snapshot (on PostgreSQL one statement), and the one write that ends
+    the job."""
     with _collector_paused():
         return _run(request, deps, policy)
 
@@ -145,13 +146,12 @@ def _run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
     # The job's own counter: each distinct line or block is encoded once per job.
     deps = dataclasses.replace(deps, counter=deps.counter.for_job())
     try:
-        with trace.step("lease"):
-            trace.leased = leased = _take_lease(request, deps, policy)
+        admitted, plan = _start(trace, deps, policy)
         # The job's last transaction releases the lease; the heartbeat only extends it
         # while this owner still holds it.
         with LeaseHeartbeat(lambda: _renew_lease(request, deps, policy),
                             policy.lease_heartbeat_s):
-            return _compact(trace, deps, policy, leased)
+            return _compact(trace, deps, policy, admitted, plan)
     except Skip as skip:
         return _finish(trace, deps, Outcome.SKIPPED, skip.reason)
     except Exception as exc:
@@ -169,25 +169,37 @@ def _renew_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> bool:
                                   policy.lease_ttl_s, deps.clock())
 
 
-def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> SessionState:
-    """Take the session's lease and read its row; a redelivery or a retry takes over the
-    lease an earlier delivery or attempt of its message left (owners end in the task id,
-    so that holder is an earlier one of this message: a lost delivery, which were it
-    still alive would find its lease gone at the swap and write nothing, or an attempt
-    that ended while the database was down and could not release it)."""
+def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted, JobPlan]:
+    """Take the lease with the snapshot, pass the breakers and plan; only the plan
+    outlives this call (the snapshot's list of messages is freed with it)."""
+    with trace.step("lease"):  # the snapshot too: on PostgreSQL the same statement
+        snapshot = _take_lease(trace.request, deps, policy)
+    trace.leased = snapshot.session
+    admitted = _admit(trace, deps, policy, snapshot.session)
+    with trace.step("plan"):
+        return admitted, plan_job(trace, deps, policy, snapshot)
+
+
+def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
+                ) -> JobSnapshot[SnapshotMessage]:
+    """Take the session's lease and read the job's snapshot (whose session row is the
+    one the lease left); a redelivery or a retry takes over the lease an earlier
+    delivery or attempt of its message left (owners end in the task id, so that holder
+    is an earlier one of this message: a lost delivery, which were it still alive would
+    find its lease gone at the swap and write nothing, or an attempt that ended while
+    the database was down and could not release it)."""
     earlier_may_hold = request.redelivered or request.attempt > 1
-    session = deps.store.start_job(
+    snapshot = deps.store.start_job_with_snapshot(
         request.session_id, deps.lease_owner(request), policy.lease_ttl_s, deps.clock(),
-        take_over=request.task_id if earlier_may_hold else None)
-    if session is None:
+        take_over=request.task_id if earlier_may_hold else None,
+        history=RECENT_HISTORY, to_message=_to_snapshot_message)
+    if snapshot is None:
         raise LeaseHeld("another job holds this session's lease", reason="lease_held")
-    return session
+    return snapshot
 
 
-def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
-             leased: SessionState) -> JobResult:
-    admitted = _admit(trace, deps, policy, leased)
-    plan = _plan(trace, deps, policy)
+def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy, admitted: Admitted,
+             plan: JobPlan) -> JobResult:
     with trace.step("summarize"):
         work = summary_work(trace, deps, policy, plan)
         plan = plan.without_span()
@@ -209,14 +221,6 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
         trace.breaker_state = BreakerState.CLOSED.value
     result = trace.result(admitted.outcome, plan.decision, None)
     return dataclasses.replace(result, queue_marker_cleared=True)
-
-
-def _plan(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobPlan:
-    """Read the snapshot and plan from it; only the plan outlives this call."""
-    with trace.step("snapshot"):
-        snapshot = read_job_snapshot(trace.request.session_id, deps)
-    with trace.step("plan"):
-        return plan_job(trace, deps, policy, snapshot)
 
 
 def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,

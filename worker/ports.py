@@ -16,17 +16,21 @@ JobMessage = TypeVar("JobMessage")
 
 class JobStore(Protocol):
     """The store methods one job uses, with ``db.Store``'s contract: a job is three
-    transactions, ``start_job``, ``job_snapshot``, then ``commit_job`` or ``finish_job``
-    (``get_session`` and ``set_breaker`` only on a rare path: a failure before the lease,
-    the breaker's half-open trial; ``renew_lease`` from the heartbeat of a long job).
+    transactions at most, ``start_job_with_snapshot`` (on PostgreSQL one statement), then
+    ``commit_job`` or ``finish_job`` (``get_session`` and ``set_breaker`` only on a rare
+    path: a failure before the lease, the breaker's half-open trial; ``renew_lease``
+    from the heartbeat of a long job; ``job_snapshot`` for a preview).
 
     Unknown sessions raise ``db.SessionNotFound`` (``finish_job`` records the run
     anyway); ``commit_job`` raises ``db.LeaseLost`` or ``db.RevisionConflict`` and then
     writes nothing; an unreachable database raises ``db.StoreUnavailable``.
     """
 
-    def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
-                  take_over: str | None = None) -> SessionState | None: ...
+    def start_job_with_snapshot(
+        self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+        take_over: str | None = None, history: int = 2,
+        to_message: Callable[[MessageText], JobMessage],
+    ) -> JobSnapshot[JobMessage] | None: ...
 
     def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool: ...
 

@@ -78,7 +78,7 @@ def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
     countdown = _retry_countdown(runtime, result, task_id, retries)
     emit_job_event(get_logger(), result, will_retry=countdown is not None)
     if journal is not None and opened is not None:
-        journal.close(opened.entry)
+        journal.close_unanswered(opened.entry)
     if countdown is not None:  # the retry keeps this task id, so the queue marker stays
         # Passed explicitly: Celery's max_retries=None means its default of 3, not unbounded.
         raise self.retry(countdown=countdown, max_retries=settings.max_transient_retries)

@@ -37,7 +37,7 @@ TURNS = 40
 
 # The documented fields of the ``compaction.job`` event (README, "Outcome events").
 EVENT_FIELDS = frozenset(event_field_docs())
-JOB_STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
+JOB_STEPS = ("lease", "breaker", "plan", "summarize", "merge", "validate", "swap")
 
 
 def events_by_task(worker: WorkerProcess, count: int) -> dict[str, dict[str, Any]]:

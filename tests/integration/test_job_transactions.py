@@ -2,7 +2,7 @@
 SQLite: the lease (one ``UPDATE ... RETURNING``), the snapshot (one read transaction),
 and one write that ends it (the swap with the run row, lease release and queue marker;
 or, for any other outcome, the run row with the breaker and lease release). On
-PostgreSQL a compaction takes three: the lease, the snapshot and the swap are one
+PostgreSQL a compaction takes two: the lease with the snapshot, and the swap, one
 statement each, in autocommit.
 
 Counted with SQLAlchemy's own events on the real engine: every statement
@@ -12,7 +12,9 @@ AUTOCOMMIT costs a BEGIN and a COMMIT round trip besides its statements (SQLite'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, event, text
 
-from db import Store, create_db_engine
+from db import MessageText, Store, create_db_engine
 from db import job_transactions as job
 from tests.support.databases import truncate_store_tables
 from tests.support.e2e import append_turns, build_job_env, import_records, token_counter
@@ -39,9 +41,9 @@ pytestmark = pytest.mark.integration
 SESSION = "generated-transactions"
 MAX_TRANSACTIONS = 3
 MAX_ROUND_TRIPS = 12
-# PostgreSQL takes the lease, reads the snapshot and swaps in one statement each, none in
-# a BEGIN ... COMMIT.
-MAX_COMPACTION_ROUND_TRIPS_POSTGRESQL = 3
+# PostgreSQL takes the lease with the snapshot in one statement and swaps in another, none
+# in a BEGIN ... COMMIT.
+MAX_COMPACTION_ROUND_TRIPS_POSTGRESQL = 2
 
 
 @dataclass
@@ -118,7 +120,7 @@ def assert_job_ended_cleanly(store: Store, traffic: Traffic) -> None:
     assert (state.lease_owner, state.queued_job_id) == (None, None)
 
 
-def test_a_first_and_a_second_compaction_each_take_three_transactions(
+def test_a_first_and_a_second_compaction_each_take_three_transactions_at_most(
     store: Store, database_url: str,
 ) -> None:
     import_records(store, [generated_session(SESSION, 40)])
@@ -202,14 +204,67 @@ def test_a_swap_whose_statement_cannot_trust_its_snapshot_falls_back_to_a_transa
             connection.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
         result, traffic = run_counted(store, migrated_postgres_url, "task-1")
         assert result.outcome is Outcome.COMPACTED, result
-        # The statement wrote nothing, then the transaction (lock, write) did.
-        assert traffic.transactions == 4
+        # After the lease's statement (with the snapshot), the swap's statement wrote
+        # nothing, then the transaction (lock, write) did.
+        assert traffic.transactions == 3
         assert len(store.runs(session_id=SESSION)) == 1
         state = store.get_session(SESSION)
         assert (state.active_revision_id, state.lease_owner, state.queued_job_id) == \
             (result.revision_id, None, None)
     finally:
         store.close()
+
+
+LATE_MESSAGE = """{"role": "user", "content": "appended while the lease waited"}"""
+
+
+def test_a_lease_that_waited_on_an_append_reads_the_snapshot_that_append_left(
+    migrated_postgres_url: str,
+) -> None:
+    # The lease's statement takes its snapshot before it waits for the row lock: once
+    # the append commits, the row it locks is ahead of the messages it would read, and
+    # the job reads a fresh snapshot instead.
+    truncate_store_tables(migrated_postgres_url)
+    store = Store(create_db_engine(migrated_postgres_url))
+    try:
+        import_records(store, [generated_session(SESSION, 4)])
+        head_seq = store.get_session(SESSION).head_seq
+        with store._engine.connect() as appender, ThreadPoolExecutor(1) as pool:
+            appender.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
+            appender.execute(text(
+                "INSERT INTO messages (session_id, seq, role, body, tokens, created_at) "
+                "SELECT id, head_seq, 'user', CAST(:body AS JSON), 7, now() FROM sessions"),
+                {"body": LATE_MESSAGE})
+            started = pool.submit(store.start_job_with_snapshot, SESSION, "w1:task-1", 60,
+                                  datetime.now(UTC), to_message=keep_text)
+            wait_for_a_lock_wait(store)
+            appender.commit()
+            snapshot = started.result(timeout=30)
+        assert snapshot is not None
+        assert (snapshot.session.head_seq, snapshot.session.lease_owner) == \
+            (head_seq + 1, "w1:task-1")
+        assert [m.seq for m in snapshot.messages][-1] == head_seq + 1
+    finally:
+        store.close()
+
+
+def keep_text(text: MessageText) -> MessageText:
+    return text
+
+
+def wait_for_a_lock_wait(store: Store, timeout_s: float = 10.0) -> None:
+    """Return once a statement of this database waits for a row lock."""
+    deadline = time.monotonic() + timeout_s
+    with store._engine.connect() as connection:
+        while time.monotonic() < deadline:
+            waiting = connection.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"))
+            connection.rollback()
+            if waiting:
+                return
+            time.sleep(0.01)
+    raise AssertionError("no statement waited for the row lock")
 
 
 def test_the_swap_leaves_another_jobs_queue_marker_in_place(store: Store, database_url: str,

@@ -25,6 +25,7 @@ from db import (
     RevisionSizes,
     RunRecord,
     SessionNotFound,
+    SessionState,
     Snapshot,
     ToolCallState,
     upgrade_database,
@@ -43,6 +44,9 @@ SESSION = "s-contract"
 class ContractStore(JobStore, Protocol):
     """What the checks need besides the port: setting a session up, reading it back, and
     the single-purpose lease, swap and run methods operators and tools use."""
+
+    def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+                  take_over: str | None = None) -> SessionState | None: ...
 
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime
                       ) -> bool: ...
@@ -315,6 +319,32 @@ def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
     assert [(m.seq, json.loads(m.body_json), m.tokens, m.identifiers)
             for m in snapshot.messages] == \
         [(m.seq, m.body, m.tokens, m.identifiers) for m in plain.messages]
+
+
+def test_a_job_takes_the_lease_with_its_snapshot_and_reads_nothing_without_it(
+    store: ContractStore,
+) -> None:
+    first = swap(store, None, 2, owner=None)
+    expected = store.job_snapshot(SESSION, history=2, to_message=keep_text)
+
+    started = store.start_job_with_snapshot(SESSION, "w1:task-1", TTL_S, T0, history=2,
+                                            to_message=keep_text)
+
+    assert started is not None
+    assert started.session == store.get_session(SESSION)
+    assert (started.session.lease_owner, started.session.lease_expires_at) == \
+        ("w1:task-1", T0 + timedelta(seconds=TTL_S))
+    assert (started.revision, started.messages, started.recent_revisions) == \
+        (expected.revision, expected.messages, expected.recent_revisions)
+    assert started.revision is not None and started.revision.id == first
+    assert store.start_job_with_snapshot(SESSION, "w2:task-2", TTL_S, T0,
+                                         to_message=keep_text) is None
+    # A redelivery of task-1 takes over the lease its lost delivery left.
+    taken = store.start_job_with_snapshot(SESSION, "w2:task-1", TTL_S, T0,
+                                          take_over="task-1", to_message=keep_text)
+    assert taken is not None and taken.session.lease_owner == "w2:task-1"
+    with pytest.raises(SessionNotFound):
+        store.start_job_with_snapshot("nope", "w1:task-1", TTL_S, T0, to_message=keep_text)
 
 
 def keep_text(text: MessageText) -> MessageText:

@@ -127,6 +127,15 @@ class FakeStore:
         return self._find(session_id) if self.acquire_lease(session_id, owner, ttl_s, now) \
             else None
 
+    def start_job_with_snapshot(
+        self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
+        take_over: str | None = None, history: int = 2,
+        to_message: Callable[[MessageText], M],
+    ) -> JobSnapshot[M] | None:
+        if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
+            return None
+        return self.job_snapshot(session_id, history=history, to_message=to_message)
+
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], M]) -> JobSnapshot[M]:
         self._check("job_snapshot")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from db import StoreUnavailable
-from worker.heartbeat import LeaseHeartbeat
+from worker.heartbeat import LeaseHeartbeat, _Beater
 from worker.settings import Settings
 
 
@@ -58,3 +58,21 @@ def test_a_renewal_hung_when_the_block_ends_holds_it_for_one_period_at_most() ->
         time.sleep(0.1)  # the first beat is under way
         ending = time.monotonic()
     assert time.monotonic() - ending < 0.5
+
+
+
+def test_a_heartbeat_due_before_the_one_the_thread_waits_for_is_beaten_on_time() -> None:
+    # A heartbeat thread of its own (the process's may be held by another test's hung
+    # renewal) waits for the long period's first beat; a shorter period added meanwhile
+    # wakes it, and its beats come on their own time.
+    beater = _Beater()
+    slow, fast = LeaseHeartbeat(lambda: True, 30.0), LeaseHeartbeat(lambda: True, 0.05)
+    beater.add(slow)
+    time.sleep(0.1)  # the thread now waits for the slow one's beat
+    beater.add(fast)
+    deadline = time.monotonic() + 5
+    while fast.renewals < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    beater.remove(fast)
+    beater.remove(slow)
+    assert (fast.renewals >= 3, slow.renewals) == (True, 0)

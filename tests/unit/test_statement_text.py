@@ -15,8 +15,10 @@ from sqlalchemy.dialects.postgresql import psycopg
 from db import job_transactions as job
 
 
-@pytest.mark.parametrize("statement", [job._SNAPSHOT_STATEMENT, job._CHECKED_SWAP],
-                         ids=["snapshot", "swap"])
+@pytest.mark.parametrize("statement", [job._SNAPSHOT_STATEMENT,
+                                       *job._LEASED_SNAPSHOT_STATEMENTS.values(),
+                                       job._CHECKED_SWAP],
+                         ids=["snapshot", "lease_and_snapshot", "take_over_and_snapshot", "swap"])
 def test_a_jobs_one_statement_reads_and_writes_are_cached_by_psycopg(
     statement: ClauseElement,
 ) -> None:
