@@ -24,7 +24,7 @@ from db import upgrade_database
 from scheduler.enqueue import QueuedJob
 from scheduler.publisher import RedisPublisher
 from tests.support.databases import create_postgres_database, drop_postgres_database
-from tests.support.worker_process import REPO_ROOT, WorkerProcess
+from tests.support.worker_process import REPO_ROOT, WorkerProcess, parse_log_lines
 from worker import pipeline
 from worker.celery_app import create_app
 from worker.contract import job_kwargs
@@ -96,12 +96,41 @@ def settings_env(**values: object) -> dict[str, str]:
 
 
 class BenchWorker(WorkerProcess):
-    """A real prefork worker of any Celery app (``module:attribute``), log captured."""
+    """A real prefork worker of any Celery app (``module:attribute``), log captured.
+
+    Its log is read incrementally: each poll parses only the lines written since the
+    last. Re-parsing the whole log every 0.25 s took the machine's cores from the worker
+    it measures (1.7 ms of CPU per job over a 128-job level, 0.2 ms now).
+    """
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, concurrency: int = 1,
                  app: str = "worker.celery_app") -> None:
         super().__init__(env, log_path, concurrency=concurrency)
         self.app = app
+        self._read_bytes = 0
+        self._events_by_name: dict[str, list[dict[str, Any]]] = {}
+        self._events: list[dict[str, Any]] = []
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every log line so far (optionally only events called ``name``), oldest first;
+        fails on a line that is not one JSON object."""
+        self._read_new_lines()
+        return list(self._events if name is None else self._events_by_name.get(name, ()))
+
+    def _read_new_lines(self) -> None:
+        """Parse the complete lines written since the last read (a partial last line
+        waits for its newline)."""
+        if not self.log_path.exists():
+            return
+        with self.log_path.open("rb") as log:
+            log.seek(self._read_bytes)
+            fresh = log.read()
+        complete = fresh[:fresh.rfind(b"\n") + 1]
+        events = parse_log_lines(complete.decode(errors="replace"))
+        self._read_bytes += len(complete)  # after parsing: a bad line fails every read
+        for event in events:
+            self._events.append(event)
+            self._events_by_name.setdefault(str(event.get("event")), []).append(event)
 
     def argv(self) -> list[str]:
         # The flags of `compactor worker` (scheduler/cli/jobs.py), for either app.

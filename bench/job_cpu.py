@@ -1,8 +1,10 @@
 """Worker CPU per compaction job, excluding the LLM: the real pipeline in this process on
 PostgreSQL, each job on its own copy of a generated session. The extractive summarizer by
 default; ``--summarizer llm`` calls the OpenAI test server (its own process, answering at
-once), so what is timed is the worker's side of each call (prompt, request, reply,
-validation), and the server's CPU per call is printed beside it.
+once, or after ``--latency-ms``), so what is timed is the worker's side of each call
+(prompt, request, reply, validation), and the server's CPU per call is printed beside it.
+"Local wall" is the wall less the server's delay per call: what a job adds to the
+model's latency (work done while it waits, on another thread, is not in it).
 
 One untimed warm-up job per size, then ``gc.freeze()`` as a worker does after its first
 job; each timed job's process CPU time (``time.process_time``) and wall time are
@@ -119,12 +121,12 @@ def _checked(result: JobResult) -> JobResult:
 
 
 @contextmanager
-def server_if(wanted: bool) -> Iterator[ServerProcess | None]:
-    """The OpenAI test server, answering at once, when ``wanted``."""
+def server_if(wanted: bool, latency_ms: int) -> Iterator[ServerProcess | None]:
+    """The OpenAI test server, answering after ``latency_ms``, when ``wanted``."""
     if not wanted:
         yield None
         return
-    with openai_server(context_window=LLM_WINDOW_TOKENS) as server:
+    with openai_server(context_window=LLM_WINDOW_TOKENS, latency_ms=latency_ms) as server:
         yield server
 
 
@@ -135,6 +137,9 @@ def main() -> None:
                         help="comma-separated")
     parser.add_argument("--profile", action="store_true", help="cProfile one more job")
     parser.add_argument("--summarizer", choices=("extractive", "llm"), default="extractive")
+    parser.add_argument("--latency-ms", type=int, default=0,
+                        help="the LLM server's delay per call: wall minus it is the job's "
+                             "local wall, the work it does besides waiting on the model")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.session_tokens = 1, "3000"
@@ -142,18 +147,22 @@ def main() -> None:
     counter = new_counter()
     sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
     rows, step_rows = [], []
-    with private_database() as url, server_if(args.summarizer == "llm") as server:
+    with private_database() as url, server_if(args.summarizer == "llm",
+                                                         args.latency_ms) as server:
         for session in sessions:
             timed = time_jobs(url, session, args.jobs, profile=args.profile, server=server)
+            calls_per_job = timed.llm_calls / len(timed.cpu_ms)
             rows.append((session.tokens, len(session.rows), len(timed.cpu_ms),
                          min(timed.cpu_ms), median(timed.cpu_ms), min(timed.wall_ms),
-                         median(timed.wall_ms), timed.llm_calls / len(timed.cpu_ms),
-                         timed.server_cpu_ms / max(timed.llm_calls, 1)))
+                         median(timed.wall_ms),
+                         median(timed.wall_ms) - calls_per_job * args.latency_ms,
+                         calls_per_job, timed.server_cpu_ms / max(timed.llm_calls, 1)))
             step_rows.append((session.tokens,
                               *(median(timed.step_ms[step]) if step in timed.step_ms else 0.0
                                 for step in STEPS)))
     print_table(("session tokens", "messages", "jobs", "CPU ms min", "CPU ms median",
-                 "wall ms min", "wall ms median", "LLM calls per job",
+                 "wall ms min", "wall ms median", "local wall ms median",
+                 "LLM calls per job",
                  "server CPU ms per call"), rows)
     print("\nCPU ms per step (median; the thread's CPU time inside each step):")
     print_table(("session tokens", *STEPS), step_rows)

@@ -10,6 +10,7 @@ runtime); the worker's own ready event starts the end-to-end figure.
 from __future__ import annotations
 
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ class Level:
     median_job_s: float
     worker_cpu_s_per_job: float
     server_cpu_s_per_job: float
+    bench_cpu_s_per_job: float  # this process's (publishing, polling the worker's log)
     machine_busy: float  # share of all cores busy (anything on the machine), steady state
     outcomes: str
 
@@ -65,9 +67,11 @@ def run_level(broker: Broker, store: Store, env: dict[str, str], session: BenchS
         timeout_s = 60 + jobs * (20 * latency_s + 5)
         # CPU is counted once every child has finished a job (built its runtime).
         finished_then = len(worker.wait_for(JOB_EVENT, concurrency, timeout_s))
-        cpu_then = (worker_cpu_s(worker), proc_cpu_s(server_pid), machine_cpu_s())
+        cpu_then = (worker_cpu_s(worker), proc_cpu_s(server_pid), machine_cpu_s(),
+                    time.process_time())
         events = worker.wait_for(JOB_EVENT, jobs, timeout_s)
-        cpu_now = (worker_cpu_s(worker), proc_cpu_s(server_pid), machine_cpu_s())
+        cpu_now = (worker_cpu_s(worker), proc_cpu_s(server_pid), machine_cpu_s(),
+                   time.process_time())
         ready_s = event_time_s(worker.events("worker.ready")[0])
     done = sorted(event_time_s(e) for e in events)
     steady_s = done[-1] - done[concurrency - 1]
@@ -81,6 +85,7 @@ def run_level(broker: Broker, store: Store, env: dict[str, str], session: BenchS
         median_job_s=median([float(e["duration_ms"]) / 1000 for e in events]),
         worker_cpu_s_per_job=(cpu_now[0] - cpu_then[0]) / counted_jobs,
         server_cpu_s_per_job=(cpu_now[1] - cpu_then[1]) / counted_jobs,
+        bench_cpu_s_per_job=(cpu_now[3] - cpu_then[3]) / counted_jobs,
         machine_busy=busy_s / all_s if all_s else 0.0,
         outcomes=", ".join(sorted({str(e["outcome"]) for e in events})),
     )
@@ -136,11 +141,12 @@ def print_levels(results: list[Level]) -> None:
     print_table(
         ("session tokens", "concurrency", "jobs", "jobs/s steady", "jobs/s end-to-end",
          "ideal jobs/s", "steady / ideal", "median job s", "worker CPU s/job",
-         "server CPU s/job", "machine CPU busy", "outcomes"),
+         "server CPU s/job", "bench CPU s/job", "machine CPU busy", "outcomes"),
         [(r.session_tokens, r.concurrency, r.jobs, r.steady_jobs_per_s,
           r.end_to_end_jobs_per_s, r.ideal_jobs_per_s,
           f"{r.steady_jobs_per_s / r.ideal_jobs_per_s:.0%}", r.median_job_s,
-          r.worker_cpu_s_per_job, r.server_cpu_s_per_job, f"{r.machine_busy:.0%}",
+          r.worker_cpu_s_per_job, r.server_cpu_s_per_job, r.bench_cpu_s_per_job,
+          f"{r.machine_busy:.0%}",
           r.outcomes) for r in results])
 
 

@@ -36,7 +36,6 @@ from worker.compaction import (
     breaker_after_failure,
     collect_artifacts,
     decide_compaction,
-    dump_artifacts_json,
     featured_values,
     find_failures,
     group_messages,
@@ -362,7 +361,7 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         summary=revision.summary.model_dump(mode="json"), block=revision.block,
         # The store keeps the block's tokens under both names; they are one figure.
         block_tokens=revision.summary_tokens, summary_tokens=revision.summary_tokens,
-        artifacts_json=dump_artifacts_json(work.artifacts), span_tokens=work.span_tokens,
+        artifacts_json=work.artifacts_json, span_tokens=work.span_tokens,
         projection_tokens_before=trace.figures.tokens_before or 0,
         model=draft.model, prompt_version=draft.prompt_version, summarizer=draft.kind,
     )

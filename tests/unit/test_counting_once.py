@@ -10,7 +10,7 @@ import tiktoken
 
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import filled
-from worker.compaction.merge import merge_summaries
+from worker.compaction.merge import count_identifier_lines, merge_summaries
 from worker.compaction.schema import count_summary_tokens, render_summary_block
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import validate_summary
@@ -73,3 +73,25 @@ def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -
     assert renders == 3  # the empty block's floor, the merged block, the span's reply
     # Lines once, the block once, the floor and the reply: no bisection re-renders.
     assert encoding.encoded_tokens <= 2 * final_tokens + reply_tokens + 200
+
+
+def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_merge() -> None:
+    plain = shared_counter()
+    identifiers = [f"  gift_card_{n:07d} " for n in range(300)] + ["", "R99999"]
+    new = filled(goal="Keep the bookings in order",
+                 relevant_artifacts=["R99999", "gift_card_0000007"])
+    encoding = CountingEncoding(plain.encoding)
+    counter = TokenCounter(cast(Any, encoding)).for_job()
+
+    count_identifier_lines(identifiers, counter)
+    ahead = len(encoding.texts)
+    merged = merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=counter,
+                             identifiers=identifiers)
+
+    merge_texts = encoding.texts[ahead:]
+    assert "gift_card_0000299" in merged.fitted.text  # the lines were costed
+    assert not any("gift_card_" in text and "[Summary of earlier" not in text
+                   for text in merge_texts), merge_texts
+    fresh = merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=plain.for_job(),
+                            identifiers=identifiers)
+    assert merged == fresh

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
         measure_depth,
         measure_json_depth,
     )
-    from worker.compaction.merge import MergedSummary, merge_summaries
+    from worker.compaction.merge import MergedSummary, count_identifier_lines, merge_summaries
     from worker.compaction.messages import (
         ChatMessage,
         StoredMessage,
@@ -145,6 +145,7 @@ _DEFINED_IN = {
     "measure_json_depth": "worker.compaction.limits",
     "MergedSummary": "worker.compaction.merge",
     "merge_summaries": "worker.compaction.merge",
+    "count_identifier_lines": "worker.compaction.merge",
     "ChatMessage": "worker.compaction.messages",
     "StoredMessage": "worker.compaction.messages",
     "dump_message": "worker.compaction.messages",
@@ -236,6 +237,7 @@ __all__ = [
     "check_session",
     "clean_text",
     "collect_artifacts",
+    "count_identifier_lines",
     "decide_compaction",
     "dump_artifacts_json",
     "dump_message",

@@ -178,7 +178,7 @@ def _measure(capped: Summary, counter: TokenCounter,
     sections: list[_Section] = []
     for name in LIST_SECTIONS:
         items = capped.items_of(name)
-        costs = counter.count_lines([f"{item_line(item)}\n" for item in items])
+        costs = counter.count_lines(item_line_texts(items))
         if name == "relevant_artifacts":
             # On a shared line, ", " stands for the bullet's "-" and the line break.
             costs = [cost - is_packable(item) for cost, item in zip(costs, items, strict=True)]
@@ -190,6 +190,11 @@ def _measure(capped: Summary, counter: TokenCounter,
         order = (*fresh, *(index for index in indexes if index in earlier))
         sections.append(_Section(name, tuple(costs), order, frozenset(fresh)))
     return sections
+
+
+def item_line_texts(items: Sequence[str]) -> list[str]:
+    """Each item's bullet line with its line break: the text an item's cost is counted on."""
+    return [f"{item_line(item)}\n" for item in items]
 
 
 def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, dict[int, None]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from worker.compaction.budget import FittedSummary, fit_summary
+from worker.compaction.budget import FittedSummary, fit_summary, item_line_texts
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
 from worker.compaction.tokens import TokenCounter
@@ -56,7 +56,7 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     """
     keys = _ItemKeys()
     merged = new if prior is None else _merge_sections(prior, new, keys)
-    wanted = [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
+    wanted = _wanted(identifiers)
     known = TextGrams("\n".join([merged.goal, *(item for name in LIST_SECTIONS
                                                 if name not in HISTORY_SECTIONS
                                                 for item in merged.items_of(name))]),
@@ -76,6 +76,18 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
     return MergedSummary(fitted, tuple(value for value in missing if value in kept))
+
+
+def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter) -> None:
+    """Count the lines the merge costs ``identifiers`` by, before it runs: into a job's
+    counter (``TokenCounter.for_job``), which the merge then reads them from. A summarizer
+    calls it while it waits on the model (the counts do not depend on the draft)."""
+    counter.count_lines(item_line_texts(_wanted(identifiers)))
+
+
+def _wanted(identifiers: Sequence[str]) -> list[str]:
+    """The identifiers as the merge lists them: stripped, non-empty, each once."""
+    return [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
 
 
 def _in_order(first: Sequence[str], second: Sequence[str], order: Sequence[str]) -> list[str]:

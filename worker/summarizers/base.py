@@ -16,6 +16,8 @@ from worker.compaction import (
     Group,
     Summary,
     TokenCounter,
+    count_identifier_lines,
+    dump_artifacts_json,
     failure_values,
     rank_artifacts,
 )
@@ -46,6 +48,26 @@ class SummaryWork:
         (each features its own values with ``rerank_featured``)."""
         return rank_artifacts(self.artifacts,
                               featured=failure_values(self.failures, self.artifacts))
+
+    @property
+    def identifiers(self) -> list[str]:
+        """The artifacts' values the summary may list (tool names are not), most salient
+        first, before a draft features its own."""
+        return [artifact.value for artifact in self.ranked_artifacts if artifact.kind != "tool"]
+
+    @functools.cached_property
+    def artifacts_json(self) -> str:
+        """The span's artifacts as the revision row stores them."""
+        return dump_artifacts_json(self.artifacts)
+
+    def prepare_merge(self) -> None:
+        """Do ahead the work of the steps after the summarizer that no draft changes: the
+        artifacts' JSON, and the token counts of the identifiers' lines in the job's
+        counter. A summarizer that waits on a model calls it meanwhile; the merge and the
+        swap then find it done (or do it themselves, as they would have)."""
+        _ = self.artifacts_json
+        if self.counter is not None:
+            count_identifier_lines(self.identifiers, self.counter)
 
 
 @dataclass(frozen=True)

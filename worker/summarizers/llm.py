@@ -9,8 +9,11 @@ smaller chunks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from worker.compaction import (
@@ -83,8 +86,7 @@ class LLMSummarizer:
         return plan, output_tokens
 
     def _prompt_inputs(self, work: SummaryWork) -> tuple[list[str], int]:
-        identifiers = [a.value for a in work.ranked_artifacts
-                       if a.kind != "tool"][:PROMPT_IDENTIFIERS]
+        identifiers = work.identifiers[:PROMPT_IDENTIFIERS]
         return identifiers, output_budget_tokens(work.span_tokens, self._pinned_output_tokens)
 
     def _run(self, work: SummaryWork, usage: LLMUsage, window_tokens: int
@@ -98,12 +100,14 @@ class LLMSummarizer:
         merge_rounds = plan.merge_rounds
         del plan
         single = len(chunk_texts) == 1
-        partials = self._map(chunk_texts, work.prior if single else None, identifiers,
-                             output_tokens, usage)
-        for batches in merge_rounds:
-            final_round = len(batches) == 1
-            partials = self._merge_round(partials, batches, work.prior if final_round else None,
-                                         identifiers, output_tokens, usage)
+        with _alongside(work.prepare_merge):
+            partials = self._map(chunk_texts, work.prior if single else None, identifiers,
+                                 output_tokens, usage)
+            for batches in merge_rounds:
+                final_round = len(batches) == 1
+                partials = self._merge_round(partials, batches,
+                                             work.prior if final_round else None,
+                                             identifiers, output_tokens, usage)
         return partials[0], len(chunk_texts), len(merge_rounds)
 
     def _plan(self, work: SummaryWork, identifiers: Sequence[str], output_tokens: int,
@@ -180,6 +184,24 @@ class LLMSummarizer:
                 if future in done and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]  # checked not None
             return [future.result() for future in futures]
+
+
+@contextmanager
+def _alongside(task: Callable[[], None]) -> Iterator[None]:
+    """Run ``task`` on its own thread while the block waits on the model (the job's local
+    work after the call then shrinks by what ``task`` did); leaving waits for it."""
+    def run() -> None:
+        # Only work done ahead: whatever fails here, the step that needs it does again
+        # and fails there, as the job's error.
+        with contextlib.suppress(Exception):
+            task()
+
+    thread = threading.Thread(target=run, name="summary-prepare", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _take_joined(texts: list[str]) -> str:
