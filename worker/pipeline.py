@@ -27,6 +27,8 @@ from worker.compaction import (
     Boundary,
     Breaker,
     BreakerState,
+    Failure,
+    Group,
     MergedSummary,
     StoredMessage,
     Summary,
@@ -101,9 +103,9 @@ class JobPlan:
         return self.revision.summary_tokens if self.revision else 0
 
     def without_span(self) -> JobPlan:
-        """The plan once its span is in the summary work, which holds the span pruned:
-        the stored span (every old tool output in full) can be freed before the
-        summarizer runs, and so can its stored mentions, ranked into the work's artifacts."""
+        """The plan once its span is pruned (:func:`prune_span`): the stored span (every
+        old tool output in full) can be freed before the artifacts are tallied and the
+        summarizer runs, and so can its stored mentions, once tallied."""
         return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
                                    span_mentions={})
 
@@ -189,8 +191,12 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
     admitted = _admit(trace, deps, policy, leased)
     plan = _plan(trace, deps, policy)
     with trace.step("summarize"):
-        work = summary_work(trace, deps, policy, plan)
-        plan = plan.without_span()
+        span = prune_span(deps, policy, plan)
+        # The plan's stored span goes here (every old tool output in full), before the
+        # artifacts are tallied: only the pruned span and the span's mentions stay.
+        mentions, plan = plan.span_mentions, plan.without_span()
+        work = summary_work(trace, deps, policy, plan, span, mentions)
+        del span, mentions  # the work holds what it needs of them
         draft = admitted.summarizer.summarize(work)
         trace.summarizer = draft.kind
         trace.note(**dataclasses.asdict(draft.usage))
@@ -291,27 +297,44 @@ def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
             for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
 
 
-def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan
-                 ) -> SummaryWork:
-    """What the summarizer reads: the pruned span, the prior summary, its identifiers."""
-    span_messages = [m for group in plan.boundary.span for m in group.messages]
-    prior = plan.revision
-    span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
+@dataclass(frozen=True)
+class PrunedSpan:
+    """The plan's span as the summarizer reads it (old tool outputs pruned), with what
+    only the span as stored tells: its failed tool results, its seqs and its tokens."""
+
+    groups: tuple[Group, ...]
+    failures: tuple[Failure, ...]
+    seqs: tuple[int, ...]
+    tokens: int
+
+
+def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
+    """Prune the plan's span; the stored span is not needed after this."""
+    stored = plan.boundary.span
+    groups = prune_groups(stored, audit_mode=policy.audit_mode, counter=deps.counter)
     if policy.span_strategy is not None:
-        span = apply_strategy(span, policy.span_strategy, deps.counter)
-    span_tokens = sum(m.tokens for m in span_messages)
+        groups = apply_strategy(groups, policy.span_strategy, deps.counter)
+    messages = [m for group in stored for m in group.messages]
+    return PrunedSpan(tuple(groups), tuple(find_failures(stored)),
+                      tuple(m.seq for m in messages), sum(m.tokens for m in messages))
+
+
+def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
+                 span: PrunedSpan, mentions: dict[int, tuple[StoredMention, ...]]
+                 ) -> SummaryWork:
+    """What the summarizer reads: the pruned span, the prior summary, the identifiers
+    ingest found in the span (by seq in ``mentions``: a job never scans for them)."""
+    prior = plan.revision
     work = SummaryWork(
-        span=tuple(span),
+        span=span.groups,
         prior=Summary.model_validate(prior.summary) if prior else None,
-        # The identifiers found at ingest: a job never scans the span for them again.
-        artifacts=tuple(collect_artifacts((m.seq, plan.span_mentions.get(m.seq, ()))
-                                          for m in span_messages)),
-        failures=tuple(find_failures(plan.boundary.span)),
-        span_tokens=span_tokens,
-        budget_tokens=policy.summary_budget.for_span(span_tokens, plan.prior_summary_tokens),
+        artifacts=tuple(collect_artifacts((seq, mentions.get(seq, ())) for seq in span.seqs)),
+        failures=span.failures,
+        span_tokens=span.tokens,
+        budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
         counter=deps.counter,
     )
-    trace.note(span_tokens=work.span_tokens, span_messages=len(span_messages),
+    trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
                artifacts=len(work.artifacts))
     return work
 
