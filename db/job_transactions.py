@@ -48,7 +48,7 @@ from sqlalchemy import (
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.queries import insert_run, interned_mentions, iterate_active_texts, run_values
+from db.queries import insert_run, iterate_active_texts, run_values
 from db.records import (
     BreakerUpdate,
     JobMessage,
@@ -212,7 +212,7 @@ def _snapshot_statement() -> CompoundSelect[Any]:
     message_columns = (_MESSAGES.c.seq.label("message_seq"),
                        _MESSAGES.c.body.cast(Text).label("message_body"),
                        _MESSAGES.c.tokens.label("message_tokens"),
-                       _MESSAGES.c.identifiers.label("message_identifiers"))
+                       _MESSAGES.c.identifiers.cast(Text).label("message_identifiers"))
     size_columns = (_REVISIONS.c.id.label("size_revision_id"),
                     _REVISIONS.c.projection_tokens_before.label("size_before"),
                     _REVISIONS.c.projection_tokens_after.label("size_after"))
@@ -284,7 +284,7 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
         if part == _MESSAGE_PART:
             seqs.append(row[_SEQ])
             messages.append(to_message(MessageText(
-                row[_SEQ], row[_BODY], row[_TOKENS], interned_mentions(row[_IDENTIFIERS]))))
+                row[_SEQ], row[_BODY], row[_TOKENS], row[_IDENTIFIERS])))
         elif part == _HEAD_PART:
             head = {key: process(value) if process and value is not None else value
                     for key, process, value in zip(_SNAPSHOT_KEYS, head_processors, row,

@@ -20,8 +20,8 @@ from db import (
     NewRevision,
     RevisionRecord,
     SessionState,
-    StoredMention,
     StoreError,
+    decode_mentions,
 )
 from worker.compaction import (
     Boundary,
@@ -80,10 +80,11 @@ class Admitted:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMessage:
-    """A snapshot's message as the job reads it, with the identifiers ingest stored."""
+    """A snapshot's message as the job reads it, with the identifiers ingest stored (as
+    their JSON text: only the span's are decoded, as they are tallied)."""
 
     stored: StoredMessage
-    mentions: tuple[StoredMention, ...] | None  # None: not indexed yet
+    mentions_json: str | None  # None: not indexed yet
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class JobPlan:
     revision: RevisionRecord | None
     boundary: Boundary
     decision: str
-    span_mentions: dict[int, tuple[StoredMention, ...]]
+    span_mentions: dict[int, str]
 
     @property
     def prior_summary_tokens(self) -> int:
@@ -264,7 +265,7 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 
 def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
     return SnapshotMessage(StoredMessage(text.seq, parse_message_json(text.body_json),
-                                         text.tokens), text.identifiers)
+                                         text.tokens), text.identifiers_json)
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -286,8 +287,8 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    span_mentions = {m.stored.seq: m.mentions for m in snapshot.messages
-                     if m.mentions and m.stored.seq <= boundary.through_seq}
+    span_mentions = {m.stored.seq: m.mentions_json for m in snapshot.messages
+                     if m.mentions_json and m.stored.seq <= boundary.through_seq}
     return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
 
 
@@ -320,15 +321,16 @@ def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
 
 
 def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
-                 span: PrunedSpan, mentions: dict[int, tuple[StoredMention, ...]]
-                 ) -> SummaryWork:
+                 span: PrunedSpan, mentions: dict[int, str]) -> SummaryWork:
     """What the summarizer reads: the pruned span, the prior summary, the identifiers
-    ingest found in the span (by seq in ``mentions``: a job never scans for them)."""
+    ingest found in the span (their JSON text by seq in ``mentions``, each decoded as it
+    is tallied: a job never scans the span for them)."""
     prior = plan.revision
     work = SummaryWork(
         span=span.groups,
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(collect_artifacts((seq, mentions.get(seq, ())) for seq in span.seqs)),
+        artifacts=tuple(collect_artifacts((seq, decode_mentions(mentions.get(seq)))
+                                          for seq in span.seqs)),
         failures=span.failures,
         span_tokens=span.tokens,
         budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
