@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from worker.compaction.messages import ChatMessage, dump_message, parse_message_json
+from tests.unit.session_strategies import shared_counter
+from worker.compaction.grouping import group_messages
+from worker.compaction.messages import (
+    ChatMessage,
+    StoredMessage,
+    dump_message,
+    parse_message_json,
+)
+from worker.compaction.pruning import DIGEST_MARKER, prune_groups
 
 CALL: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]}
@@ -38,6 +46,19 @@ def test_a_copy_with_updates_leaves_every_other_message_as_it_was() -> None:
     assert dump_message(first) == dump_message(second) == RESULT
     assert first.__pydantic_extra__ == second.__pydantic_extra__ == {}
     assert first.__pydantic_fields_set__ == {"role", "tool_call_id", "content"}
+
+
+def test_a_pruned_copy_shares_the_bookkeeping_of_the_messages_it_was_copied_from() -> None:
+    original = parsed({**RESULT, "content": "x" * 500})
+    [group] = prune_groups(group_messages([StoredMessage(1, parsed(CALL), 10),
+                                           StoredMessage(2, original, 900)]),
+                           audit_mode=False, counter=shared_counter())
+
+    pruned = group.messages[1].message
+    assert pruned.text.startswith(DIGEST_MARKER)
+    assert pruned.__pydantic_fields_set__ is original.__pydantic_fields_set__
+    assert pruned.__pydantic_extra__ is original.__pydantic_extra__
+    assert original.text == "x" * 500
 
 
 def test_shared_messages_round_trip_and_compare_as_unshared_ones_do() -> None:

@@ -80,12 +80,12 @@ def parse_message(data: dict[str, Any]) -> ChatMessage:
 
 def parse_message_json(text: str) -> ChatMessage:
     """Parse one message from its JSON text, with no dict tree in between; its models
-    share their bookkeeping with every other message's (:func:`_share_bookkeeping`)."""
+    share their bookkeeping with every other message's (:func:`share_bookkeeping`)."""
     message = ChatMessage.model_validate_json(text)
-    _share_bookkeeping(message)
+    share_bookkeeping(message)
     for call in message.tool_calls or ():
-        _share_bookkeeping(call)
-        _share_bookkeeping(call.function)
+        share_bookkeeping(call)
+        share_bookkeeping(call.function)
     return message
 
 
@@ -94,7 +94,7 @@ _SHARED_FIELD_SETS: dict[frozenset[str], set[str]] = {}
 _NO_EXTRAS: dict[str, Any] = {}
 
 
-def _share_bookkeeping(model: BaseModel) -> None:
+def share_bookkeeping(model: BaseModel) -> None:
     """Point a frozen model's set of the fields it was given, and its extras when it has
     none, at one shared object each. pydantic gives every instance a set (216 bytes) and
     a dict (64) of its own: with a tool call's two models, most of a stored message's
