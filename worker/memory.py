@@ -43,7 +43,7 @@ def map_large_blocks() -> bool:
     32 MiB): after a job's first large free, its later large blocks (prompts, request
     bodies, the swap's artifacts JSON) come from the heap, where freed small objects left
     holes too small for them, so the heap grows instead (a 1M-token job's peak: 34.1-34.2
-    against 34.7-35.3 MiB over the child's baseline, docs/BENCHMARKS.md section 5)."""
+    against 34.7-35.3 MiB over the child's baseline, ``bench.memory_bench``)."""
     libc = _libc()
     return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES))
 
