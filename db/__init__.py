@@ -47,6 +47,7 @@ from db.records import (
     Snapshot,
     StoredMention,
     ToolCallState,
+    decode_mentions,
 )
 
 if TYPE_CHECKING:
@@ -155,6 +156,7 @@ __all__ = [
     "check_schema",
     "create_db_engine",
     "current_revision",
+    "decode_mentions",
     "downgrade_database",
     "head_revision",
     "known_revisions",

@@ -18,7 +18,7 @@ docs/BENCHMARKS.md section 1), and SQLAlchemy's compiled cache serves them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,7 +51,7 @@ from sqlalchemy import (
 
 from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
-from db.queries import insert_run, interned_mentions, iterate_active_texts, run_values
+from db.queries import insert_run, iterate_active_texts, run_values
 from db.records import (
     BreakerUpdate,
     JobMessage,
@@ -63,6 +63,7 @@ from db.records import (
     RevisionSizes,
     SessionState,
 )
+from db.row_stream import Processor, result_processors, stream_rows
 
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]
 _REVISIONS: Table = RevisionRow.__table__  # type: ignore[assignment]
@@ -195,7 +196,10 @@ _RECENT_SIZES: Select[Any] = (
 
 def _active_revision(session_id: str, row: Row[Any]) -> RevisionRecord | None:
     """The active revision of a ``_SESSION_WITH_REVISION`` row; None when it has none."""
-    mapping = row._mapping
+    return _revision_of(session_id, row._mapping)
+
+
+def _revision_of(session_id: str, mapping: Mapping[Any, Any]) -> RevisionRecord | None:
     if mapping["revision_id"] is None:
         return None
     return RevisionRecord(
@@ -223,7 +227,7 @@ def _snapshot_statement(session: Any, revision: Any, source: FromClause,
     message_columns = (_MESSAGES.c.seq.label("message_seq"),
                        _MESSAGES.c.body.cast(Text).label("message_body"),
                        _MESSAGES.c.tokens.label("message_tokens"),
-                       _MESSAGES.c.identifiers.label("message_identifiers"))
+                       _MESSAGES.c.identifiers.cast(Text).label("message_identifiers"))
     size_columns = (_REVISIONS.c.id.label("size_revision_id"),
                     _REVISIONS.c.projection_tokens_before.label("size_before"),
                     _REVISIONS.c.projection_tokens_after.label("size_after"))
@@ -265,8 +269,8 @@ _SNAPSHOT_STATEMENT = _snapshot_statement(
     _SESSIONS.c.session_id == bindparam("session_id"))
 # Where the message and size columns sit in its rows (read by position, not by name:
 # a Row's attribute lookup costs ~10x a tuple index, and a message row has four).
-_SNAPSHOT_POSITIONS = {column.key: position for position, column
-                       in enumerate(_SNAPSHOT_STATEMENT.selected_columns)}
+_SNAPSHOT_KEYS = tuple(str(column.key) for column in _SNAPSHOT_STATEMENT.selected_columns)
+_SNAPSHOT_POSITIONS = {key: position for position, key in enumerate(_SNAPSHOT_KEYS)}
 _SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
     _SNAPSHOT_POSITIONS[key] for key in (
         "message_seq", "message_body", "message_tokens", "message_identifiers",
@@ -280,21 +284,35 @@ def _read_snapshot_in_one_statement(
     parameters: dict[str, Any] | None = None,
 ) -> JobSnapshot[JobMessage]:
     """Run ``_SNAPSHOT_STATEMENT`` (or ``statement``, a ``_snapshot_statement`` with
-    ``parameters`` besides ``history``), converting each message as its row arrives."""
-    head: Row[Any] | None = None
+    ``parameters`` besides ``history``), converting each message as its row arrives
+    (streamed: the driver never holds the whole result set beside the converted
+    messages)."""
+    rows = stream_rows(connection, statement, {"session_id": session_id, "history": history}
+                       if parameters is None else {**parameters, "history": history})
+    return snapshot_from_rows(rows, session_id, to_message=to_message,
+                              head_processors=result_processors(statement,
+                                                                connection.dialect))
+
+
+def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
+                       to_message: Callable[[MessageText], JobMessage],
+                       head_processors: Sequence[Processor]) -> JobSnapshot[JobMessage]:
+    """The snapshot from ``_SNAPSHOT_STATEMENT``'s raw rows, in any order; the head row's
+    values are processed by ``head_processors`` (its columns' types)."""
+    head: dict[str, Any] | None = None
     seqs: list[int] = []
     messages: list[JobMessage] = []
     sizes: list[tuple[int, RevisionSizes]] = []
-    rows = connection.execute(statement, {"session_id": session_id, "history": history}
-                              if parameters is None else {**parameters, "history": history})
     for row in rows:
         part = row[0]
         if part == _MESSAGE_PART:
             seqs.append(row[_SEQ])
             messages.append(to_message(MessageText(
-                row[_SEQ], row[_BODY], row[_TOKENS], interned_mentions(row[_IDENTIFIERS]))))
+                row[_SEQ], row[_BODY], row[_TOKENS], row[_IDENTIFIERS])))
         elif part == _HEAD_PART:
-            head = row
+            head = {key: process(value) if process and value is not None else value
+                    for key, process, value in zip(_SNAPSHOT_KEYS, head_processors, row,
+                                                   strict=True)}
         else:
             sizes.append((row[_SIZE_ID], RevisionSizes(row[_SIZE_BEFORE], row[_SIZE_AFTER])))
     if head is None:
@@ -303,8 +321,9 @@ def _read_snapshot_in_one_statement(
         messages = [message for _seq, message in sorted(
             zip(seqs, messages, strict=True), key=lambda pair: pair[0])]
     sizes.sort(key=lambda pair: pair[0], reverse=True)
-    return JobSnapshot(session=to_session_state(head), revision=_active_revision(session_id, head),
-                       messages=messages, recent_revisions=tuple(size for _id, size in sizes))
+    return JobSnapshot(session=session_state_of(head),
+                       revision=_revision_of(session_id, head), messages=messages,
+                       recent_revisions=tuple(size for _id, size in sizes))
 
 
 def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
@@ -658,7 +677,11 @@ def commit_failure(connection: Connection, run: NewRun, *, breaker: BreakerUpdat
 
 def to_session_state(row: Row[Any]) -> SessionState:
     """The session's record from a Core row of its table's columns."""
-    m = row._mapping
+    return session_state_of(row._mapping)
+
+
+def session_state_of(m: Mapping[Any, Any]) -> SessionState:
+    """The session's record from its table's columns by name."""
     return SessionState(
         session_id=m["session_id"], metadata=m["metadata"], head_seq=m["head_seq"],
         active_revision_id=m["active_revision_id"], total_tokens=m["total_tokens"],

@@ -6,7 +6,6 @@ them commits. ``db/store.py`` decides the transaction boundaries.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -156,12 +155,12 @@ def iterate_active_texts(connection: Connection, session_pk: int, through_seq: i
     the driver's rows, a decoded dict tree and the models never all coexist."""
     rows = connection.execute(
         select(MessageRow.seq, MessageRow.body.cast(Text), MessageRow.tokens,
-               MessageRow.identifiers)
+               MessageRow.identifiers.cast(Text))
         .where(MessageRow.session_id == session_pk, _is_active(through_seq))
         .order_by(MessageRow.seq)
     )
-    for seq, body_json, tokens, identifiers in rows:
-        yield MessageText(seq, body_json, tokens, interned_mentions(identifiers))
+    for seq, body_json, tokens, identifiers_json in rows:
+        yield MessageText(seq, body_json, tokens, identifiers_json)
 
 
 def _is_active(through_seq: int) -> Any:
@@ -212,16 +211,6 @@ def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | Non
     # Ingest wrote each as [value, kind, source, count] from a Mention: the JSON decoder
     # already gives those types, so the rows are only frozen, not converted one by one.
     return cast(tuple[StoredMention, ...], tuple(map(tuple, stored)))
-
-
-def interned_mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
-    """The mentions with their kind and source interned: a few names that the decoder
-    would otherwise make a new string of in each of a span's ~30k mentions."""
-    if stored is None:
-        return None
-    intern = sys.intern
-    return tuple((value, intern(kind), intern(source), count)
-                 for value, kind, source, count in stored)
 
 
 def measure_projection(

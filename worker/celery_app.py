@@ -33,7 +33,7 @@ from structlog.contextvars import bind_contextvars, clear_contextvars
 
 from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME, TASK_NAME
 from worker.logging import get_logger
-from worker.memory import return_free_heap, use_one_malloc_arena
+from worker.memory import map_large_blocks, return_free_heap, use_one_malloc_arena
 from worker.settings import Settings, get_settings
 from worker.settings_errors import settings_or_exit
 from worker.transport import ITEM_POLICY_OPTION, item_policy
@@ -199,6 +199,7 @@ def _share_before_fork(**_: Any) -> None:
     from worker.runtime import share_before_fork
 
     use_one_malloc_arena()
+    map_large_blocks()
     try:
         share_before_fork(get_settings())
     except Exception as exc:  # each child then loads its own, and reports any failure

@@ -20,13 +20,15 @@ from db import (
     NewRevision,
     RevisionRecord,
     SessionState,
-    StoredMention,
     StoreError,
+    decode_mentions,
 )
 from worker.compaction import (
     Boundary,
     Breaker,
     BreakerState,
+    Failure,
+    Group,
     MergedSummary,
     StoredMessage,
     Summary,
@@ -77,10 +79,11 @@ class Admitted:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMessage:
-    """A snapshot's message as the job reads it, with the identifiers ingest stored."""
+    """A snapshot's message as the job reads it, with the identifiers ingest stored (as
+    their JSON text: only the span's are decoded, as they are tallied)."""
 
     stored: StoredMessage
-    mentions: tuple[StoredMention, ...] | None  # None: not indexed yet
+    mentions_json: str | None  # None: not indexed yet
 
 
 @dataclass(frozen=True)
@@ -93,16 +96,16 @@ class JobPlan:
     revision: RevisionRecord | None
     boundary: Boundary
     decision: str
-    span_mentions: dict[int, tuple[StoredMention, ...]]
+    span_mentions: dict[int, str]
 
     @property
     def prior_summary_tokens(self) -> int:
         return self.revision.summary_tokens if self.revision else 0
 
     def without_span(self) -> JobPlan:
-        """The plan once its span is in the summary work, which holds the span pruned:
-        the stored span (every old tool output in full) can be freed before the
-        summarizer runs, and so can its stored mentions, ranked into the work's artifacts."""
+        """The plan once its span is pruned (:func:`prune_span`): the stored span (every
+        old tool output in full) can be freed before the artifacts are tallied and the
+        summarizer runs, and so can its stored mentions, once tallied."""
         return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
                                    span_mentions={})
 
@@ -200,8 +203,12 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
 def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy, admitted: Admitted,
              plan: JobPlan) -> JobResult:
     with trace.step("summarize"):
-        work = summary_work(trace, deps, policy, plan)
-        plan = plan.without_span()
+        span = prune_span(deps, policy, plan)
+        # The plan's stored span goes here (every old tool output in full), before the
+        # artifacts are tallied: only the pruned span and the span's mentions stay.
+        mentions, plan = plan.span_mentions, plan.without_span()
+        work = summary_work(trace, deps, policy, plan, span, mentions)
+        del span, mentions  # the work holds what it needs of them
         draft = admitted.summarizer.summarize(work)
         trace.summarizer = draft.kind
         trace.note(**dataclasses.asdict(draft.usage))
@@ -261,7 +268,7 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 
 def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
     return SnapshotMessage(StoredMessage(text.seq, parse_message_json(text.body_json),
-                                         text.tokens), text.identifiers)
+                                         text.tokens), text.identifiers_json)
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -283,8 +290,8 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    span_mentions = {m.stored.seq: m.mentions for m in snapshot.messages
-                     if m.mentions and m.stored.seq <= boundary.through_seq}
+    span_mentions = {m.stored.seq: m.mentions_json for m in snapshot.messages
+                     if m.mentions_json and m.stored.seq <= boundary.through_seq}
     return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
 
 
@@ -294,27 +301,45 @@ def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
             for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
 
 
-def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan
-                 ) -> SummaryWork:
-    """What the summarizer reads: the pruned span, the prior summary, its identifiers."""
-    span_messages = [m for group in plan.boundary.span for m in group.messages]
-    prior = plan.revision
-    span = prune_groups(plan.boundary.span, audit_mode=policy.audit_mode, counter=deps.counter)
+@dataclass(frozen=True)
+class PrunedSpan:
+    """The plan's span as the summarizer reads it (old tool outputs pruned), with what
+    only the span as stored tells: its failed tool results, its seqs and its tokens."""
+
+    groups: tuple[Group, ...]
+    failures: tuple[Failure, ...]
+    seqs: tuple[int, ...]
+    tokens: int
+
+
+def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
+    """Prune the plan's span; the stored span is not needed after this."""
+    stored = plan.boundary.span
+    groups = prune_groups(stored, audit_mode=policy.audit_mode, counter=deps.counter)
     if policy.span_strategy is not None:
-        span = apply_strategy(span, policy.span_strategy, deps.counter)
-    span_tokens = sum(m.tokens for m in span_messages)
+        groups = apply_strategy(groups, policy.span_strategy, deps.counter)
+    messages = [m for group in stored for m in group.messages]
+    return PrunedSpan(tuple(groups), tuple(find_failures(stored)),
+                      tuple(m.seq for m in messages), sum(m.tokens for m in messages))
+
+
+def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
+                 span: PrunedSpan, mentions: dict[int, str]) -> SummaryWork:
+    """What the summarizer reads: the pruned span, the prior summary, the identifiers
+    ingest found in the span (their JSON text by seq in ``mentions``, each decoded as it
+    is tallied: a job never scans the span for them)."""
+    prior = plan.revision
     work = SummaryWork(
-        span=tuple(span),
+        span=span.groups,
         prior=Summary.model_validate(prior.summary) if prior else None,
-        # The identifiers found at ingest: a job never scans the span for them again.
-        artifacts=tuple(collect_artifacts((m.seq, plan.span_mentions.get(m.seq, ()))
-                                          for m in span_messages)),
-        failures=tuple(find_failures(plan.boundary.span)),
-        span_tokens=span_tokens,
-        budget_tokens=policy.summary_budget.for_span(span_tokens, plan.prior_summary_tokens),
+        artifacts=tuple(collect_artifacts((seq, decode_mentions(mentions.get(seq)))
+                                          for seq in span.seqs)),
+        failures=span.failures,
+        span_tokens=span.tokens,
+        budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
         counter=deps.counter,
     )
-    trace.note(span_tokens=work.span_tokens, span_messages=len(span_messages),
+    trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
                artifacts=len(work.artifacts))
     return work
 

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from worker.compaction import ChunkPlan, CompactionError
 from worker.job import JobDeps, JobPolicy, JobRequest, JobTrace, Skip
-from worker.pipeline import plan_job, read_job_snapshot, summary_work
+from worker.pipeline import plan_job, prune_span, read_job_snapshot, summary_work
 from worker.summarizers import SummaryWork
 
 
@@ -62,7 +62,8 @@ def preview_compaction(request: JobRequest, deps: JobDeps, policy: JobPolicy
     except Skip as skip:
         return CompactionPreview(request.session_id, trace.figures.decision,
                                  trace.figures.tokens_before or 0, skip_reason=skip.reason)
-    work = summary_work(trace, deps, policy, plan)
+    work = summary_work(trace, deps, policy, plan, prune_span(deps, policy, plan),
+                        plan.span_mentions)
     span, tail = plan.boundary.span, plan.boundary.tail
     preview = CompactionPreview(
         request.session_id, plan.decision, trace.figures.tokens_before or 0,

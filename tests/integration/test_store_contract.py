@@ -28,6 +28,7 @@ from db import (
     SessionState,
     Snapshot,
     ToolCallState,
+    decode_mentions,
     upgrade_database,
 )
 from tests.support.databases import open_store, sqlite_url, truncate_store_tables
@@ -316,9 +317,9 @@ def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
         for r in revisions[:2])
     plain = store.snapshot(SESSION)
     assert (snapshot.session, snapshot.revision) == (plain.session, plain.revision)
-    assert [(m.seq, json.loads(m.body_json), m.tokens, m.identifiers)
+    assert [(m.seq, json.loads(m.body_json), m.tokens, decode_mentions(m.identifiers_json))
             for m in snapshot.messages] == \
-        [(m.seq, m.body, m.tokens, m.identifiers) for m in plain.messages]
+        [(m.seq, m.body, m.tokens, m.identifiers or ()) for m in plain.messages]
 
 
 def test_a_job_takes_the_lease_with_its_snapshot_and_reads_nothing_without_it(

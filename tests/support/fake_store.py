@@ -143,8 +143,10 @@ class FakeStore:
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])
         # The body as the store's JSON column holds it (json.dumps, as SQLAlchemy writes).
-        messages = [to_message(MessageText(m.seq, json.dumps(m.body), m.tokens, m.identifiers))
-                    for m in snapshot.messages]
+        messages = [to_message(MessageText(
+            m.seq, json.dumps(m.body), m.tokens,
+            None if m.identifiers is None else json.dumps([list(i) for i in m.identifiers])))
+            for m in snapshot.messages]
         return JobSnapshot(snapshot.session, snapshot.revision, messages, recent)
 
     def commit_job(

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 FREED_MIB = 64
+LARGE_MIB = 16  # under glibc's 32 MiB cap on its dynamic mmap threshold
 # What each script measures with: its own resident memory, in MiB.
 _RSS_MIB = textwrap.dedent("""
     def rss_mib():
@@ -73,3 +74,27 @@ def test_with_one_arena_the_heap_a_thread_freed_serves_the_main_thread() -> None
     one_arena, grown_mib = _run_with_rss(script)
     assert one_arena == "True"
     assert int(grown_mib) <= FREED_MIB // 4
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="M_MMAP_THRESHOLD is glibc's")
+@pytest.mark.parametrize("mapped", [False, True])
+def test_with_large_blocks_mapped_a_large_block_freed_leaves_the_process_at_once(
+    mapped: bool,
+) -> None:
+    # By default the first large block freed raises glibc's threshold to its size (up to
+    # 32 MiB): the next such block comes from the heap, whose top a later block pins.
+    script = textwrap.dedent(f"""
+        from worker.memory import map_large_blocks
+
+        print(map_large_blocks() if {mapped} else "default")
+        first = bytearray({LARGE_MIB} * 2**20)
+        del first
+        block = bytearray({LARGE_MIB} * 2**20)
+        pin = bytes(1000) + b"pin"
+        before = rss_mib()
+        del block
+        print(before - rss_mib())
+    """)
+    setting, released_mib = _run_with_rss(script)
+    assert setting == ("True" if mapped else "default")
+    assert (int(released_mib) >= LARGE_MIB // 2) is mapped

@@ -14,25 +14,14 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 KEYS = [str(key) for key in job._SNAPSHOT_POSITIONS]
 
 
-class FakeRow(tuple[Any, ...]):
-    @property
-    def _mapping(self) -> dict[str, Any]:
-        return dict(zip(KEYS, self, strict=True))
+def row(part: int, **values: Any) -> tuple[Any, ...]:
+    return tuple(part if key == "part" else values.get(key) for key in KEYS)
 
 
-def row(part: int, **values: Any) -> FakeRow:
-    return FakeRow(part if key == "part" else values.get(key) for key in KEYS)
+NO_PROCESSORS = (None,) * len(KEYS)
 
 
-class FakeConnection:
-    def __init__(self, rows: list[FakeRow]) -> None:
-        self.rows = rows
-
-    def execute(self, _statement: Any, _parameters: Any) -> list[FakeRow]:
-        return self.rows
-
-
-def message(seq: int) -> FakeRow:
+def message(seq: int) -> tuple[Any, ...]:
     return row(job._MESSAGE_PART, message_seq=seq, message_body="{}", message_tokens=seq,
                message_identifiers=None)
 
@@ -47,12 +36,33 @@ def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest
                  size_after=after) for revision_id, before, after in ((5, 50, 5), (7, 70, 7))]
     rows = [message(3), sizes[0], message(1), head, sizes[1], message(2)]
 
-    snapshot = job._read_snapshot_in_one_statement(
-        FakeConnection(rows), "s", history=2,  # type: ignore[arg-type]  # a fake
-        to_message=lambda text: text)
+    snapshot = job.snapshot_from_rows(rows, "s", to_message=lambda text: text,
+                                      head_processors=NO_PROCESSORS)
 
     assert [m.seq for m in snapshot.messages] == [1, 2, 3]
     assert all(isinstance(m, MessageText) for m in snapshot.messages)
     assert snapshot.recent_revisions == (RevisionSizes(70, 7), RevisionSizes(50, 5))
     assert (snapshot.session.session_id, snapshot.session.head_seq, snapshot.revision) == \
         ("s", 3, None)
+
+
+def test_only_the_head_rows_values_go_through_the_processors_of_their_columns() -> None:
+    head = row(job._HEAD_PART, id=1, session_id="s", metadata={}, head_seq=1,
+               total_tokens=1, projection_tokens=1, tokens_since_compaction=1,
+               created_at=T0, breaker_state="closed", breaker_failures=0)
+    created = job._SNAPSHOT_POSITIONS["created_at"]
+    processors = tuple((lambda value: value.replace(year=2030)) if position == created
+                       else None for position in range(len(KEYS)))
+
+    snapshot = job.snapshot_from_rows([head, message(1)], "s", to_message=lambda text: text,
+                                      head_processors=processors)
+
+    assert snapshot.session.created_at == T0.replace(year=2030)
+    assert snapshot.session.last_appended_at is None  # a NULL is never processed
+    assert [m.body_json for m in snapshot.messages] == ["{}"]
+
+
+def test_the_leased_snapshot_names_its_columns_where_the_plain_snapshot_does() -> None:
+    # snapshot_from_rows reads both statements' rows by _SNAPSHOT_KEYS' positions.
+    for statement in job._LEASED_SNAPSHOT_STATEMENTS.values():
+        assert tuple(str(c.key) for c in statement.selected_columns) == job._SNAPSHOT_KEYS
