@@ -1,6 +1,7 @@
-"""The job's snapshot streamed from PostgreSQL (``db/row_stream.py``): it reaches the
-cursor events like any statement, its rows come in chunks rather than as one result set,
-and a connection lost mid-stream fails as the store's error and leaves the pool usable."""
+"""The job's snapshot streamed from PostgreSQL (``db/row_stream.py``): prepared once per
+connection, it reaches the cursor events like any statement, its rows come in chunks
+rather than as one result set, a lost prepared statement falls back to the plain one, and
+a connection lost mid-stream fails as the store's error and leaves the pool usable."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def engine(migrated_postgres_url: str) -> Any:
     engine.dispose()
 
 
-def test_the_snapshot_reaches_the_cursor_events_once_and_reads_every_active_message(
+def test_the_snapshot_is_prepared_once_per_connection_and_reads_every_active_message(
     engine: Engine,
 ) -> None:
     store = Store(engine)
@@ -42,15 +43,40 @@ def test_the_snapshot_reaches_the_cursor_events_once_and_reads_every_active_mess
 
     event.listen(engine, "before_cursor_execute", on_statement)
     try:
-        snapshot = store.job_snapshot(SESSION, to_message=lambda message: message.seq)
+        first = store.job_snapshot(SESSION, to_message=lambda message: message.seq)
+        again = store.job_snapshot(SESSION, to_message=lambda message: message.seq)
     finally:
         event.remove(engine, "before_cursor_execute", on_statement)
 
-    assert len(seen) == 1 and seen[0].startswith("WITH head AS"), seen
+    prepare, *executes = seen
+    assert prepare.startswith("PREPARE compactor_") and "WITH head AS" in prepare, seen
+    name = prepare.split()[1]
+    assert executes == [f"EXECUTE {name}"] * 2
     state = store.get_session(SESSION)
-    assert snapshot.messages == list(range(1, state.head_seq + 1))
-    assert snapshot.session == state
-    assert snapshot.session.created_at.tzinfo is not None
+    assert first.messages == again.messages == list(range(1, state.head_seq + 1))
+    assert first.session == state
+    assert first.session.created_at.tzinfo is not None
+
+
+def test_a_connection_that_lost_the_prepared_statement_streams_the_plain_one(
+    engine: Engine,
+) -> None:
+    store = Store(engine)
+    import_records(store, [generated_session(SESSION, 40)])
+    expected = store.job_snapshot(SESSION, to_message=lambda message: message.seq)
+    # What a pooler that moves statements between server connections looks like.
+    with engine.connect() as connection:
+        connection.exec_driver_sql("DEALLOCATE ALL")
+        connection.commit()
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda _c, _cur, statement, *_a: seen.append(statement))
+    snapshots = [store.job_snapshot(SESSION, to_message=lambda message: message.seq)
+                 for _ in range(2)]
+    assert [s.messages for s in snapshots] == [expected.messages] * 2
+    # The lost one is tried once; then the plain statement, from then on.
+    assert seen[0].startswith("EXECUTE compactor_")
+    assert [statement[:12] for statement in seen[1:]] == ["WITH head AS"] * 2, seen
 
 
 def test_rows_arrive_in_chunks_not_as_the_whole_result_set(
