@@ -148,12 +148,7 @@ def _run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
     # The job's own counter: each distinct line or block is encoded once per job.
     deps = dataclasses.replace(deps, counter=deps.counter.for_job())
     try:
-        admitted, plan = _start(trace, deps, policy)
-        # The job's last transaction releases the lease; the heartbeat only extends it
-        # while this owner still holds it.
-        with LeaseHeartbeat(lambda: _renew_lease(request, deps, policy),
-                            policy.lease_heartbeat_s):
-            return _compact(trace, deps, policy, admitted, plan)
+        return _compact(trace, deps, policy)
     except Skip as skip:
         return _finish(trace, deps, Outcome.SKIPPED, skip.reason)
     except Exception as exc:
@@ -200,18 +195,28 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
     return snapshot
 
 
-def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy, admitted: Admitted,
-             plan: JobPlan) -> JobResult:
-    with trace.step("summarize"):
-        span = prune_span(deps, policy, plan)
-        # The plan's stored span goes here (every old tool output in full), before the
-        # artifacts are tallied: only the pruned span and the span's mentions stay.
-        mentions, plan = plan.span_mentions, plan.without_span()
-        work = summary_work(trace, deps, policy, plan, span, mentions)
-        del span, mentions  # the work holds what it needs of them
-        draft = admitted.summarizer.summarize(work)
-        trace.summarizer = draft.kind
-        trace.note(**dataclasses.asdict(draft.usage))
+def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
+    """Lease, plan and summarize, then swap. This frame holds the only reference to the
+    plan's stored span (every old tool output in full): it is dropped here once pruned,
+    before the artifacts are tallied, and only the pruned span and its mentions stay."""
+    admitted, plan = _start(trace, deps, policy)
+    # The job's last transaction releases the lease; the heartbeat only extends it while
+    # this owner still holds it.
+    with LeaseHeartbeat(lambda: _renew_lease(trace.request, deps, policy),
+                        policy.lease_heartbeat_s):
+        with trace.step("summarize"):
+            span = prune_span(deps, policy, plan)
+            mentions, plan = plan.span_mentions, plan.without_span()
+            work = summary_work(trace, deps, policy, plan, span, mentions)
+            del span, mentions  # the work holds what it needs of them
+            draft = admitted.summarizer.summarize(work)
+            trace.summarizer = draft.kind
+            trace.note(**dataclasses.asdict(draft.usage))
+        return _merge_and_swap(trace, deps, admitted, plan, work, draft)
+
+
+def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: JobPlan,
+                    work: SummaryWork, draft: SummaryDraft) -> JobResult:
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=work.budget_tokens,
