@@ -19,9 +19,11 @@ def test_no_plan_with_the_stored_span_is_alive_while_the_summarizer_runs() -> No
     plans_with_span: list[int] = []
 
     def count_plans_with_span() -> None:
+        # type(), not isinstance(): that reads __class__, which evaluates lazy proxies
+        # (Celery's current_app among them) and changes other tests' state.
         gc.collect()
         plans_with_span.append(sum(1 for o in gc.get_objects()
-                                   if isinstance(o, JobPlan) and o.boundary.span))
+                                   if type(o) is JobPlan and o.boundary.span))
 
     harness.summarizer.before = count_plans_with_span
 
