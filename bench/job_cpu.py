@@ -37,7 +37,8 @@ from worker.errors import Outcome
 from worker.job import JobResult, JobTrace
 
 PROFILE_LINES = 35
-STEPS = ("lease", "breaker", "snapshot", "plan", "summarize", "merge", "validate", "swap")
+# "lease" takes the lease and reads the snapshot (on PostgreSQL one statement).
+STEPS = ("lease", "breaker", "plan", "summarize", "merge", "validate", "swap")
 # The summarizer's window (a 128k-token model); the call budget lets a 1M-token span chunk.
 LLM_WINDOW_TOKENS = 128_000
 LLM_MAX_CALLS = 64
