@@ -19,6 +19,7 @@ docs/BENCHMARKS.md section 1), and SQLAlchemy's compiled cache serves them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import closing
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -289,9 +290,12 @@ def _read_snapshot_in_one_statement(
     messages)."""
     rows = stream_rows(connection, statement, {"session_id": session_id, "history": history}
                        if parameters is None else {**parameters, "history": history})
-    return snapshot_from_rows(rows, session_id, to_message=to_message,
-                              head_processors=result_processors(statement,
-                                                                connection.dialect))
+    # Closed here when ``to_message`` raises: the stream holds the connection's lock until
+    # it ends, and the transaction's rollback would wait on it for ever.
+    with closing(rows):
+        return snapshot_from_rows(rows, session_id, to_message=to_message,
+                                  head_processors=result_processors(statement,
+                                                                    connection.dialect))
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +34,12 @@ Processor = Callable[[Any], Any] | None
 
 
 def stream_rows(connection: Connection, statement: Select[Any] | CompoundSelect[Any],
-                parameters: Mapping[str, Any]) -> Iterator[tuple[Any, ...]]:
+                parameters: Mapping[str, Any]) -> Generator[tuple[Any, ...], None, None]:
     """Yield ``statement``'s rows as plain tuples, each as it arrives, values unprocessed
     (see :func:`result_processors`). Run on a PostgreSQL (psycopg 3) connection in
-    autocommit; the rows must be consumed, or the generator closed, before the connection
-    runs anything else.
+    autocommit; the rows must be consumed, or the generator closed (which cancels what is
+    left of the statement), before the connection runs anything else, its rollback
+    included: until then the generator holds the connection's lock.
 
     ``Cursor.stream`` never uses a prepared statement, so the server would parse and plan
     the statement on every run (~1.7 ms for the job's snapshot, more than psycopg's

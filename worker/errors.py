@@ -12,6 +12,7 @@
     │   ├── ContextOverflow            failed       no      session breaker (after one re-plan)
     │   ├── DeliveryCapExceeded        failed       no      session breaker
     │   ├── JobTimedOut                failed       no      session breaker (soft time limit)
+    │   ├── StoredMessageInvalid       failed       no      session breaker (a bad stored row)
     │   └── InternalError              failed       no      session breaker (unexpected)
     ├── StaleSnapshot                  conflict     no      -
     ├── LeaseHeld                      skipped      no      -
@@ -66,6 +67,7 @@ __all__ = [
     "ProviderRateLimited",
     "SessionFailure",
     "StaleSnapshot",
+    "StoredMessageInvalid",
     "SummaryInvalid",
     "TokenizerUnavailable",
     "TransientError",
@@ -116,6 +118,18 @@ class DeliveryCapExceeded(SessionFailure):
 class JobTimedOut(SessionFailure):
     """Raised when a job outlives ``task_soft_time_limit_s`` (reason ``time_limit``): it
     ends with its run row and event before the hard limit would kill it unrecorded."""
+
+
+class StoredMessageInvalid(SessionFailure):
+    """Raised when a stored message no longer parses as a chat message (reason
+    ``stored_message_invalid``): a row written around ingest (a hand edit, a faulty
+    migration). Nothing of the session can be summarized until it is mended, so it counts
+    on the session's breaker; the message's seq is named, never its contents."""
+
+    def __init__(self, seq: int, problems: int) -> None:
+        super().__init__(f"stored message seq {seq} no longer parses as a chat message "
+                         f"({problems} problem(s))", reason="stored_message_invalid")
+        self.seq = seq
 
 
 class InternalError(SessionFailure):

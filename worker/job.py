@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from db import NewRun, SessionState
+from db import NewRun
 from worker.compaction import Breaker, StrategyConfig, SummaryBudget, TokenCounter, TriggerPolicy
 from worker.errors import CompactionError, Outcome
 from worker.figures import JobFigures
@@ -126,7 +126,7 @@ class JobTrace:
     breaker_state: str | None = None
     revision_id: int | None = None
     parent_revision_id: int | None = None
-    leased: SessionState | None = None  # the session row as the lease step read it
+    lease_tried: bool = False  # the job may hold the session's lease from here on
     breaker: Breaker | None = None  # the session's breaker, as this job last wrote it
 
     @contextmanager

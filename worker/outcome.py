@@ -35,7 +35,9 @@ RESULT_FIELDS: dict[str, str] = {
               "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`) or "
               "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "
               "`auth_failed`, `schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
-              "`store_unavailable`, `time_limit` (the soft time limit), `worker_lost` (the "
+              "`store_unavailable`, `time_limit` (the soft time limit), `stored_message_invalid` "
+              "(a stored message no longer parses: a row written around ingest), "
+              "`worker_lost` (the "
               "worker died or was killed; recorded afterwards by the reconciler), "
               "`internal_error`, ...)",
     "summarizer": "`llm`, `extractive` or `fallback`; null when no summary was made",

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from db import (
     BreakerUpdate,
     JobSnapshot,
@@ -58,6 +60,7 @@ from worker.errors import (
     LeaseHeld,
     Outcome,
     ProviderBreakerOpen,
+    StoredMessageInvalid,
     to_job_error,
 )
 from worker.heartbeat import LeaseHeartbeat
@@ -170,8 +173,9 @@ def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted,
     """Take the lease with the snapshot, pass the breakers and plan; only the plan
     outlives this call (the snapshot's list of messages is freed with it)."""
     with trace.step("lease"):  # the snapshot too: on PostgreSQL the same statement
+        # Set first: a snapshot that fails to read may leave the lease taken.
+        trace.lease_tried = True
         snapshot = _take_lease(trace.request, deps, policy)
-    trace.leased = snapshot.session
     admitted = _admit(trace, deps, policy, snapshot.session)
     with trace.step("plan"):
         return admitted, plan_job(trace, deps, policy, snapshot)
@@ -272,8 +276,11 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 
 
 def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
-    return SnapshotMessage(StoredMessage(text.seq, parse_message_json(text.body_json),
-                                         text.tokens), text.identifiers_json)
+    try:
+        message = parse_message_json(text.body_json)
+    except ValidationError as exc:
+        raise StoredMessageInvalid(text.seq, exc.error_count()) from None  # quotes contents
+    return SnapshotMessage(StoredMessage(text.seq, message, text.tokens), text.identifiers_json)
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -452,7 +459,8 @@ def _finish(trace: JobTrace, deps: JobDeps, outcome: Outcome, reason: str,
     queue marker's clearing, in one store transaction."""
     result = trace.result(outcome, reason, error)
     final = error is None or not error.retryable
-    lease_owner = deps.lease_owner(trace.request) if trace.leased else None
+    # Released only where this owner holds it: a job that found it held leaves it alone.
+    lease_owner = deps.lease_owner(trace.request) if trace.lease_tried else None
     run = trace.new_run(outcome, reason, error, deps.clock())
     try:
         deps.store.finish_job(run, lease_owner=lease_owner, breaker=breaker,

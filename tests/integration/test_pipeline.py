@@ -316,3 +316,34 @@ def test_a_job_on_a_database_without_its_tables_still_ends_in_one_outcome(
     assert result.outcome is Outcome.FAILED and result.failure_class is not None
     assert result.run_recorded is False and result.record_error
     assert server.request_count == 0
+
+
+# Without the stream closed, PostgreSQL's rollback waited on the stream's lock for ever.
+@pytest.mark.timeout(60)
+def test_a_stored_message_that_no_longer_parses_fails_the_job_and_releases_its_lease(
+    make_harness: MakeHarness, database_url: str,
+) -> None:
+    # A row written around ingest (a hand edit, a faulty migration): the lease is taken
+    # (on PostgreSQL in the snapshot's statement) before the row fails to parse.
+    harness = make_harness()
+    session_id = add_session(harness)
+    engine = create_db_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                "UPDATE messages SET body = '{\"role\": \"robot\"}' WHERE seq = 3")
+    finally:
+        engine.dispose()
+
+    result = harness.run(session_id)
+
+    assert (result.outcome, result.reason, result.failure_class) == \
+        (Outcome.FAILED, "stored_message_invalid", "StoredMessageInvalid")
+    assert "robot" not in (result.failure_message or "")
+    session = harness.store.get_session(session_id)
+    assert (session.lease_owner, session.active_revision_id) == (None, None)
+    assert (session.breaker_state, session.breaker_failures) == ("closed", 1)
+    [run] = harness.store.runs(session_id=session_id)
+    assert (run.outcome, run.failure_class) == ("failed", "StoredMessageInvalid")
+    # The connection is whole again: the next job reads the same row and fails the same way.
+    assert harness.run(session_id).reason == "stored_message_invalid"
