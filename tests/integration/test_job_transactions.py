@@ -177,84 +177,82 @@ def test_a_take_over_matches_the_task_id_at_the_owners_end_literally(store: Stor
     assert taken is not None and taken.lease_owner == "w2:task_1%/"
 
 
-def test_only_the_leases_commit_skips_the_wal_flush_on_postgresql(
-    migrated_postgres_url: str,
-) -> None:
+@pytest.fixture
+def postgres_store(migrated_postgres_url: str) -> Iterator[Store]:
+    """A store on the emptied PostgreSQL database, for what only PostgreSQL's statements do."""
     truncate_store_tables(migrated_postgres_url)
-    engine = create_db_engine(migrated_postgres_url)
+    store = Store(create_db_engine(migrated_postgres_url))
     try:
-        import_records(Store(engine), [generated_session(SESSION, 4)])
-        with engine.connect() as connection:
-            # As in production: the test databases commit asynchronously throughout.
-            connection.execute(text("SET synchronous_commit TO on"))
-            connection.commit()
-            with connection.begin():
-                assert job.take_lease(connection, SESSION, "w1:task-1", 60, datetime.now(UTC))
-                assert connection.scalar(text("SHOW synchronous_commit")) == "off"
-            # Local to the lease's transaction: the next one on this pooled connection (a
-            # swap) commits durably.
-            with connection.begin():
-                assert connection.scalar(text("SHOW synchronous_commit")) == "on"
+        yield store
     finally:
-        engine.dispose()
+        store.close()
+
+
+def test_only_the_leases_commit_skips_the_wal_flush_on_postgresql(
+    postgres_store: Store,
+) -> None:
+    import_records(postgres_store, [generated_session(SESSION, 4)])
+    with postgres_store._engine.connect() as connection:
+        # As in production: the test databases commit asynchronously throughout.
+        connection.execute(text("SET synchronous_commit TO on"))
+        connection.commit()
+        with connection.begin():
+            assert job.take_lease(connection, SESSION, "w1:task-1", 60, datetime.now(UTC))
+            assert connection.scalar(text("SHOW synchronous_commit")) == "off"
+        # Local to the lease's transaction: the next one on this pooled connection (a
+        # swap) commits durably.
+        with connection.begin():
+            assert connection.scalar(text("SHOW synchronous_commit")) == "on"
 
 
 def test_a_swap_whose_statement_cannot_trust_its_snapshot_falls_back_to_a_transaction(
-    migrated_postgres_url: str,
+    postgres_store: Store, migrated_postgres_url: str,
 ) -> None:
     # The one-statement swap reads the messages in a snapshot taken before it waits for
     # the row lock: it writes only when the locked head_seq is the newest seq it sees.
     # A head_seq ahead of the messages stands for an append committed while it waited.
-    truncate_store_tables(migrated_postgres_url)
-    store = Store(create_db_engine(migrated_postgres_url))
-    try:
-        import_records(store, [generated_session(SESSION, 40)])
-        with store._engine.begin() as connection:
-            connection.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
-        result, traffic = run_counted(store, migrated_postgres_url, "task-1")
-        assert result.outcome is Outcome.COMPACTED, result
-        # After the lease's statement (with the snapshot), the swap's statement wrote
-        # nothing, then the transaction (lock, write) did.
-        assert traffic.transactions == 3
-        assert len(store.runs(session_id=SESSION)) == 1
-        state = store.get_session(SESSION)
-        assert (state.active_revision_id, state.lease_owner, state.queued_job_id) == \
-            (result.revision_id, None, None)
-    finally:
-        store.close()
+    store = postgres_store
+    import_records(store, [generated_session(SESSION, 40)])
+    with store._engine.begin() as connection:
+        connection.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
+    result, traffic = run_counted(store, migrated_postgres_url, "task-1")
+    assert result.outcome is Outcome.COMPACTED, result
+    # After the lease's statement (with the snapshot), the swap's statement wrote
+    # nothing, then the transaction (lock, write) did.
+    assert traffic.transactions == 3
+    assert len(store.runs(session_id=SESSION)) == 1
+    state = store.get_session(SESSION)
+    assert (state.active_revision_id, state.lease_owner, state.queued_job_id) == \
+        (result.revision_id, None, None)
 
 
 LATE_MESSAGE = """{"role": "user", "content": "appended while the lease waited"}"""
 
 
 def test_a_lease_that_waited_on_an_append_reads_the_snapshot_that_append_left(
-    migrated_postgres_url: str,
+    postgres_store: Store,
 ) -> None:
     # The lease's statement takes its snapshot before it waits for the row lock: once
     # the append commits, the row it locks is ahead of the messages it would read, and
     # the job reads a fresh snapshot instead.
-    truncate_store_tables(migrated_postgres_url)
-    store = Store(create_db_engine(migrated_postgres_url))
-    try:
-        import_records(store, [generated_session(SESSION, 4)])
-        head_seq = store.get_session(SESSION).head_seq
-        with store._engine.connect() as appender, ThreadPoolExecutor(1) as pool:
-            appender.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
-            appender.execute(text(
-                "INSERT INTO messages (session_id, seq, role, body, tokens, created_at) "
-                "SELECT id, head_seq, 'user', CAST(:body AS JSON), 7, now() FROM sessions"),
-                {"body": LATE_MESSAGE})
-            started = pool.submit(store.start_job_with_snapshot, SESSION, "w1:task-1", 60,
-                                  datetime.now(UTC), to_message=keep_text)
-            wait_for_a_lock_wait(store)
-            appender.commit()
-            snapshot = started.result(timeout=30)
-        assert snapshot is not None
-        assert (snapshot.session.head_seq, snapshot.session.lease_owner) == \
-            (head_seq + 1, "w1:task-1")
-        assert [m.seq for m in snapshot.messages][-1] == head_seq + 1
-    finally:
-        store.close()
+    store = postgres_store
+    import_records(store, [generated_session(SESSION, 4)])
+    head_seq = store.get_session(SESSION).head_seq
+    with store._engine.connect() as appender, ThreadPoolExecutor(1) as pool:
+        appender.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
+        appender.execute(text(
+            "INSERT INTO messages (session_id, seq, role, body, tokens, created_at) "
+            "SELECT id, head_seq, 'user', CAST(:body AS JSON), 7, now() FROM sessions"),
+            {"body": LATE_MESSAGE})
+        started = pool.submit(store.start_job_with_snapshot, SESSION, "w1:task-1", 60,
+                              datetime.now(UTC), to_message=keep_text)
+        wait_for_a_lock_wait(store)
+        appender.commit()
+        snapshot = started.result(timeout=30)
+    assert snapshot is not None
+    assert (snapshot.session.head_seq, snapshot.session.lease_owner) == \
+        (head_seq + 1, "w1:task-1")
+    assert [m.seq for m in snapshot.messages][-1] == head_seq + 1
 
 
 def keep_text(text: MessageText) -> MessageText:
