@@ -17,7 +17,7 @@ DIGEST_LINE_CHARS = 160
 DIGEST_MARKER = "[tool result digest]"
 DIGEST_FIRST_LINE = "; first line: "
 UNKNOWN_TOOL = "unknown_tool"
-_NOISE = frozenset(string.punctuation + string.whitespace)
+_NOISE = string.punctuation + string.whitespace
 
 
 def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
@@ -32,7 +32,7 @@ def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
 def _first_meaningful(lines: Sequence[str], max_chars: int) -> str:
     for line in lines:
         stripped = line.strip()
-        if stripped and not set(stripped) <= _NOISE:
+        if stripped.strip(_NOISE):  # empty when every character is noise
             if len(stripped) > max_chars:
                 return stripped[:max_chars].rstrip() + " ..."
             return stripped
