@@ -145,7 +145,9 @@ def test_failing_lines_reads_only_the_ends_and_answers_as_over_every_line(
 
 END_WORDS = st.sampled_from(["fail", "FAILED", "fa\u0131led", "1 failed", "2 ErrorS", "EXIT CODE 7",
                              "exit status: 1", "Ex\u0131T code 2", "IOError:", "BuildException:",
-                             "passed", "ok", " ", "\u017f", "K", "x"])
+                             "passed", "ok", " ", "\u017f", "K", "x", '"error": null', "3",
+                             "Failed", "ERROR:", "Exception :", "exit", "code", "Exit Status",
+                             "error", "\t", ":"])
 
 
 @given(st.lists(END_WORDS, max_size=6))

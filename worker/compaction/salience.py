@@ -89,13 +89,14 @@ def failing_lines(text: str) -> tuple[str, ...]:
 
 def _ends_in_failure(line: str) -> bool:
     """Whether ``line`` says a run failed (``_FAILED_END``), the pattern searched only in a
-    line that holds one of its words."""
+    line that holds one of the words it needs (a JSON log line's "error" key is not one)."""
     if line.isascii():
-        # Every match holds one of these words. Only for ASCII: in a case-insensitive
-        # pattern "i" also matches the dotless "\u0131", which ``str.lower`` keeps apart.
+        # Every match holds one of these, one per branch of the pattern. Only for ASCII: in
+        # a case-insensitive pattern "i" also matches the dotless "\u0131", which
+        # ``str.lower`` keeps apart.
         lowered = line.lower()
-        if not ("fail" in lowered or "error" in lowered or "exit" in lowered
-                or "exception" in lowered):
+        if not (" failed" in lowered or " error" in lowered or "exit " in lowered
+                or "FAILED" in line or "Error:" in line or "Exception:" in line):
             return False
     return _FAILED_END.search(line) is not None
 
