@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
+from worker.compaction import prompts
 from worker.compaction.grouping import Group, group_messages
 from worker.compaction.messages import Role, StoredMessage, parse_message
 from worker.compaction.prompts import (
@@ -194,3 +195,27 @@ def test_overhead_plus_content_bounds_the_real_prompt_size(
         counter.count_text(render_prior_json(p)) + PART_FRAMING_TOKENS for p in partials
     )
     assert counter.count_messages(parse_message(m) for m in merged) <= overhead + partial_tokens
+
+
+LINE_TEXT = st.text(st.sampled_from(["a", "b", " ", "\t", "\u00a0", "\x1c", "\u3000", "|", "é"]),
+                    max_size=12)
+LINE_BREAK = st.sampled_from(["\n", "\r\n", "\r", "\n\n", "\u2028", "\x0b", "\x85"])
+
+
+@given(st.lists(st.tuples(LINE_TEXT, LINE_BREAK), max_size=8), LINE_TEXT)
+def test_a_body_is_quoted_line_by_line_blank_lines_without_the_trailing_space(
+    pieces: list[tuple[str, str]], last: str,
+) -> None:
+    body = "".join(text + end for text, end in pieces) + last
+    quoted = "\n".join(f"{QUOTE_PREFIX}{line}" if line else QUOTE_PREFIX.rstrip()
+                       for line in body.splitlines())
+    expected = f"head:\n{quoted}" if body.strip() else "head: (empty)"
+    assert prompts._with_body("head", body) == expected
+
+
+@given(LINE_TEXT, LINE_BREAK, LINE_TEXT)
+def test_a_name_on_one_line_collapses_whitespace_as_the_pattern_does(
+    before: str, space: str, after: str,
+) -> None:
+    name = before + space + after
+    assert prompts._one_line(name) == re.sub(r"\s+", " ", name).strip()

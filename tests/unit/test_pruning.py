@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import pickle
+import string
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.chat_rules import find_chat_violations
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
@@ -74,6 +76,15 @@ def test_the_first_meaningful_line_skips_blank_and_punctuation_lines(
     text: str, expected: str
 ) -> None:
     assert first_meaningful_line(text) == expected
+
+
+@given(st.text(st.sampled_from(["{", "]", ",", " ", "\t", "\n", "\u00a0", "a", "7", "é", "\r"]),
+               max_size=30))
+def test_the_first_meaningful_line_is_the_first_not_made_of_noise_alone(text: str) -> None:
+    noise = set(string.punctuation + string.whitespace)
+    lines = [line.strip() for line in text.splitlines()]
+    expected = next((line for line in lines if line and not set(line) <= noise), "")
+    assert first_meaningful_line(text, max_chars=100) == expected
 
 
 def test_an_output_without_a_meaningful_line_says_none() -> None:

@@ -127,7 +127,8 @@ def _failing_lines_of_all_lines(text: str) -> tuple[str, ...]:
 
 
 LINE_PIECES = st.sampled_from(["Error: disk full", "2 failed, 3 passed", "FAILED t.py", "ok",
-                               "  ", "E1234 here", "x" * 900, "", "ValueError: bad"])
+                               "  ", "E1234 here", "x" * 900, "", "ValueError: bad",
+                               "y" * 200, "exit code 3"])
 BREAKS = st.sampled_from(["\n", "\r\n", "\r", "\n\n", "\u2028", "\x1c"])
 
 
@@ -140,3 +141,18 @@ def test_failing_lines_reads_only_the_ends_and_answers_as_over_every_line(
 ) -> None:
     text = ("\n \n" if lead_blank else "") + "".join(line + end for line, end in pieces)
     assert failing_lines(text) == _failing_lines_of_all_lines(text)
+
+
+END_WORDS = st.sampled_from(["fail", "FAILED", "fa\u0131led", "1 failed", "2 ErrorS", "EXIT CODE 7",
+                             "exit status: 1", "Ex\u0131T code 2", "IOError:", "BuildException:",
+                             "passed", "ok", " ", "\u017f", "K", "x", '"error": null', "3",
+                             "Failed", "ERROR:", "Exception :", "exit", "code", "Exit Status",
+                             "error", "\t", ":"])
+
+
+@given(st.lists(END_WORDS, max_size=6))
+def test_a_last_line_is_read_as_failed_exactly_when_the_pattern_finds_it(
+    words: list[str],
+) -> None:
+    line = "".join(words)
+    assert salience._ends_in_failure(line) == bool(salience._FAILED_END.search(line))

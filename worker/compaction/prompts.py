@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +63,7 @@ def render_group(group: Group) -> str:
     """Render one group legibly: seq, role and tool calls on header lines, bodies quoted."""
     calls = (call for stored in group.messages for call in stored.message.tool_calls or ())
     names = {call.id: call.function.name for call in calls}
-    return "\n".join(_render_message(stored, names) for stored in group.messages)
+    return "\n".join([_render_message(stored, names) for stored in group.messages])
 
 
 def _render_message(stored: StoredMessage, tool_names: dict[str, str]) -> str:
@@ -98,16 +97,25 @@ def _body_of(message: ChatMessage) -> str:
 
 
 def _with_body(header: str, body: str) -> str:
-    if not body.strip():
+    if not body or body.isspace():
         return f"{header}: (empty)"
-    quoted = "\n".join(
-        f"{QUOTE_PREFIX}{line}" if line else QUOTE_PREFIX.rstrip() for line in body.splitlines()
-    )
+    lines = body.splitlines()
+    if "" in lines:  # a blank line is quoted without the prefix's trailing space
+        quoted = "\n".join([f"{QUOTE_PREFIX}{line}" if line else _BLANK_QUOTED
+                            for line in lines])
+    else:
+        quoted = QUOTE_PREFIX + _QUOTED_BREAK.join(lines)
     return f"{header}:\n{quoted}"
 
 
+_BLANK_QUOTED = QUOTE_PREFIX.rstrip()
+_QUOTED_BREAK = "\n" + QUOTE_PREFIX
+
+
 def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
+    """``text`` with each run of whitespace one space, stripped (``str.split``'s whitespace
+    is the ``\\s`` of a ``str`` pattern's)."""
+    return " ".join(text.split())
 
 
 def fence(name: str, body: str) -> str:

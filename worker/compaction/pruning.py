@@ -10,14 +10,14 @@ import string
 from collections.abc import Sequence
 
 from worker.compaction.grouping import Group, GroupKind
-from worker.compaction.messages import ChatMessage, Role, StoredMessage, share_bookkeeping
+from worker.compaction.messages import ChatMessage, Role, StoredMessage, with_content
 from worker.compaction.tokens import TokenCounter
 
 DIGEST_LINE_CHARS = 160
 DIGEST_MARKER = "[tool result digest]"
 DIGEST_FIRST_LINE = "; first line: "
 UNKNOWN_TOOL = "unknown_tool"
-_NOISE = frozenset(string.punctuation + string.whitespace)
+_NOISE = string.punctuation + string.whitespace
 
 
 def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
@@ -32,7 +32,7 @@ def first_meaningful_line(text: str, max_chars: int = DIGEST_LINE_CHARS) -> str:
 def _first_meaningful(lines: Sequence[str], max_chars: int) -> str:
     for line in lines:
         stripped = line.strip()
-        if stripped and not set(stripped) <= _NOISE:
+        if stripped.strip(_NOISE):  # empty when every character is noise
             if len(stripped) > max_chars:
                 return stripped[:max_chars].rstrip() + " ..."
             return stripped
@@ -100,9 +100,7 @@ def _prune_exchange(group: Group, counter: TokenCounter) -> Group:
         if len(digest) >= len(text):
             pruned.append(stored)  # a short output is its own best digest
             continue
-        message = stored.message.model_copy(update={"content": digest})
-        share_bookkeeping(message)  # the copy's own set and extras, as a parsed message's
-        pruned.append(_DigestMessage(stored.seq, message, counter))
+        pruned.append(_DigestMessage(stored.seq, with_content(stored.message, digest), counter))
     return Group(group.kind, tuple(pruned), group.pending)
 
 
