@@ -3,6 +3,8 @@ span's items first up to their reserved share; rendered and counted once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -108,7 +110,7 @@ def plain_fit(summary: Summary, budget_tokens: int, counter: TokenCounter,
         return fitted
     room_tokens = (budget_tokens - floor_tokens + counter.count_text(f"{goal_line('')}\n")
                    - counter.count_text(f"{goal_line(capped.goal)}\n"))
-    kept = budget._select(sections, room_tokens)
+    kept = plain_select(sections, room_tokens)
     fitted = whole(kept_only(kept))
     while fitted.tokens > budget_tokens and any(kept.values()):
         budget._shed(kept, sections, fitted.tokens - budget_tokens)
@@ -127,6 +129,35 @@ def plain_fit(summary: Summary, budget_tokens: int, counter: TokenCounter,
         low, high = (middle, high) if with_goal(middle).tokens <= budget_tokens else (
             low, middle - 1)
     return with_goal(low)
+
+
+def plain_select(sections: Sequence[budget._Section], room_tokens: int
+                 ) -> dict[str, dict[int, None]]:
+    """``budget._select`` the plain way: every pass over every item of its section."""
+    def take(section: budget._Section, cap: int, fresh: bool | None) -> None:
+        for index in section.order:
+            if index in kept[section.name] or (
+                    fresh is not None and (index in section.fresh) != fresh):
+                continue
+            if used[section.name] + section.costs[index] <= cap:
+                kept[section.name][index] = None
+                used[section.name] += section.costs[index]
+
+    shares = budget._share_out({s.name: sum(s.costs) for s in sections}, max(room_tokens, 0))
+    kept: dict[str, dict[int, None]] = {s.name: {} for s in sections}
+    used = {s.name: 0 for s in sections}
+    for section in sections:
+        share = shares[section.name]
+        has_prior = len(section.fresh) < len(section.costs)
+        for cap, fresh in ((int(share * FRESH_SHARE) if has_prior else share, True),
+                           (share, False), (share, None)):
+            take(section, cap, fresh)
+    left_tokens = max(room_tokens, 0) - sum(used.values())
+    for section in sorted(sections, key=lambda s: -budget.SECTION_WEIGHTS[s.name]):
+        before = used[section.name]
+        take(section, before + left_tokens, None)
+        left_tokens -= used[section.name] - before
+    return kept
 
 
 @settings(max_examples=60, deadline=None)

@@ -188,8 +188,10 @@ def _capped(summary: Summary, counter: TokenCounter) -> tuple[Summary, dict[str,
     for name in LIST_SECTIONS:
         items = summary.items_of(name)
         lines[name] = item_line_texts(items)
+        # The common short ASCII line is let through without a call.
         capped[name] = [truncate_text(item, ITEM_CAP_TOKENS, counter)
-                        if _over_cap(line, ITEM_CAP_TOKENS, counter) else item
+                        if (len(line) > ITEM_CAP_TOKENS or not line.isascii())
+                        and _over_cap(line, ITEM_CAP_TOKENS, counter) else item
                         for item, line in zip(items, lines[name], strict=True)]
     result = Summary.model_validate(capped)
     for name in LIST_SECTIONS:
@@ -233,10 +235,12 @@ def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, dict[in
     used = {s.name: 0 for s in sections}
     for section in sections:
         share = shares[section.name]
-        has_prior = len(section.fresh) < len(section.costs)
-        fresh_cap = int(share * FRESH_SHARE) if has_prior else share
         # The new span's items to their reserve, prior items to the share, then any.
-        for cap, fresh in ((fresh_cap, True), (share, False), (share, None)):
+        # Without prior items the reserve is the share, and the passes after the first
+        # would take nothing: what did not fit then fits no better with more used.
+        phases = (((int(share * FRESH_SHARE), True), (share, False), (share, None))
+                  if len(section.fresh) < len(section.costs) else ((share, True),))
+        for cap, fresh in phases:
             used[section.name] = _take(section, kept[section.name], used[section.name], cap,
                                        fresh)
     left_tokens = max(room_tokens, 0) - sum(used.values())
@@ -252,12 +256,14 @@ def _take(section: _Section, kept: dict[int, None], used: int, cap: int, fresh: 
           ) -> int:
     """Add items in ``section.order`` while they fit ``cap``, only the new span's (``fresh``
     True), only the prior's (False) or any (None); return the tokens used."""
-    for index in section.order:
-        if index in kept or (fresh is not None and (index in section.fresh) != fresh):
-            continue
-        if used + section.costs[index] <= cap:
+    order, costs, fresh_count = section.order, section.costs, len(section.fresh)
+    # ``order`` lists the new span's items first.
+    candidates = (order if fresh is None else order[:fresh_count] if fresh
+                  else order[fresh_count:])
+    for index in candidates:
+        if index not in kept and used + costs[index] <= cap:
             kept[index] = None
-            used += section.costs[index]
+            used += costs[index]
     return used
 
 
