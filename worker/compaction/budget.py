@@ -120,7 +120,7 @@ def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
     # larger one only when its items' costs say it may fit, and otherwise goes straight to
     # choosing items by those costs.
     capped, lines = _capped(summary, counter)
-    if not _surely_over(capped, lines, budget_tokens):
+    if not _over_in_bytes(capped, lines, budget_tokens):
         return _counted(capped, lines, counter)
     sections = _measure(capped, lines, counter, prior_items or {})
     if _estimate(floor_tokens, sections) <= budget_tokens * _SURELY_OVER:
@@ -162,7 +162,7 @@ def _counted(summary: Summary, lines: Mapping[str, Sequence[str]], counter: Toke
     return FittedSummary(summary, "".join(segments), count_block_segments(segments, counter))
 
 
-def _surely_over(capped: Summary, lines: Mapping[str, Sequence[str]], budget_tokens: int
+def _over_in_bytes(capped: Summary, lines: Mapping[str, Sequence[str]], budget_tokens: int
                  ) -> bool:
     """Whether the block takes more than ``budget_tokens`` bytes (so it may take more
     tokens), found without packing the artifacts' lines where a bound already says so."""
