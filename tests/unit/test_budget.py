@@ -3,14 +3,18 @@ span's items first up to their reserved share; rendered and counted once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import ITEMS, SUMMARIES, filled
+from worker.compaction import budget
 from worker.compaction.budget import (
     FRESH_SHARE,
+    FittedSummary,
     SummaryBudget,
     fit_summary,
     truncate_text,
@@ -18,8 +22,10 @@ from worker.compaction.budget import (
 from worker.compaction.schema import (
     LIST_SECTIONS,
     Summary,
+    block_segments,
     count_summary_tokens,
     empty_summary,
+    goal_line,
     item_line,
     render_summary_block,
 )
@@ -64,6 +70,107 @@ def test_bullet_lines_counted_joined_count_as_each_alone(items: list[str], encod
     lines = [f"{item_line(item)}\n" for item in items]
     expected = [counter.count_text(line) for line in lines]
     assert counter.count_lines(lines) == counter.for_job().count_lines(lines) == expected
+
+
+TRICKY_SUMMARIES = st.fixed_dictionaries(
+    {"goal": _TRICKY_TEXT | ITEMS,
+     **{name: st.lists(ITEMS | _TRICKY_TEXT | st.text(), max_size=8) for name in LIST_SECTIONS}}
+).map(Summary.model_validate)
+
+
+@settings(max_examples=150, deadline=None)
+@given(TRICKY_SUMMARIES, st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_a_blocks_count_is_its_lines_counts_added(summary: Summary, encoding: str) -> None:
+    counter = TokenCounter(load_encoding(encoding))
+    text = render_summary_block(summary)
+    assert "".join(block_segments(summary)) == text
+    assert count_summary_tokens(summary, counter) == counter.count_text(text)
+    assert count_summary_tokens(summary, counter.for_job()) == counter.count_text(text)
+
+
+def plain_fit(summary: Summary, budget_tokens: int, counter: TokenCounter,
+              prior_items: dict[str, set[int]]) -> FittedSummary:
+    """``fit_summary`` the plain way: every block it weighs rendered and counted whole."""
+    def whole(fitted: Summary) -> FittedSummary:
+        text = render_summary_block(fitted)
+        return FittedSummary(fitted, text, counter.count_text(text))
+
+    def kept_only(kept: dict[str, dict[int, None]]) -> Summary:
+        return Summary.model_validate({"goal": capped.goal, **{
+            name: [capped.items_of(name)[i] for i in sorted(kept[name])]
+            for name in LIST_SECTIONS}})
+
+    floor_tokens = counter.count_text(render_summary_block(empty_summary()))
+    capped, lines = budget._capped(summary, counter)
+    sections = budget._measure(capped, lines, counter, prior_items)
+    fitted = whole(capped)
+    if len(fitted.text.encode()) <= budget_tokens or (
+            budget._estimate(floor_tokens, sections) <= budget_tokens * budget._SURELY_OVER
+            and fitted.tokens <= budget_tokens):
+        return fitted
+    room_tokens = (budget_tokens - floor_tokens + counter.count_text(f"{goal_line('')}\n")
+                   - counter.count_text(f"{goal_line(capped.goal)}\n"))
+    kept = plain_select(sections, room_tokens)
+    fitted = whole(kept_only(kept))
+    while fitted.tokens > budget_tokens and any(kept.values()):
+        budget._shed(kept, sections, fitted.tokens - budget_tokens)
+        fitted = whole(kept_only(kept))
+    if fitted.tokens <= budget_tokens:
+        return fitted
+    shortened = fitted.summary
+
+    def with_goal(max_tokens: int) -> FittedSummary:
+        goal = truncate_text(shortened.goal, max_tokens, counter)
+        return whole(shortened.model_copy(update={"goal": goal}))
+
+    low, high = 0, counter.count_text(shortened.goal)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if with_goal(middle).tokens <= budget_tokens else (
+            low, middle - 1)
+    return with_goal(low)
+
+
+def plain_select(sections: Sequence[budget._Section], room_tokens: int
+                 ) -> dict[str, dict[int, None]]:
+    """``budget._select`` the plain way: every pass over every item of its section."""
+    def take(section: budget._Section, cap: int, fresh: bool | None) -> None:
+        for index in section.order:
+            if index in kept[section.name] or (
+                    fresh is not None and (index in section.fresh) != fresh):
+                continue
+            if used[section.name] + section.costs[index] <= cap:
+                kept[section.name][index] = None
+                used[section.name] += section.costs[index]
+
+    shares = budget._share_out({s.name: sum(s.costs) for s in sections}, max(room_tokens, 0))
+    kept: dict[str, dict[int, None]] = {s.name: {} for s in sections}
+    used = {s.name: 0 for s in sections}
+    for section in sections:
+        share = shares[section.name]
+        has_prior = len(section.fresh) < len(section.costs)
+        for cap, fresh in ((int(share * FRESH_SHARE) if has_prior else share, True),
+                           (share, False), (share, None)):
+            take(section, cap, fresh)
+    left_tokens = max(room_tokens, 0) - sum(used.values())
+    for section in sorted(sections, key=lambda s: -budget.SECTION_WEIGHTS[s.name]):
+        before = used[section.name]
+        take(section, before + left_tokens, None)
+        left_tokens -= used[section.name] - before
+    return kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(TRICKY_SUMMARIES | SUMMARIES, st.integers(85, 700), st.booleans())
+def test_fitting_gives_what_rendering_and_counting_every_block_whole_gives(
+    summary: Summary, budget_tokens: int, has_prior: bool
+) -> None:
+    counter = shared_counter()
+    budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
+    prior_items = ({name: set(range(0, len(summary.items_of(name)), 2))
+                    for name in LIST_SECTIONS} if has_prior else {})
+    fitted = fit_summary(summary, budget_tokens, counter.for_job(), prior_items=prior_items)
+    assert fitted == plain_fit(summary, budget_tokens, counter, prior_items)
 
 
 def test_a_flooded_section_cannot_starve_the_others() -> None:

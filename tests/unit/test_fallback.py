@@ -16,8 +16,13 @@ from tests.support.corpus import load_corpus, skip_without_corpus
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
 from tests.unit.test_identifiers import _labelled_ids
 from worker.compaction.fallback import (
+    _AGENT_DECISION,
+    _DECISION,
+    _DONE,
+    _PREFERENCE,
     MAX_ARTIFACTS,
     NO_WORDS_GOAL,
+    _Cue,
     _PassedValues,
     fallback_summary,
 )
@@ -238,3 +243,24 @@ def test_the_passed_values_sweep_returns_the_values_covering_each_call_in_any_or
     for seq in [*sorted(seqs), *seqs]:  # in seq order, then as drawn (restarts)
         covering = set(passed.covering(seq))
         assert covering == {a.value for a in artifacts if a.first_seq <= seq <= a.last_seq}
+
+
+# Cue words in any case, with the letters Unicode folds onto ASCII ones (long s, dotless
+# i, Kelvin sign) and punctuation that makes or breaks a word boundary.
+_CUE_TEXT = st.lists(st.sampled_from(
+    ["we'll use", "DECIDED", "Decision :", "pinned", "Can't", "CANNOT", "not eligible",
+     "Successfully", "cancelled", "canceled", "has been", "HAVE  BEEN", "don't want",
+     "No later than", "prefer", "\u017fuccessfully", "\u0131f", "\u212aeep", "İ", "x", "_", "1",
+     " ", ".", "?", "'", "\n", "é"]), max_size=10).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_CUE_TEXT, st.sampled_from([_PREFERENCE, _DECISION, _AGENT_DECISION, _DONE]))
+def test_a_cue_finds_what_its_case_insensitive_pattern_finds(text: str, cue: _Cue) -> None:
+    assert cue.search(text) is (cue._any_case.search(text) is not None)
+
+
+def test_a_cue_must_be_written_in_lowercase() -> None:
+    with pytest.raises(ValueError, match="lowercase"):
+        _Cue(r"\bDone\b")
+    assert _Cue(r"\Adone\b\s*\Z").search("DONE ")

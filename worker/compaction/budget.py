@@ -11,14 +11,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.compaction.schema import (
+    BLOCK_HEAD,
+    BLOCK_TAIL,
+    EMPTY_ITEM_SEGMENT,
     LIST_SECTIONS,
+    SECTION_HEADS,
     Summary,
+    block_segments,
+    count_block_segments,
+    count_summary_tokens,
     empty_summary,
     goal_line,
     is_packable,
-    item_line,
     render_summary_block,
 )
+from worker.compaction.schema import item_line_texts as item_line_texts  # merge.py's import
 from worker.compaction.tokens import TokenCounter
 
 # Shares of the room left after the headings and the goal; a section that needs less
@@ -84,6 +91,7 @@ class FittedSummary:
 @dataclass(frozen=True, slots=True)
 class _Section:
     name: str
+    lines: tuple[str, ...]  # each item's bullet line with its line break
     costs: tuple[int, ...]  # tokens of each item's line
     order: tuple[int, ...]  # item indexes, most worth keeping first
     fresh: frozenset[int]  # the new span's items (all of them outside a merge)
@@ -103,41 +111,34 @@ def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
     Raises:
         ValueError: the budget is below the block of an empty summary (headings alone).
     """
-    floor_tokens = counter.count_text(render_summary_block(empty_summary()))
+    floor_tokens = count_summary_tokens(empty_summary(), counter)
     if budget_tokens < floor_tokens:
         raise ValueError(f"summary budget {budget_tokens} is below the {floor_tokens}-token "
                          "block of an empty summary")
-    # Each text is encoded at most once: a block of at most N bytes (so at most N tokens)
-    # is counted whole; a larger one is counted whole only when its lines' costs say it
-    # may fit, and otherwise goes straight to choosing items by those costs.
-    capped = _capped(summary, counter)
-    text = render_summary_block(capped)
-    sections: list[_Section] = []
-    if len(text.encode()) > budget_tokens:
-        sections = _measure(capped, counter, prior_items or {})
-    if not sections or _estimate(floor_tokens, sections) <= budget_tokens * _SURELY_OVER:
-        tokens = counter.count_text(text)
-        if tokens <= budget_tokens:
-            return FittedSummary(capped, text, tokens)
-        sections = sections or _measure(capped, counter, prior_items or {})
+    # The block is counted as its lines' counts added (``block_segments``), each line
+    # encoded once: a block of at most N bytes (so at most N tokens) is counted as is; a
+    # larger one only when its items' costs say it may fit, and otherwise goes straight to
+    # choosing items by those costs.
+    capped, lines = _capped(summary, counter)
+    if not _over_in_bytes(capped, lines, budget_tokens):
+        return _counted(capped, lines, counter)
+    sections = _measure(capped, lines, counter, prior_items or {})
+    if _estimate(floor_tokens, sections) <= budget_tokens * _SURELY_OVER:
+        whole = _counted(capped, lines, counter)
+        if whole.tokens <= budget_tokens:
+            return whole
     goal_tokens = _line_tokens(goal_line(capped.goal), counter)
     room_tokens = budget_tokens - floor_tokens + _line_tokens(goal_line(""), counter)
     kept = _select(sections, room_tokens - goal_tokens)
-    fitted = _keep(capped, kept)
-    text = render_summary_block(fitted)
-    tokens = counter.count_text(text)
+    fitted = _counted_keep(capped, kept, sections, counter)
     # Item costs undercount where tokens merge across items and by a bullet per artifact
     # line: shed the least worth keeping items until their costs cover the excess.
-    while tokens > budget_tokens and any(kept.values()):
-        _shed(kept, sections, tokens - budget_tokens)
-        fitted = _keep(capped, kept)
-        text = render_summary_block(fitted)
-        tokens = counter.count_text(text)
-    if tokens > budget_tokens:
+    while fitted.tokens > budget_tokens and any(kept.values()):
+        _shed(kept, sections, fitted.tokens - budget_tokens)
+        fitted = _counted_keep(capped, kept, sections, counter)
+    if fitted.tokens > budget_tokens:
         fitted = _fit_goal(fitted, budget_tokens, counter)
-        text = render_summary_block(fitted)
-        tokens = counter.count_text(text)
-    return FittedSummary(fitted, text, tokens)
+    return fitted
 
 
 def _line_tokens(line: str, counter: TokenCounter) -> int:
@@ -154,31 +155,64 @@ def _estimate(floor_tokens: int, sections: Sequence[_Section]) -> int:
     return floor_tokens + sum(sum(section.costs) for section in sections)
 
 
-def _capped(summary: Summary, counter: TokenCounter) -> Summary:
-    """Cut the goal and long items to their caps. A line of at most N bytes is at most N
-    tokens, so only longer ones are encoded here."""
+def _counted(summary: Summary, lines: Mapping[str, Sequence[str]], counter: TokenCounter
+             ) -> FittedSummary:
+    """Render and count ``summary`` whose list sections' bullet lines are ``lines``."""
+    segments = block_segments(summary, item_lines=lines)
+    return FittedSummary(summary, "".join(segments), count_block_segments(segments, counter))
+
+
+def _over_in_bytes(capped: Summary, lines: Mapping[str, Sequence[str]], budget_tokens: int
+                 ) -> bool:
+    """Whether the block takes more than ``budget_tokens`` bytes (so it may take more
+    tokens), found without packing the artifacts' lines where a bound already says so."""
+    fixed = [BLOCK_HEAD, f"{goal_line(capped.goal)}\n", *SECTION_HEADS.values(), BLOCK_TAIL,
+             *(EMPTY_ITEM_SEGMENT for name in LIST_SECTIONS if not lines[name])]
+    every_line = "".join([*fixed, *(line for name in LIST_SECTIONS for line in lines[name])])
+    # A shared artifact line ("- a, b\n") takes a byte less per value, at most, than a
+    # line of each value's own ("- a\n").
+    if len(every_line.encode()) - len(lines["relevant_artifacts"]) > budget_tokens:
+        return True
+    return len("".join(block_segments(capped, item_lines=lines)).encode()) > budget_tokens
+
+
+def _capped(summary: Summary, counter: TokenCounter) -> tuple[Summary, dict[str, list[str]]]:
+    """Cut the goal and long items to their caps; return the summary with its list
+    sections' bullet lines. A line of at most N bytes is at most N tokens, so only longer
+    ones are encoded here."""
     goal = summary.goal
-    if _over_cap(goal_line(goal), GOAL_CAP_TOKENS, counter):
+    if _over_cap(f"{goal_line(goal)}\n", GOAL_CAP_TOKENS, counter):
         goal = truncate_text(goal, GOAL_CAP_TOKENS, counter)
     capped: dict[str, Any] = {"goal": goal}
+    lines: dict[str, list[str]] = {}
     for name in LIST_SECTIONS:
+        items = summary.items_of(name)
+        lines[name] = item_line_texts(items)
+        # The common short ASCII line is let through without a call.
         capped[name] = [truncate_text(item, ITEM_CAP_TOKENS, counter)
-                        if _over_cap(item_line(item), ITEM_CAP_TOKENS, counter) else item
-                        for item in summary.items_of(name)]
-    return Summary.model_validate(capped)
+                        if (len(line) > ITEM_CAP_TOKENS or not line.isascii())
+                        and _over_cap(line, ITEM_CAP_TOKENS, counter) else item
+                        for item, line in zip(items, lines[name], strict=True)]
+    result = Summary.model_validate(capped)
+    for name in LIST_SECTIONS:
+        if result.items_of(name) != summary.items_of(name):
+            lines[name] = item_line_texts(result.items_of(name))
+    return result, lines
 
 
-def _over_cap(line: str, cap_tokens: int, counter: TokenCounter) -> bool:
-    return len(line.encode()) + 1 > cap_tokens and _line_tokens(line, counter) > cap_tokens
+def _over_cap(text: str, cap_tokens: int, counter: TokenCounter) -> bool:
+    """Whether a line (with its line break) takes more than ``cap_tokens`` tokens."""
+    size = len(text) if text.isascii() else len(text.encode())
+    return size > cap_tokens and counter.count_text(text) > cap_tokens
 
 
-def _measure(capped: Summary, counter: TokenCounter,
+def _measure(capped: Summary, lines: Mapping[str, Sequence[str]], counter: TokenCounter,
              prior_items: Mapping[str, AbstractSet[int]]) -> list[_Section]:
     """Cost every (capped) item's line once and order each section's items."""
     sections: list[_Section] = []
     for name in LIST_SECTIONS:
         items = capped.items_of(name)
-        costs = counter.count_lines(item_line_texts(items))
+        costs = counter.count_lines(lines[name])
         if name == "relevant_artifacts":
             # On a shared line, ", " stands for the bullet's "-" and the line break.
             costs = [cost - is_packable(item) for cost, item in zip(costs, items, strict=True)]
@@ -188,13 +222,9 @@ def _measure(capped: Summary, counter: TokenCounter,
             indexes.reverse()
         fresh = [index for index in indexes if index not in earlier]
         order = (*fresh, *(index for index in indexes if index in earlier))
-        sections.append(_Section(name, tuple(costs), order, frozenset(fresh)))
+        sections.append(_Section(name, tuple(lines[name]), tuple(costs), order,
+                                 frozenset(fresh)))
     return sections
-
-
-def item_line_texts(items: Sequence[str]) -> list[str]:
-    """Each item's bullet line with its line break: the text an item's cost is counted on."""
-    return [f"{item_line(item)}\n" for item in items]
 
 
 def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, dict[int, None]]:
@@ -205,10 +235,12 @@ def _select(sections: Sequence[_Section], room_tokens: int) -> dict[str, dict[in
     used = {s.name: 0 for s in sections}
     for section in sections:
         share = shares[section.name]
-        has_prior = len(section.fresh) < len(section.costs)
-        fresh_cap = int(share * FRESH_SHARE) if has_prior else share
         # The new span's items to their reserve, prior items to the share, then any.
-        for cap, fresh in ((fresh_cap, True), (share, False), (share, None)):
+        # Without prior items the reserve is the share, and the passes after the first
+        # would take nothing: what did not fit then fits no better with more used.
+        phases = (((int(share * FRESH_SHARE), True), (share, False), (share, None))
+                  if len(section.fresh) < len(section.costs) else ((share, True),))
+        for cap, fresh in phases:
             used[section.name] = _take(section, kept[section.name], used[section.name], cap,
                                        fresh)
     left_tokens = max(room_tokens, 0) - sum(used.values())
@@ -224,12 +256,14 @@ def _take(section: _Section, kept: dict[int, None], used: int, cap: int, fresh: 
           ) -> int:
     """Add items in ``section.order`` while they fit ``cap``, only the new span's (``fresh``
     True), only the prior's (False) or any (None); return the tokens used."""
-    for index in section.order:
-        if index in kept or (fresh is not None and (index in section.fresh) != fresh):
-            continue
-        if used + section.costs[index] <= cap:
+    order, costs, fresh_count = section.order, section.costs, len(section.fresh)
+    # ``order`` lists the new span's items first.
+    candidates = (order if fresh is None else order[:fresh_count] if fresh
+                  else order[fresh_count:])
+    for index in candidates:
+        if index not in kept and used + costs[index] <= cap:
             kept[index] = None
-            used += section.costs[index]
+            used += costs[index]
     return used
 
 
@@ -267,25 +301,37 @@ def _shed(kept: dict[str, dict[int, None]], sections: Sequence[_Section],
         freed += costs[fullest][index]
 
 
-def _keep(summary: Summary, kept: Mapping[str, Mapping[int, None]]) -> Summary:
-    chosen: dict[str, Any] = {"goal": summary.goal}
-    for name in LIST_SECTIONS:
-        items = summary.items_of(name)
-        chosen[name] = [items[index] for index in sorted(kept[name])]
-    return Summary.model_validate(chosen)
+def _counted_keep(capped: Summary, kept: Mapping[str, Mapping[int, None]],
+                  sections: Sequence[_Section], counter: TokenCounter) -> FittedSummary:
+    """Render and count ``capped`` with only the ``kept`` items, from their measured lines."""
+    chosen: dict[str, Any] = {"goal": capped.goal}
+    lines: dict[str, list[str]] = {}
+    for section in sections:
+        indexes = sorted(kept[section.name])
+        items = capped.items_of(section.name)
+        chosen[section.name] = [items[index] for index in indexes]
+        lines[section.name] = [section.lines[index] for index in indexes]
+    return _counted(Summary.model_validate(chosen), lines, counter)
 
 
-def _fit_goal(summary: Summary, budget_tokens: int, counter: TokenCounter) -> Summary:
-    """Return ``summary`` with the longest goal prefix that fits (the empty goal always does)."""
+def _fit_goal(fitted: FittedSummary, budget_tokens: int, counter: TokenCounter
+              ) -> FittedSummary:
+    """Return ``fitted`` with the longest goal prefix that fits (the empty goal always
+    does): only the goal's line changes, so only its count is redone."""
+    summary = fitted.summary
+    rest_tokens = fitted.tokens - _line_tokens(goal_line(summary.goal), counter)
     low, high = 0, counter.count_text(summary.goal)
     while low < high:
         middle = (low + high + 1) // 2
-        trial = summary.model_copy(update={"goal": truncate_text(summary.goal, middle, counter)})
-        if counter.count_text(render_summary_block(trial)) <= budget_tokens:
+        goal = truncate_text(summary.goal, middle, counter)
+        if rest_tokens + _line_tokens(goal_line(goal), counter) <= budget_tokens:
             low = middle
         else:
             high = middle - 1
-    return summary.model_copy(update={"goal": truncate_text(summary.goal, low, counter)})
+    shortened = summary.model_copy(update={"goal": truncate_text(summary.goal, low, counter)})
+    text = render_summary_block(shortened)
+    return FittedSummary(shortened, text,
+                         rest_tokens + _line_tokens(goal_line(shortened.goal), counter))
 
 
 def truncate_text(text: str, max_tokens: int, counter: TokenCounter) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.compaction.budget import fit_summary, truncate_text
@@ -41,27 +41,46 @@ MAX_ARTIFACTS = 60
 UNANSWERED = "Unanswered user request: "
 OPEN_ERROR = "Open error: "
 
-_PREFERENCE = re.compile(
-    r"(?i:\b(?:prefer|don't want|do not want|don't|do not|must|only|instead|rather|"
-    r"no later than|not before|not after|at most|at least|without)\b)"
+
+class _Cue:
+    """A case-insensitive pattern written in lowercase. ASCII text is lowercased and
+    searched case-sensitively: the same answer (an ASCII letter matches only its own two
+    cases), in a third of the time (a 1M-token span has ~8k sentences to try)."""
+
+    def __init__(self, pattern: str) -> None:
+        if any(char.isupper() for char in re.sub(r"\\.", "", pattern)):
+            raise ValueError(f"a cue is written in lowercase: {pattern!r}")
+        self._any_case = re.compile(pattern, re.IGNORECASE)
+        self._lowercase = re.compile(pattern)
+
+    def search(self, text: str) -> bool:
+        """Tell whether the cue occurs in ``text``."""
+        if text.isascii():
+            return self._lowercase.search(text.lower()) is not None
+        return self._any_case.search(text) is not None
+
+
+_PREFERENCE = _Cue(
+    r"\b(?:prefer|don't want|do not want|don't|do not|must|only|instead|rather|"
+    r"no later than|not before|not after|at most|at least|without)\b"
 )
 # Choices, pins and refusals: what was decided, by whom, and why.
-_DECISION = re.compile(
-    r"(?i:\bdecision\s*:|\bdecided\b|\b(?:we|i)(?:'ll| will) (?:go with|use|pin|keep|stick)"
+_DECISION = _Cue(
+    r"\bdecision\s*:|\bdecided\b|\b(?:we|i)(?:'ll| will) (?:go with|use|pin|keep|stick)"
     r"|\blet's (?:go with|use|pin|keep)|\bgoing with\b|\bchose\b|\bopted\b|\bsettled on\b"
-    r"|\bpinn?(?:ed|ing)?\b|\bagreed\b)"
+    r"|\bpinn?(?:ed|ing)?\b|\bagreed\b"
 )
 # What the agent confirmed or refused is a decision too; a user's "can't" is not.
-_AGENT_DECISION = re.compile(
-    r"(?i:\bconfirmed\b|\bcannot\b|\bcan't\b|\bunable\b|\bnot eligible\b|\bdenied\b"
-    r"|\bapproved\b|\bunfortunately\b|\bnot (?:possible|allowed|permitted)\b)"
+_AGENT_DECISION = _Cue(
+    r"\bconfirmed\b|\bcannot\b|\bcan't\b|\bunable\b|\bnot eligible\b|\bdenied\b"
+    r"|\bapproved\b|\bunfortunately\b|\bnot (?:possible|allowed|permitted)\b"
 )
 # A question or a conditional about work is not a report of it.
 _NOT_DONE = re.compile(r"\?\s*\Z|(?i:\b(?:if|whether|could|would|cannot|can't|can be)\b)")
 # Work reported done, in the agent's words.
-_DONE = re.compile(
-    r"(?i:\b(?:done|fixed|successfully|has been|have been|completed|cancell?ed|booked|"
-    r"refunded|transferred|merged|deployed|installed|upgraded|downgraded)\b)"
+_DONE = _Cue(
+    r"\b(?:done|fixed|successfully|has been|have been|completed|cancell?ed|booked|"
+    r"refunded|transferred|merged|deployed|installed|upgraded|downgraded)\b"
 )
 _CONFIRMATION = re.compile(
     r"(?i:\A\W*(?:yes|yeah|yep|confirm(?:ed)?|correct|go ahead|please proceed|"
@@ -102,18 +121,24 @@ def fallback_summary(
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
     ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal))
     failures = find_failures(span) if failures is None else failures
-    fixed = _fixed_failures(messages, failures)
-    decisions = _draft_decisions(messages, counter)
-    open_errors = [_describe_failure(f, counter) for f in failures if f not in fixed]
+    failed = _FailedLines()
+    succeeded = _succeeded_tools(messages, failed)
+    fixed = _fixed_failures(succeeded, failures)
+    sentences = _Sentences()
+    decisions = _draft_decisions(messages, counter, sentences)
+    # By identity: ``fixed`` holds some of these very failures (comparing each with each
+    # by value cost ~30 ms at 1M tokens).
+    fixed_ids = {id(failure) for failure in fixed}
+    open_errors = [_describe_failure(f, counter) for f in failures if id(f) not in fixed_ids]
     drafted = Summary(
         goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
         constraints_and_preferences=_pick_sentences(
-            ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter),
+            ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter, sentences),
         completed_actions=[*_describe_span(messages),
-                           *_draft_actions(messages, artifacts, counter),
-                           *_draft_completions(ledger.agent_texts, counter)],
+                           *_draft_actions(messages, artifacts, counter, failed),
+                           *_draft_completions(ledger.agent_texts, counter, sentences)],
         key_decisions=decisions,
-        resolved=[*_settled_pending(prior, messages), *_superseded(prior, decisions),
+        resolved=[*_settled_pending(prior, messages, succeeded), *_superseded(prior, decisions),
                   *(f"Answered: {_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered),
                   *(f"Fixed: {_describe_failure(f, counter)}" for f in fixed)],
         pending=[*_draft_pending(span, ledger, counter),
@@ -165,26 +190,37 @@ def _clip(text: str, max_tokens: int, counter: TokenCounter) -> str:
     return truncate_text(re.sub(r"\s+", " ", text).strip(), max_tokens, counter)
 
 
-def _sentences(texts: Sequence[str]) -> list[str]:
-    return [s.strip() for text in texts for s in _SENTENCE_BREAK.split(text) if s.strip()]
+class _Sentences(dict[str, list[str]]):
+    """Each text's sentences, split on first use: preferences and decisions read the
+    user's texts, decisions and completions the agent's."""
+
+    def __missing__(self, text: str) -> list[str]:
+        sentences = self[text] = [s.strip() for s in _SENTENCE_BREAK.split(text) if s.strip()]
+        return sentences
+
+    def of(self, texts: Iterable[str]) -> list[str]:
+        return [sentence for text in texts for sentence in self[text]]
 
 
 def _pick_sentences(
-    texts: Sequence[str], cue: re.Pattern[str], limit: int, counter: TokenCounter
+    texts: Sequence[str], cue: _Cue, limit: int, counter: TokenCounter, sentences: _Sentences
 ) -> list[str]:
     """Return the last ``limit`` distinct sentences matching ``cue``, in order."""
-    matching = dict.fromkeys(s for s in _sentences(texts) if cue.search(s))
+    matching = dict.fromkeys(s for s in sentences.of(texts) if cue.search(s))
     return [_clip(sentence, SENTENCE_TOKENS, counter) for sentence in list(matching)[-limit:]]
 
 
-def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter) -> list[str]:
+def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
+                       sentences: _Sentences) -> list[str]:
     """The agent's last reports of work done (not questions or conditionals about it)."""
-    done = [s for s in _sentences(agent_texts) if _DONE.search(s) and not _NOT_DONE.search(s)]
+    done = [s for s in sentences.of(agent_texts)
+            if _DONE.search(s) and not _NOT_DONE.search(s)]
     latest = list(dict.fromkeys(done))[-MAX_COMPLETIONS:]
     return [_clip(sentence, SENTENCE_TOKENS, counter) for sentence in latest]
 
 
-def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter) -> list[str]:
+def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter,
+                     sentences: _Sentences) -> list[str]:
     """Decision sentences of either side, and user confirmations with what they confirm."""
     decisions: list[str] = []
     asked = ""
@@ -192,9 +228,9 @@ def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter) -
         message, text = stored.message, stored.message.text
         if message.role not in (Role.USER, Role.ASSISTANT):
             continue
-        sentences = _sentences([text])
+        said = sentences[text]
         if message.role is Role.ASSISTANT and text.strip():
-            questions = [s for s in sentences if s.endswith("?")]
+            questions = [s for s in said if s.endswith("?")]
             asked = questions[-1] if questions else asked
         if message.role is Role.USER and _CONFIRMATION.match(text):
             context = f" (to: {_clip(asked, SENTENCE_TOKENS // 2, counter)})" if asked else ""
@@ -202,7 +238,7 @@ def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter) -
             continue
         agent = message.role is Role.ASSISTANT
         decisions.extend(
-            _clip(s, SENTENCE_TOKENS, counter) for s in sentences
+            _clip(s, SENTENCE_TOKENS, counter) for s in said
             if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
     return list(dict.fromkeys(decisions))[-MAX_DECISIONS:]
 
@@ -214,7 +250,7 @@ class _Lookups:
 
 
 def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifact],
-                   counter: TokenCounter) -> list[str]:
+                   counter: TokenCounter, failed: _FailedLines) -> list[str]:
     """Each call that changed something, with its result; look-ups tallied per tool."""
     results = {m.message.tool_call_id: m.message.text for m in messages
                if m.message.role is Role.TOOL and m.message.tool_call_id}
@@ -233,7 +269,8 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
                 continue
             shown = ", ".join(values[:MAX_CALL_VALUES])
             outcome = results.get(call.id)
-            result = "no result yet" if outcome is None else _digest_result(outcome, counter)
+            result = ("no result yet" if outcome is None
+                      else _digest_result(outcome, counter, failed))
             actions.append(f"called {name}({shown}) → {result}")
     looked = [f"looked up with {name} {TIMES}{t.calls}"
               + (f" ({', '.join(list(t.values)[:MAX_CALL_VALUES])})" if t.values else "")
@@ -285,14 +322,14 @@ class _PassedValues:
         return self._values
 
 
-def _digest_result(text: str, counter: TokenCounter) -> str:
+def _digest_result(text: str, counter: TokenCounter, failed: _FailedLines) -> str:
     """A result in a few words: what failed, a record's status, or how a run ended."""
     stripped = text.strip()
     if not stripped:
         return "(empty)"
-    failed = failing_lines(stripped)
-    if failed:
-        return _clip(" / ".join(failed), SENTENCE_TOKENS, counter)
+    lines = failed[stripped]
+    if lines:
+        return _clip(" / ".join(lines), SENTENCE_TOKENS, counter)
     if stripped.startswith(DIGEST_MARKER):
         # A pruned result: its size says nothing; its first line may hold the status.
         first = stripped.partition(DIGEST_FIRST_LINE)[2]
@@ -311,30 +348,41 @@ def _describe_failure(failure: Failure, counter: TokenCounter) -> str:
     return f"{failure.tool} failed: {_clip(' / '.join(failure.lines), SENTENCE_TOKENS, counter)}"
 
 
-def _fixed_failures(messages: Sequence[StoredMessage], failures: Sequence[Failure]
+def _fixed_failures(last_success: Mapping[str, int], failures: Sequence[Failure]
                     ) -> list[Failure]:
-    """Failures followed later in the span by a result of the same tool that did not fail."""
-    last_success = _succeeded_tools(messages)
+    """Failures followed later in the span by a result of the same tool that did not fail
+    (``last_success``: ``_succeeded_tools`` of the span)."""
     return [f for f in failures if last_success.get(f.tool, -1) > f.seq]
 
 
-def _succeeded_tools(messages: Sequence[StoredMessage]) -> dict[str, int]:
+class _FailedLines(dict[str, tuple[str, ...]]):
+    """Each tool result's ``failing_lines``, read on first use: the span's successes and
+    each call's outcome read the same results (~25 us each at the end of a long line)."""
+
+    def __missing__(self, text: str) -> tuple[str, ...]:
+        lines = self[text] = failing_lines(text)
+        return lines
+
+
+def _succeeded_tools(messages: Sequence[StoredMessage], failed: _FailedLines
+                     ) -> dict[str, int]:
     """Each tool's last result in the span that did not fail: tool name → seq."""
     names = {c.id: c.function.name for m in messages for c in m.message.tool_calls or ()}
     return {m.message.name or names.get(m.message.tool_call_id or "", ""): m.seq
             for m in messages
-            if m.message.role is Role.TOOL and not failing_lines(m.message.text)}
+            if m.message.role is Role.TOOL and not failed[m.message.text]}
 
 
-def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage]) -> list[str]:
+def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage],
+                     succeeded: Mapping[str, int]) -> list[str]:
     """The prior's pending items this span settles, copied verbatim: a request the agent
-    answered, a call whose result arrived, an error whose tool has since succeeded."""
+    answered, a call whose result arrived, an error whose tool has since succeeded
+    (``succeeded``: ``_succeeded_tools`` of the span)."""
     if prior is None:
         return []
     answered = any(m.message.role is Role.ASSISTANT and m.message.text.strip()
                    for m in messages)
     result_ids = {m.message.tool_call_id for m in messages if m.message.role is Role.TOOL}
-    succeeded = _succeeded_tools(messages)
     return [item for item in prior.pending
             if (item.startswith(UNANSWERED) and answered)
             or any(f"({call_id})" in item for call_id in result_ids if call_id)

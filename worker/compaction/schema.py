@@ -4,9 +4,8 @@ rendering of the block a model reads as background (merging lives in ``merge.py`
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -70,6 +69,10 @@ RECALL_LINE = ("Earlier details (full messages and tool outputs) are retrievable
 # is refused or hoisted by several chat APIs, and an assistant message would read as the
 # model's own earlier words; the header tells the model it is reference, not a request.
 SUMMARY_BLOCK_ROLE = "user"
+BLOCK_HEAD = f"{BLOCK_HEADER}\n\n"
+BLOCK_TAIL = f"{RECALL_LINE}\n{BLOCK_FOOTER}"
+SECTION_HEADS = {name: f"{HEADINGS[name]}:\n" for name in LIST_SECTIONS}
+EMPTY_ITEM_SEGMENT = f"{EMPTY_ITEM_LINE}\n"
 
 
 class Summary(BaseModel):
@@ -141,23 +144,48 @@ def render_summary_block(summary: Summary, *, artifacts: Sequence[str] = ()) -> 
     if extra:
         summary = summary.model_copy(
             update={"relevant_artifacts": [*summary.relevant_artifacts, *extra]})
-    return "\n".join(render_block_lines(summary))
+    return "".join(block_segments(summary))
 
 
-def render_block_lines(summary: Summary) -> list[str]:
-    """Return the block's lines; joined by newlines they are the block (budgets cost them)."""
-    lines = [BLOCK_HEADER, "", goal_line(summary.goal)]
+def block_segments(summary: Summary, *,
+                   item_lines: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """Return the block cut into lines, each with its line break (the header keeps the
+    blank line after it, the recall line the footer): joined, they are the block.
+
+    No token spans two of them: tiktoken's pieces run on past a line break only into
+    another line break, white space or (o200k) a "/", and every segment after the first
+    starts with "-", a letter or "[". So the block's count is theirs added
+    (``count_block_segments``).
+    ``item_lines``: the list sections' ``item_line_texts``, when the caller has them.
+    """
+    segments = [BLOCK_HEAD, f"{goal_line(summary.goal)}\n"]
     for name in LIST_SECTIONS:
         items = summary.items_of(name)
-        lines.append(f"{HEADINGS[name]}:")
-        if name == "relevant_artifacts":
-            lines.extend(artifact_lines(items))
-        else:
-            lines.extend(item_line(item) for item in items)
+        segments.append(SECTION_HEADS[name])
         if not items:
-            lines.append(EMPTY_ITEM_LINE)
-    lines.extend([RECALL_LINE, BLOCK_FOOTER])
-    return lines
+            segments.append(EMPTY_ITEM_SEGMENT)
+        elif name == "relevant_artifacts":
+            segments.extend(f"{line}\n" for line in artifact_lines(items))
+        else:
+            segments.extend(item_lines[name] if item_lines else item_line_texts(items))
+    segments.append(BLOCK_TAIL)
+    return segments
+
+
+def count_block_segments(segments: Sequence[str], counter: TokenCounter) -> int:
+    """Count a block from its ``block_segments``: bullet lines in one encode (a job's
+    counter encodes only those it has not met), the others one by one."""
+    bullets = [segment for segment in segments if segment.startswith("- ")]
+    others = sum(counter.count_text(segment) for segment in segments
+                 if not segment.startswith("- "))
+    return others + sum(counter.count_lines(bullets))
+
+
+def item_line_texts(items: Sequence[str]) -> list[str]:
+    """Each item's bullet line with its line break: the text an item's cost is counted on."""
+    # ``item_line`` inlined: a 1M-token job's merge asks it of ~14k identifiers.
+    return [f"- {item}\n" if "\n" not in item and "\r" not in item else f"- {_one_line(item)}\n"
+            for item in items]
 
 
 def goal_line(goal: str) -> str:
@@ -170,16 +198,15 @@ def item_line(item: str) -> str:
     return f"- {_one_line(item)}"
 
 
-@functools.lru_cache(maxsize=4096)  # a job asks it of the same values for every render
 def is_packable(item: str) -> bool:
     """Whether an artifact can share a line: one short value, not a phrase (at most one
     word with letters: ``pm_5wq``, ``HTTP 503``, ``+44 20 7946 2801``; no separators)."""
-    # A 1M-token job renders ~13k distinct values, more than the cache holds: the common
-    # one-word value is answered without looking at its characters.
+    # Asked of every value of every fit (a 1M-token job's ~14k): the common one-word value
+    # is answered without looking at its characters one by one.
+    if not 0 < len(item) <= ARTIFACT_VALUE_CHARS or "," in item or ";" in item:
+        return False
     words = item.split()
-    return (0 < len(item) <= ARTIFACT_VALUE_CHARS and "," not in item and ";" not in item
-            and (len(words) <= 1
-                 or sum(any(char.isalpha() for char in word) for word in words) <= 1))
+    return len(words) <= 1 or sum(any(char.isalpha() for char in word) for word in words) <= 1
 
 
 def artifact_lines(items: Sequence[str]) -> list[str]:
@@ -230,4 +257,4 @@ def summary_block_message(text: str) -> dict[str, Any]:
 
 def count_summary_tokens(summary: Summary, counter: TokenCounter) -> int:
     """Count the tokens of the summary's rendered block (the measure every budget uses)."""
-    return counter.count_text(render_summary_block(summary))
+    return count_block_segments(block_segments(summary), counter)
