@@ -17,7 +17,6 @@ from worker.compaction.messages import (
     StoredMessage,
     dump_message,
     parse_message_json,
-    with_content,
 )
 from worker.compaction.pruning import DIGEST_MARKER, prune_groups
 
@@ -79,22 +78,3 @@ def test_a_shared_message_is_still_frozen() -> None:
     with pytest.raises(ValidationError):
         del message.content
     assert message.__pydantic_fields_set__ == {"role", "tool_call_id", "content"}
-
-
-@pytest.mark.parametrize("body", [RESULT, {**RESULT, "reasoning_content": "why"}, CALL,
-                                  {"role": "tool", "tool_call_id": "c", "content": None},
-                                  {"role": "user", "content": [{"type": "text", "text": "a"}]}])
-def test_a_message_with_new_content_is_the_model_copy_with_that_update(
-    body: dict[str, Any],
-) -> None:
-    message = parsed(body)
-    copied = with_content(message, "digest")
-    expected = message.model_copy(update={"content": "digest"})
-    for state in ("__dict__", "__pydantic_extra__", "__pydantic_fields_set__",
-                  "__pydantic_private__"):
-        assert getattr(copied, state) == getattr(expected, state)
-    assert copied == expected
-    assert dump_message(copied) == dump_message(expected) == {**body, "content": "digest"}
-    assert copied.__pydantic_extra__ is not message.__pydantic_extra__ or not body.get(
-        "reasoning_content")
-    assert message.content == body["content"]

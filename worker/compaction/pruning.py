@@ -10,7 +10,7 @@ import string
 from collections.abc import Sequence
 
 from worker.compaction.grouping import Group, GroupKind
-from worker.compaction.messages import ChatMessage, Role, StoredMessage, with_content
+from worker.compaction.messages import ChatMessage, Role, StoredMessage, share_bookkeeping
 from worker.compaction.tokens import TokenCounter
 
 DIGEST_LINE_CHARS = 160
@@ -100,7 +100,9 @@ def _prune_exchange(group: Group, counter: TokenCounter) -> Group:
         if len(digest) >= len(text):
             pruned.append(stored)  # a short output is its own best digest
             continue
-        pruned.append(_DigestMessage(stored.seq, with_content(stored.message, digest), counter))
+        message = stored.message.model_copy(update={"content": digest})
+        share_bookkeeping(message)  # the copy's own set and extras, as a parsed message's
+        pruned.append(_DigestMessage(stored.seq, message, counter))
     return Group(group.kind, tuple(pruned), group.pending)
 
 
