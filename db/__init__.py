@@ -47,6 +47,7 @@ from db.records import (
     Snapshot,
     StoredMention,
     ToolCallState,
+    decode_mention_lists,
     decode_mentions,
 )
 
@@ -156,6 +157,7 @@ __all__ = [
     "check_schema",
     "create_db_engine",
     "current_revision",
+    "decode_mention_lists",
     "decode_mentions",
     "downgrade_database",
     "head_revision",

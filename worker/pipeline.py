@@ -23,7 +23,7 @@ from db import (
     RevisionRecord,
     SessionState,
     StoreError,
-    decode_mentions,
+    decode_mention_lists,
 )
 from worker.compaction import (
     Boundary,
@@ -338,14 +338,15 @@ def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
 def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
                  span: PrunedSpan, mentions: dict[int, str]) -> SummaryWork:
     """What the summarizer reads: the pruned span, the prior summary, the identifiers
-    ingest found in the span (their JSON text by seq in ``mentions``, each decoded as it
-    is tallied: a job never scans the span for them)."""
+    ingest found in the span (their JSON text by seq in ``mentions``, decoded a batch at
+    a time as they are tallied: a job never scans the span for them)."""
     prior = plan.revision
+    indexed = [seq for seq in span.seqs if seq in mentions]
+    found = decode_mention_lists([mentions[seq] for seq in indexed])
     work = SummaryWork(
         span=span.groups,
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(collect_artifacts((seq, decode_mentions(mentions.get(seq)))
-                                          for seq in span.seqs)),
+        artifacts=tuple(collect_artifacts(zip(indexed, found, strict=True))),
         failures=span.failures,
         span_tokens=span.tokens,
         budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),

@@ -7,11 +7,16 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from db import decode_mention_lists
 from tests.support.corpus import load_corpus, skip_without_corpus
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
 from worker.compaction.identifiers import (
+    KIND_WEIGHTS,
+    SOURCES,
     Artifact,
+    StoredMention,
     collect_artifacts,
     dump_artifacts_json,
     extract_identifiers,
@@ -144,6 +149,64 @@ def test_artifacts_are_dumped_as_the_json_a_revision_row_stores() -> None:
         {"value": "src/a.py", "kind": "path", "count": 1, "first_seq": 5, "last_seq": 5,
          "sources": ["tool_argument"]},
     ])
+
+
+def _plain_artifacts(mentions: list[tuple[int, list[StoredMention]]]) -> list[Artifact]:
+    """The ranking as its docstring states it, one mention at a time."""
+    order: list[str] = []
+    found: dict[str, dict[str, Any]] = {}
+    for seq, stored in mentions:
+        for value, kind, source, count in stored:
+            if value not in found:
+                order.append(value)
+                found[value] = {"kind": kind, "count": 0, "said": 0, "seqs": [],
+                                "sources": set()}
+            tally = found[value]
+            if KIND_WEIGHTS.get(kind, 0) > KIND_WEIGHTS.get(tally["kind"], 0):
+                tally["kind"] = kind
+            tally["count"] += count
+            tally["said"] += 0 if source == "tool_output" else count
+            tally["seqs"].append(seq)
+            tally["sources"].add(source)
+    artifacts = [Artifact(value, found[value]["kind"], found[value]["count"],
+                          min(found[value]["seqs"]), max(found[value]["seqs"]),
+                          frozenset(found[value]["sources"])) for value in order]
+    return sorted(artifacts, key=lambda a: (
+        -KIND_WEIGHTS.get(a.kind, 1) * (a.count + found[a.value]["said"]), a.first_seq))
+
+
+MENTIONS = st.tuples(st.sampled_from(["E1234", "src/a.py", "ZFA04Y", "v1.2", "x", "é漢"]),
+                     st.sampled_from([*KIND_WEIGHTS, "other"]), st.sampled_from(SOURCES),
+                     st.integers(1, 5))
+
+
+@given(st.lists(st.lists(MENTIONS, max_size=5), max_size=8), st.integers(0, 3))
+def test_collected_artifacts_match_a_plain_tally_of_the_mentions(
+    per_message: list[list[StoredMention]], step: int,
+) -> None:
+    mentions = [(10 + index * step, stored) for index, stored in enumerate(per_message)]
+    assert collect_artifacts(mentions) == _plain_artifacts(mentions)
+    # As the store's JSON text decodes them.
+    texts = [json.dumps(stored) for stored in per_message]
+    seqs = [seq for seq, _ in mentions]
+    decoded = zip(seqs, decode_mention_lists(texts), strict=True)
+    assert collect_artifacts(decoded) == _plain_artifacts(mentions)
+
+
+def test_mention_lists_decode_as_json_loads_does_across_batches() -> None:
+    texts = [json.dumps([[f"v{i}", "id", "user", i]] * (i % 3)) for i in range(600)]
+    assert list(decode_mention_lists(texts)) == [json.loads(text) for text in texts]
+    assert list(decode_mention_lists([])) == []
+
+
+@given(st.lists(st.builds(Artifact, st.text(), st.sampled_from(list(KIND_WEIGHTS)),
+                          st.integers(0, 10**12), st.integers(0, 10**12),
+                          st.integers(0, 10**12), st.frozensets(st.sampled_from(SOURCES))),
+                max_size=6))
+def test_dumped_artifacts_are_the_text_json_dumps_gives(artifacts: list[Artifact]) -> None:
+    assert dump_artifacts_json(artifacts) == json.dumps([
+        {"value": a.value, "kind": a.kind, "count": a.count, "first_seq": a.first_seq,
+         "last_seq": a.last_seq, "sources": sorted(a.sources)} for a in artifacts])
 
 
 @settings(max_examples=40, deadline=None)

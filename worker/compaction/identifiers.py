@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
 from worker.compaction import identifier_rules
@@ -36,10 +37,12 @@ SOURCES = ("user", "assistant", "tool_argument", "tool_output")
 SAID_SOURCES = frozenset({"user", "assistant", "tool_argument"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Artifact:
     """One identifier of a span: its verbatim value, kind, occurrences, first and last
-    position, and the ``SOURCES`` it occurred in."""
+    position, and the ``SOURCES`` it occurred in. A value, never changed once built; not
+    frozen: a job builds one per value of its span (~14k at 1M tokens), and a frozen
+    dataclass's ``__init__`` costs ~4x as much."""
 
     value: str
     kind: str
@@ -109,53 +112,52 @@ def search_text(message: ChatMessage) -> str:
     return "\n".join([message.text, *calls]) if calls else message.text
 
 
-@dataclass(slots=True)
-class _Tally:
-    kind: str
-    count: int
-    mentions: int
-    first_seq: int
-    last_seq: int
-    sources: frozenset[str]  # one of a few combinations, shared by every tally that has it
-
-
 StoredMention = tuple[str, str, str, int]  # a Mention as the store hands it back
 
+# Each kind's name as one string, not one per artifact as the stored JSON decodes.
+_KIND_NAMES = {kind: kind for kind in KIND_WEIGHTS}
 
-def collect_artifacts(mentions: Iterable[tuple[int, Iterable[StoredMention]]]) -> list[Artifact]:
+
+def collect_artifacts(mentions: Iterable[tuple[int, Iterable[Sequence[Any]]]]
+                      ) -> list[Artifact]:
     """Collect the stored mentions of a span, ``(seq, mentions)`` in seq order, into its
-    artifacts, most important first.
+    artifacts, most important first. Each mention is ``[value, kind, source, count]``: a
+    :data:`StoredMention`, or its JSON array decoded.
 
     Rank: kind weight times (occurrences + occurrences outside tool results), so an id the
     user or agent spoke outranks one only listed in a search result; ties go to the
     earlier first occurrence.
     """
-    tallies: dict[str, _Tally] = {}
+    # Per value: [value, kind, count, said count, first_seq, last_seq, sources].
+    tallies: dict[str, list[Any]] = {}
     weights = KIND_WEIGHTS
     # Each artifact's sources are one of a few sets: shared, not a set of its own each
     # (~14k artifacts at 1M tokens, 216 bytes a set).
     shared = _SharedSources()
-    # The loop runs once per stored mention (~30k at 1M tokens): kept inline.
+    # The loop runs once per stored mention (~30k at 1M tokens): kept inline, a list per
+    # value rather than an object.
     for seq, found in mentions:
         for value, kind, source, count in found:
             said = 0 if source == "tool_output" else count
             tally = tallies.get(value)
             if tally is None:
-                tallies[value] = _Tally(kind, count, said, seq, seq, shared.of(source))
+                tallies[value] = [value, kind, count, said, seq, seq, shared.of(source)]
                 continue
-            tally.count += count
-            tally.mentions += said
-            if seq > tally.last_seq:
-                tally.last_seq = seq
-            if source not in tally.sources:
-                tally.sources = shared.adding(tally.sources, source)
-            if weights.get(kind, 0) > weights.get(tally.kind, 0):
-                tally.kind = kind
-    # A stable sort: equal keys stay in first-seen order.
-    ranked = sorted(tallies.items(), key=lambda item: (
-        -weights.get(item[1].kind, 1) * (item[1].count + item[1].mentions), item[1].first_seq))
-    return [Artifact(value, t.kind, t.count, t.first_seq, t.last_seq, t.sources)
-            for value, t in ranked]
+            tally[2] += count
+            tally[3] += said
+            if seq > tally[5]:
+                tally[5] = seq
+            if source not in tally[6]:
+                tally[6] = shared.adding(tally[6], source)
+            if weights.get(kind, 0) > weights.get(tally[1], 0):
+                tally[1] = kind
+    ranked = list(tallies.values())
+    # Values were first seen in seq order: a stable sort leaves equal scores in order of
+    # first occurrence.
+    ranked.sort(key=lambda tally: -weights.get(tally[1], 1) * (tally[2] + tally[3]))
+    kinds = _KIND_NAMES
+    return [Artifact(value, kinds.get(kind, kind), count, first_seq, last_seq, sources)
+            for value, kind, count, _, first_seq, last_seq, sources in ranked]
 
 
 class _SharedSources:
@@ -163,9 +165,13 @@ class _SharedSources:
 
     def __init__(self) -> None:
         self._sets: dict[frozenset[str], frozenset[str]] = {}
+        self._single: dict[str, frozenset[str]] = {}
 
     def of(self, source: str) -> frozenset[str]:
-        return self._share(frozenset((source,)))
+        sources = self._single.get(source)
+        if sources is None:
+            sources = self._single[source] = self._share(frozenset((source,)))
+        return sources
 
     def adding(self, sources: frozenset[str], source: str) -> frozenset[str]:
         return self._share(sources | {source})
@@ -175,20 +181,24 @@ class _SharedSources:
 
 
 def dump_artifacts_json(artifacts: Iterable[Artifact]) -> str:
-    """The artifacts as the JSON array a revision row stores, encoded straight from them:
-    each one's object exists only while it is written. Artifacts share a few sets of
-    sources (``collect_artifacts``): each set is sorted once."""
-    sorted_sources: dict[frozenset[str], list[str]] = {}
+    """The artifacts as the JSON array a revision row stores: the text ``json.dumps``
+    gives of their objects, written straight from them, without a dict per artifact
+    (half the time at ~14k artifacts). Artifacts share a few sets of sources
+    (``collect_artifacts``): each set is encoded once."""
+    encoded_sources: dict[frozenset[str], str] = {}
 
-    def artifact_object(artifact: Artifact) -> dict[str, Any]:
-        sources = sorted_sources.get(artifact.sources)
-        if sources is None:
-            sources = sorted_sources[artifact.sources] = sorted(artifact.sources)
-        return {"value": artifact.value, "kind": artifact.kind, "count": artifact.count,
-                "first_seq": artifact.first_seq, "last_seq": artifact.last_seq,
-                "sources": sources}
+    def sources_json(sources: frozenset[str]) -> str:
+        encoded = encoded_sources.get(sources)
+        if encoded is None:
+            encoded = encoded_sources[sources] = json.dumps(sorted(sources))
+        return encoded
 
-    return json.dumps(list(artifacts), default=artifact_object)
+    encode = encode_basestring_ascii
+    return "[" + ", ".join([
+        f'{{"value": {encode(a.value)}, "kind": {encode(a.kind)}, "count": {a.count:d}, '
+        f'"first_seq": {a.first_seq:d}, "last_seq": {a.last_seq:d}, '
+        f'"sources": {sources_json(a.sources)}}}'
+        for a in artifacts]) + "]"
 
 
 def extract_identifiers(messages: Sequence[StoredMessage]) -> list[Artifact]:
