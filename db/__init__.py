@@ -48,7 +48,6 @@ from db.records import (
     StoredMention,
     ToolCallState,
     decode_mention_lists,
-    decode_mentions,
 )
 
 if TYPE_CHECKING:
@@ -158,7 +157,6 @@ __all__ = [
     "create_db_engine",
     "current_revision",
     "decode_mention_lists",
-    "decode_mentions",
     "downgrade_database",
     "head_revision",
     "known_revisions",

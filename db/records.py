@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -53,17 +52,6 @@ class MessageText:
     body_json: str
     tokens: int
     identifiers_json: str | None  # None: not indexed yet
-
-
-def decode_mentions(identifiers_json: str | None) -> tuple[StoredMention, ...]:
-    """A :class:`MessageText`'s mentions (none when it is not indexed yet), their kind
-    and source interned: a few names that the decoder would otherwise make a new string
-    of in each of a span's ~30k mentions."""
-    if identifiers_json is None:
-        return ()
-    intern = sys.intern
-    return tuple((value, intern(kind), intern(source), count)
-                 for value, kind, source, count in json.loads(identifiers_json))
 
 
 # Texts decoded per json.loads by decode_mention_lists: one call's overhead spread over

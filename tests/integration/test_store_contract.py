@@ -28,7 +28,6 @@ from db import (
     SessionState,
     Snapshot,
     ToolCallState,
-    decode_mentions,
     upgrade_database,
 )
 from tests.support.databases import open_store, sqlite_url, truncate_store_tables
@@ -317,7 +316,8 @@ def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
         for r in revisions[:2])
     plain = store.snapshot(SESSION)
     assert (snapshot.session, snapshot.revision) == (plain.session, plain.revision)
-    assert [(m.seq, json.loads(m.body_json), m.tokens, decode_mentions(m.identifiers_json))
+    assert [(m.seq, json.loads(m.body_json), m.tokens,
+             tuple(map(tuple, json.loads(m.identifiers_json or "[]"))))
             for m in snapshot.messages] == \
         [(m.seq, m.body, m.tokens, m.identifiers or ()) for m in plain.messages]
 
