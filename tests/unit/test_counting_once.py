@@ -10,7 +10,11 @@ import tiktoken
 
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import filled
-from worker.compaction.merge import count_identifier_lines, merge_summaries
+from worker.compaction.merge import (
+    MIN_ARTIFACT_TOKENS,
+    count_identifier_lines,
+    merge_summaries,
+)
 from worker.compaction.schema import count_summary_tokens, render_summary_block
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import validate_summary
@@ -83,7 +87,7 @@ def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_merge() -> 
     encoding = CountingEncoding(plain.encoding)
     counter = TokenCounter(cast(Any, encoding)).for_job()
 
-    count_identifier_lines(identifiers, counter)
+    count_identifier_lines(identifiers, counter, budget_tokens=BUDGET_TOKENS)
     ahead = len(encoding.texts)
     merged = merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=counter,
                              identifiers=identifiers)
@@ -96,3 +100,18 @@ def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_merge() -> 
     fresh = merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=plain.for_job(),
                             identifiers=identifiers)
     assert merged == fresh
+
+
+def test_identifier_lines_are_counted_ahead_only_as_far_as_the_budget_could_list() -> None:
+    plain = shared_counter()
+    identifiers = [f"gift_card_{n:07d}" for n in range(2_000)]
+    encoding = CountingEncoding(plain.encoding)
+    counter = TokenCounter(cast(Any, encoding)).for_job()
+
+    count_identifier_lines(identifiers, counter, budget_tokens=BUDGET_TOKENS)
+
+    counted = "".join(encoding.texts)
+    listable = BUDGET_TOKENS // MIN_ARTIFACT_TOKENS  # what a 4k-token block could list
+    assert counted.count("gift_card_") == listable
+    assert f"gift_card_{listable - 1:07d}" in counted
+    assert f"gift_card_{listable:07d}" not in counted

@@ -78,11 +78,15 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     return MergedSummary(fitted, tuple(value for value in missing if value in kept))
 
 
-def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter) -> None:
+def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter, *,
+                           budget_tokens: int) -> None:
     """Count the lines the merge costs ``identifiers`` by, before it runs: into a job's
     counter (``TokenCounter.for_job``), which the merge then reads them from. A summarizer
-    calls it while it waits on the model (the counts do not depend on the draft)."""
-    counter.count_lines(item_line_texts(_wanted(identifiers)))
+    calls it while it waits on the model (the counts do not depend on the draft). Only the
+    first values a ``budget_tokens`` summary could list are counted (~5.5k of ~14k at 1M
+    tokens): the merge counts any other it costs itself, as it would have."""
+    wanted = _wanted(identifiers)[:budget_tokens // MIN_ARTIFACT_TOKENS]
+    counter.count_lines(item_line_texts(wanted))
 
 
 def _wanted(identifiers: Sequence[str]) -> list[str]:

@@ -67,7 +67,8 @@ class SummaryWork:
         swap then find it done (or do it themselves, as they would have)."""
         _ = self.artifacts_json
         if self.counter is not None:
-            count_identifier_lines(self.identifiers, self.counter)
+            count_identifier_lines(self.identifiers, self.counter,
+                                   budget_tokens=self.budget_tokens)
 
 
 @dataclass(frozen=True)
