@@ -61,9 +61,8 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
                                                 if name not in HISTORY_SECTIONS
                                                 for item in merged.items_of(name))]),
                       asked=len(wanted))
-    # A listed identifier costs at least a few tokens: more than this could never fit.
-    most = budget_tokens // MIN_ARTIFACT_TOKENS
-    missing = list(islice((value for value in wanted if not known.contains(value)), most))
+    missing = list(islice((value for value in wanted if not known.contains(value)),
+                          _most_listed(budget_tokens)))
     # The span's indexed values lead in salience order, whichever summarizer listed them
     # or left them out; the summarizer's other items follow.
     listed = {keys[item] for item in new.relevant_artifacts}
@@ -85,8 +84,14 @@ def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter, *,
     calls it while it waits on the model (the counts do not depend on the draft). Only the
     first values a ``budget_tokens`` summary could list are counted (~5.5k of ~14k at 1M
     tokens): the merge counts any other it costs itself, as it would have."""
-    wanted = _wanted(identifiers)[:budget_tokens // MIN_ARTIFACT_TOKENS]
+    wanted = _wanted(identifiers)[:_most_listed(budget_tokens)]
     counter.count_lines(item_line_texts(wanted))
+
+
+def _most_listed(budget_tokens: int) -> int:
+    """How many identifiers a block of ``budget_tokens`` could list at most: a listed one
+    costs at least ``MIN_ARTIFACT_TOKENS``."""
+    return budget_tokens // MIN_ARTIFACT_TOKENS
 
 
 def _wanted(identifiers: Sequence[str]) -> list[str]:
