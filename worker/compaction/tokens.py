@@ -184,7 +184,7 @@ class TokenCounter:
             return []
         tokens = self.encoding.encode_ordinary("".join(lines))
         breaks = _line_break_tokens(self.encoding.name)
-        for token in set(tokens).difference(breaks.keys()):
+        for token in set(tokens).difference(breaks):
             breaks[token] = b"\n" in self.encoding.decode_single_token_bytes(token)
         ends = [index for index, token in enumerate(tokens, 1) if breaks[token]]
         if len(ends) != len(lines):  # a line that is no bullet line
