@@ -1,5 +1,6 @@
 """Identifiers at ingest and recall: how long identifying every message takes (µs per
-token, on a generated coding session and the corpus's largest), and how long
+token, on a generated coding session and the corpus's largest; alone, and as ingest runs
+it, with each identifier's summary line counted), and how long
 ``Store.recall`` answers on a generated 1,000,000-token session stored in PostgreSQL and
 in SQLite, for planted identifiers, a phrase, a frequent word and a miss.
 
@@ -23,7 +24,7 @@ from bench.sessions import (
     tool_heavy_messages,
 )
 from db import NewMessage, Store, upgrade_database
-from worker.compaction import identifier_rules
+from worker.compaction import TokenCounter, identifier_rules
 from worker.compaction.identifiers import identify_message
 from worker.compaction.messages import parse_message
 from worker.ingest import count_messages
@@ -34,15 +35,16 @@ PLANTED = ("E3283-SCHEMA", "sqlalchemy==8.16.16", "/src/app/main.py", "PAY-4242"
 QUERIES = (*PLANTED, "from the migration, pin", "RETRY_LIMIT", "no-such-value-anywhere")
 
 
-def identify_us_per_token(session: BenchSession) -> float:
-    """Best of REPEATS, CPU time, with the word cache emptied before each run."""
+def identify_us_per_token(session: BenchSession, counter: TokenCounter | None = None) -> float:
+    """Best of REPEATS, CPU time, with the word cache emptied before each run; with
+    ``counter``, each identifier's summary line counted too (what ingest does)."""
     messages = [parse_message(row.body) for row in session.rows]
     best_s = float("inf")
     for _ in range(REPEATS):
         identifier_rules.classify_word.cache_clear()
         began = time.process_time()
         for message in messages:
-            identify_message(message)
+            identify_message(message, counter)
         best_s = min(best_s, time.process_time() - began)
     return best_s * 1e6 / session.tokens
 
@@ -80,8 +82,10 @@ def main() -> None:
     sessions = [generated_session(20_000 if args.quick else 200_000, counter)]
     corpus = None if args.quick else largest_corpus_session(counter)
     sessions += [corpus] if corpus else []
-    print_table(("session", "tokens", "identify µs per token (best of 5, CPU)"),
-                [(s.name, s.tokens, f"{identify_us_per_token(s):.3f}") for s in sessions])
+    print_table(("session", "tokens", "identify µs per token (best of 5, CPU)",
+                 "with line counts (ingest)"),
+                [(s.name, s.tokens, f"{identify_us_per_token(s):.3f}",
+                  f"{identify_us_per_token(s, counter):.3f}") for s in sessions])
     rows = planted_rows(target_tokens)
     tokens = sum(row.tokens for row in rows)
     print(f"\nrecall on a generated session of {tokens:,} tokens, {len(rows):,} messages")

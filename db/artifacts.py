@@ -22,7 +22,7 @@ def upsert_artifacts(
     session's rows (called under the session's row lock)."""
     rows: dict[str, dict[str, Any]] = {}
     for seq, found in mentions:
-        for value, kind, source, count in found:
+        for value, kind, source, count, *_ in found:
             row = rows.get(value)
             if row is None:
                 rows[value] = {"session_id": session_pk, "value": value, "kind": kind,

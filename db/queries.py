@@ -208,8 +208,11 @@ def _select_messages(session: Session, session_pk: int, condition: Any
 def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:
     if stored is None:
         return None
-    # Ingest wrote each as [value, kind, source, count] from a Mention: the JSON decoder
-    # already gives those types, so the rows are only frozen, not converted one by one.
+    # Ingest wrote each as [value, kind, source, count, line_tokens] from a Mention: the
+    # JSON decoder already gives those types, so the rows are only frozen, not converted
+    # one by one. Rows stored before line counts were kept have four fields.
+    if stored and len(stored[0]) < 5:
+        return tuple((*mention, None) for mention in stored)
     return cast(tuple[StoredMention, ...], tuple(map(tuple, stored)))
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-# One identifier's occurrences in a message from one source: value, kind, source, count.
-StoredMention = tuple[str, str, str, int]
+# One identifier's occurrences in a message from one source: value, kind, source, count,
+# and the tokens of its summary line (None where ingest did not count it).
+StoredMention = tuple[str, str, str, int, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +62,9 @@ MENTION_TEXTS_PER_DECODE = 256
 
 def decode_mention_lists(identifiers_json: Sequence[str]) -> Iterator[list[list[Any]]]:
     """Each text's mentions as the JSON decodes them (a list ``[value, kind, source,
-    count]`` each), decoded a batch of texts at a time: ~30% less CPU than a
-    ``json.loads`` per message (a span's ~4.6k messages at 1M tokens), and no tuples."""
+    count, line_tokens]`` each, without ``line_tokens`` where stored before it was kept),
+    decoded a batch of texts at a time: ~30% less CPU than a ``json.loads`` per message
+    (a span's ~4.6k messages at 1M tokens), and no tuples."""
     for start in range(0, len(identifiers_json), MENTION_TEXTS_PER_DECODE):
         batch = identifiers_json[start:start + MENTION_TEXTS_PER_DECODE]
         yield from json.loads(f"[{','.join(batch)}]")

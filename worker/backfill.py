@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 # default below without them.
 if TYPE_CHECKING:
     from db import IndexedMessage
+    from worker.compaction import TokenCounter
     from worker.ingest import IngestStore
 
     class BackfillStore(IngestStore, Protocol):
@@ -33,37 +34,41 @@ class BackfillReport:
     messages: int
 
 
-def backfill(store: BackfillStore, *, batch_messages: int = DEFAULT_BATCH_MESSAGES,
+def backfill(store: BackfillStore, counter: TokenCounter, *,
+             batch_messages: int = DEFAULT_BATCH_MESSAGES,
              on_batch: Callable[[int], None] | None = None) -> BackfillReport:
-    """Index every unindexed message of every session, one batch per transaction;
-    ``on_batch`` hears how many each batch wrote (a progress display)."""
+    """Index every unindexed message of every session, one batch per transaction, with
+    ``counter`` counting its identifiers' summary lines as ingest does; ``on_batch``
+    hears how many each batch wrote (a progress display)."""
     from worker.ingest import iter_session_ids
 
     sessions = messages = 0
     for session_id in iter_session_ids(store):
         written = sum(_report(count, on_batch) for count in
-                      _backfill_session(store, session_id, batch_messages))
+                      _backfill_session(store, counter, session_id, batch_messages))
         sessions += int(written > 0)
         messages += written
     return BackfillReport(sessions, messages)
 
 
-def _backfill_session(store: BackfillStore, session_id: str, batch_messages: int
-                      ) -> Iterator[int]:
+def _backfill_session(store: BackfillStore, counter: TokenCounter, session_id: str,
+                      batch_messages: int) -> Iterator[int]:
     while batch := store.unindexed_messages(session_id, limit=batch_messages):
-        indexed = [index_body(seq, body) for seq, body in batch]
+        lines = counter.for_job()  # a batch's messages share many values
+        indexed = [index_body(seq, body, lines) for seq, body in batch]
         yield store.index_messages(session_id, indexed)
         if len(batch) < batch_messages:
             return
 
 
-def index_body(seq: int, body: dict[str, Any]) -> IndexedMessage:
+def index_body(seq: int, body: dict[str, Any], counter: TokenCounter) -> IndexedMessage:
     """Compute a stored message's index as ingest would have."""
     from db import IndexedMessage
     from worker.compaction import identify_message, parse_message, search_text
 
     message = parse_message(body)
-    return IndexedMessage(seq, tuple(identify_message(message)), search_text(message))
+    return IndexedMessage(seq, tuple(identify_message(message, counter)),
+                          search_text(message))
 
 
 def _report(count: int, on_batch: Callable[[int], None] | None) -> int:

@@ -234,12 +234,16 @@ def append_messages(
 
 
 def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> list[NewMessage]:
-    """Turn checked messages into store rows, each counted and identified once (stored
-    messages never change, so no job scans them again)."""
+    """Turn checked messages into store rows, each counted and identified once, with its
+    identifiers' summary lines counted (stored messages never change, so no job scans or
+    counts them again)."""
+    # The identifiers' lines through a counter that remembers them: a session's values
+    # recur from message to message.
+    lines = counter.for_job()
     return [
         NewMessage(body=dump_message(message), role=message.role.value,
                    tool_call_id=message.tool_call_id, tokens=counter.count_message(message),
-                   identifiers=tuple(identify_message(message)),
+                   identifiers=tuple(identify_message(message, lines)),
                    search_text=search_text(message))
         for message in messages
     ]

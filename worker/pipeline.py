@@ -352,6 +352,7 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
         budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
         counter=deps.counter,
     )
+    work.use_stored_line_counts()
     trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
                artifacts=len(work.artifacts))
     return work

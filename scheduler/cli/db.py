@@ -14,6 +14,7 @@ from scheduler.cli.common import (
     fail,
     get_settings,
     is_embedded,
+    load_counter,
     open_store,
     print_json,
     stderr_console,
@@ -147,14 +148,16 @@ def backfill_command(
 
     from worker.backfill import backfill
 
-    with open_store(get_settings()) as store:
+    settings = get_settings()
+    counter = load_counter(settings)
+    with open_store(settings) as store:
         total = store.count_unindexed_messages()
         console = stderr_console()
         with Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=console, transient=True,
                       disable=not console.is_terminal) as progress:
             task = progress.add_task("backfill", total=total)
-            report = backfill(store, batch_messages=batch_messages,
+            report = backfill(store, counter, batch_messages=batch_messages,
                               on_batch=lambda count: progress.advance(task, count))
     if as_json:
         print_json({"sessions": report.sessions, "messages": report.messages})

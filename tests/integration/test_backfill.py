@@ -35,7 +35,7 @@ def test_backfill_gives_old_messages_the_index_ingest_would_have(store: Store) -
     assert store.recall("old", PLANTED[0]) == []
     assert store.count_unindexed_messages() > 0
 
-    report = backfill(store, batch_messages=7)
+    report = backfill(store, shared_counter(), batch_messages=7)
 
     assert report.sessions == 1 and report.messages == len(store.messages("old"))
     assert store.count_unindexed_messages() == 0
@@ -44,7 +44,7 @@ def test_backfill_gives_old_messages_the_index_ingest_would_have(store: Store) -
         [m.identifiers for m in store.messages("new")]
     for value in PLANTED:
         assert store.recall("old", value), value
-    assert backfill(store).messages == 0  # idempotent
+    assert backfill(store, shared_counter()).messages == 0  # idempotent
 
 
 def test_backfill_widens_the_index_of_a_session_appended_to_after_the_upgrade(
@@ -56,7 +56,7 @@ def test_backfill_widens_the_index_of_a_session_appended_to_after_the_upgrade(
     [late] = [a for a in store.artifacts("mixed") if a.value == "E3283-SCHEMA"]
     assert late.count == 1
 
-    backfill(store)
+    backfill(store, shared_counter())
 
     [whole] = [a for a in store.artifacts("mixed") if a.value == "E3283-SCHEMA"]
     assert (whole.first_seq, whole.last_seq, whole.count) == (2, late.last_seq, 2)

@@ -7,8 +7,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine, update
 
-from db import Store
+from db import Store, decode_mention_lists
+from db.models import MessageRow
+from worker.compaction.identifiers import collect_artifacts
 from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
@@ -78,6 +81,29 @@ def test_each_message_is_counted_once_and_stored_with_its_count(
         counter.count_message(parse_message(m.body)) for m in stored]
     assert store.get_session("s1").total_tokens == sum(m.tokens for m in stored)
     assert [m.tool_call_id for m in stored] == [None, None, "c1", None]
+
+
+def test_identifiers_are_stored_with_their_summary_lines_counted_and_read_without_them(
+    store: Store, counter: TokenCounter, engine: Engine
+) -> None:
+    said = {"role": "user", "content": "Move NO6JO3; the build failed with E3283-SCHEMA."}
+    import_one(store, counter, [said, REPLY])
+
+    [first, _] = store.messages("s1")
+    assert {mention[0] for mention in first.identifiers or ()} >= {"NO6JO3", "E3283-SCHEMA"}
+    assert [mention[4] for mention in first.identifiers or ()] == \
+        [counter.count_text(f"- {mention[0]}\n") for mention in first.identifiers or ()]
+
+    # As a release before line counts stored them: four fields, read as no count.
+    with engine.begin() as connection:
+        connection.execute(update(MessageRow).where(MessageRow.seq == 1).values(
+            identifiers=[list(mention[:4]) for mention in first.identifiers or ()]))
+    [older, _] = store.messages("s1")
+    assert older.identifiers == tuple((*mention[:4], None) for mention in first.identifiers or ())
+    texts = [m.identifiers_json for m in store.job_snapshot("s1", to_message=lambda m: m).messages
+             if m.identifiers_json]
+    artifacts = collect_artifacts(enumerate(decode_mention_lists(texts), 1))
+    assert artifacts and all(artifact.line_tokens is None for artifact in artifacts)
 
 
 def test_repaired_text_and_metadata_are_stored_clean(store: Store, counter: TokenCounter) -> None:

@@ -43,7 +43,7 @@ def test_delete_erases_every_row_of_the_session_and_says_how_many(store: Store) 
     for session_id in ("gone", "kept"):
         store.append_messages(session_id, [NewMessage(
             {"role": "user", "content": "E3283-SCHEMA again"}, "user", None, 6,
-            identifiers=(("E3283-SCHEMA", "error", "user", 1),),
+            identifiers=(("E3283-SCHEMA", "error", "user", 1, 6),),
             search_text="E3283-SCHEMA again")], now=T0)
     store.record_run(job_run("gone", "skipped"))
     with store.queue_markers() as markers:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +21,7 @@ from worker.compaction.identifiers import (
     dump_artifacts_json,
     extract_identifiers,
     find_identifiers,
+    identify_message,
 )
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
 
@@ -120,6 +121,18 @@ def test_an_airline_span_yields_user_reservation_and_flight_ids_with_tools() -> 
     assert artifacts["mia_li_3668"].is_said and not artifacts["4WQ150"].is_said
 
 
+def test_ingest_counts_each_identifier_s_summary_line_once() -> None:
+    counter = shared_counter()
+    for stored in _stored(AIRLINE_SPAN):
+        mentions = identify_message(stored.message, counter)
+        assert [m.line_tokens for m in mentions] == \
+            [None if m.kind == "tool" else counter.count_text(f"- {m.value}\n")
+             for m in mentions]
+        # Without a counter: the same mentions, no line counts.
+        assert identify_message(stored.message) == \
+            [mention._replace(line_tokens=None) for mention in mentions]
+
+
 def test_instruction_messages_are_not_indexed() -> None:
     values = {a.value for a in extract_identifiers(_stored(AIRLINE_SPAN))}
     assert "POLICY1" not in values
@@ -156,12 +169,14 @@ def _plain_artifacts(mentions: list[tuple[int, list[StoredMention]]]) -> list[Ar
     order: list[str] = []
     found: dict[str, dict[str, Any]] = {}
     for seq, stored in mentions:
-        for value, kind, source, count in stored:
+        for value, kind, source, count, *line_tokens in stored:
             if value not in found:
                 order.append(value)
                 found[value] = {"kind": kind, "count": 0, "said": 0, "seqs": [],
-                                "sources": set()}
+                                "sources": set(), "line_tokens": None}
             tally = found[value]
+            if tally["line_tokens"] is None and line_tokens:
+                tally["line_tokens"] = line_tokens[0]
             if KIND_WEIGHTS.get(kind, 0) > KIND_WEIGHTS.get(tally["kind"], 0):
                 tally["kind"] = kind
             tally["count"] += count
@@ -170,20 +185,32 @@ def _plain_artifacts(mentions: list[tuple[int, list[StoredMention]]]) -> list[Ar
             tally["sources"].add(source)
     artifacts = [Artifact(value, found[value]["kind"], found[value]["count"],
                           min(found[value]["seqs"]), max(found[value]["seqs"]),
-                          frozenset(found[value]["sources"])) for value in order]
+                          frozenset(found[value]["sources"]), found[value]["line_tokens"])
+                 for value in order]
     return sorted(artifacts, key=lambda a: (
         -KIND_WEIGHTS.get(a.kind, 1) * (a.count + found[a.value]["said"]), a.first_seq))
 
 
-MENTIONS = st.tuples(st.sampled_from(["E1234", "src/a.py", "ZFA04Y", "v1.2", "x", "é漢"]),
-                     st.sampled_from([*KIND_WEIGHTS, "other"]), st.sampled_from(SOURCES),
-                     st.integers(1, 5))
+VALUES = ["E1234", "src/a.py", "ZFA04Y", "v1.2", "x", "é漢"]
+MENTIONS = st.tuples(st.sampled_from(VALUES), st.sampled_from([*KIND_WEIGHTS, "other"]),
+                     st.sampled_from(SOURCES), st.integers(1, 5))
 
 
-@given(st.lists(st.lists(MENTIONS, max_size=5), max_size=8), st.integers(0, 3))
+def _as_stored(mentions: list[tuple[str, str, str, int]], counted: bool
+               ) -> list[StoredMention]:
+    """A message's mentions as stored: with each value's line count (a stand-in figure,
+    one per value), or as stored before line counts were kept (four fields)."""
+    if counted:
+        return [(*mention, 2 + VALUES.index(mention[0])) for mention in mentions]
+    return cast(list[StoredMention], mentions)
+
+
+@given(st.lists(st.tuples(st.lists(MENTIONS, max_size=5), st.booleans()), max_size=8),
+       st.integers(0, 3))
 def test_collected_artifacts_match_a_plain_tally_of_the_mentions(
-    per_message: list[list[StoredMention]], step: int,
+    messages: list[tuple[list[tuple[str, str, str, int]], bool]], step: int,
 ) -> None:
+    per_message = [_as_stored(found, counted) for found, counted in messages]
     mentions = [(10 + index * step, stored) for index, stored in enumerate(per_message)]
     assert collect_artifacts(mentions) == _plain_artifacts(mentions)
     # As the store's JSON text decodes them.

@@ -10,15 +10,15 @@ from typing import Any, cast
 
 import pytest
 
-from tests.support.generated import generated_turns
+from tests.support.generated import generated_session, generated_turns
 from tests.support.job_harness import JobHarness
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_counting_once import CountingEncoding
 from worker.compaction import parse_message
 from worker.compaction.intake import IntakePolicy
-from worker.compaction.tokens import TokenCounter
+from worker.compaction.tokens import JobCounter, TokenCounter
 from worker.errors import Outcome
-from worker.ingest import append_messages
+from worker.ingest import append_messages, check_record, count_messages
 from worker.job import JobResult
 
 SESSION = "s-encoding"
@@ -63,3 +63,48 @@ def test_the_job_counter_encodes_a_text_once_and_counts_as_the_plain_one() -> No
 
     assert [job.count_message(message) for _ in range(3)] == [plain.count_message(message)] * 3
     assert encoding.texts.count("Reservation R1 is confirmed") == 2  # plain once, job once
+
+
+@pytest.mark.parametrize("summarizer", ["extractive", "llm"])
+def test_a_job_encodes_no_identifier_line_ingest_counted_and_summarizes_as_if_it_had(
+    summarizer: str,
+) -> None:
+    encoding = CountingEncoding(shared_counter().encoding)
+    counted = JobHarness(TokenCounter(cast(Any, encoding)))
+    # The same session as stored before ingest kept line counts (four-field mentions).
+    uncounted = JobHarness(shared_counter())
+    if summarizer == "extractive":
+        for harness in (counted, uncounted):
+            harness.deps = dataclasses.replace(harness.deps, summarizer=harness.deps.fallback)
+    counted.add_session(SESSION, 40)
+    _, metadata, checked = check_record(generated_session(SESSION, 40), IntakePolicy())
+    uncounted.store.import_session(SESSION, metadata, [
+        dataclasses.replace(row, identifiers=tuple(
+            cast(Any, mention[:4]) for mention in row.identifiers or ()))
+        for row in count_messages(checked.messages, shared_counter())], uncounted.clock())
+    stored = [mention for message in counted.store.messages(SESSION)
+              for mention in message.identifiers or () if mention[1] != "tool"]
+    assert stored and all(mention[4] is not None for mention in stored)
+
+    run_counted(counted, encoding)
+    assert uncounted.run(SESSION).outcome is Outcome.COMPACTED
+
+    encoded = "".join(encoding.texts)
+    lines = {f"- {value}\n" for value, *_ in stored}
+    assert [line for line in lines if line in encoded] == []
+    [revision] = counted.store.revisions(SESSION)
+    [as_before] = uncounted.store.revisions(SESSION)
+    assert (revision.summary, revision.summary_tokens) == \
+        (as_before.summary, as_before.summary_tokens)
+
+
+def test_the_job_counter_answers_the_lines_of_stored_counts_and_encodes_the_rest() -> None:
+    encoding = CountingEncoding(shared_counter().encoding)
+    job = TokenCounter(cast(Any, encoding)).for_job()
+    assert isinstance(job, JobCounter)
+    job.use_stored_line_counts([("R1", 99), ("R2", 98)])  # figures no encoding gives
+
+    assert job.count_lines(["- R1\n", "- R3\n", "- R1\n"]) == \
+        [99, shared_counter().count_text("- R3\n"), 99]
+    assert job.count_text("R2") == shared_counter().count_text("R2")  # not a line
+    assert encoding.texts == ["- R3\n", "R2"]

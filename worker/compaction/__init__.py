@@ -64,7 +64,12 @@ if TYPE_CHECKING:
         measure_depth,
         measure_json_depth,
     )
-    from worker.compaction.merge import MergedSummary, count_identifier_lines, merge_summaries
+    from worker.compaction.merge import (
+        MergedSummary,
+        count_identifier_lines,
+        merge_summaries,
+        use_stored_line_counts,
+    )
     from worker.compaction.messages import (
         ChatMessage,
         StoredMessage,
@@ -146,6 +151,7 @@ _DEFINED_IN = {
     "MergedSummary": "worker.compaction.merge",
     "merge_summaries": "worker.compaction.merge",
     "count_identifier_lines": "worker.compaction.merge",
+    "use_stored_line_counts": "worker.compaction.merge",
     "ChatMessage": "worker.compaction.messages",
     "StoredMessage": "worker.compaction.messages",
     "dump_message": "worker.compaction.messages",
@@ -267,6 +273,7 @@ __all__ = [
     "search_text",
     "summary_block_message",
     "summary_json_schema",
+    "use_stored_line_counts",
     "validate_summary",
     "verbatim_items",
 ]

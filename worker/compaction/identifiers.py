@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 from worker.compaction import identifier_rules
 from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.messages import INSTRUCTION_ROLES, ChatMessage, Role, StoredMessage
+from worker.compaction.schema import item_line_texts
+from worker.compaction.tokens import TokenCounter
 
 __all__ = [
     "KIND_WEIGHTS",
@@ -50,6 +52,7 @@ class Artifact:
     first_seq: int
     last_seq: int
     sources: frozenset[str]
+    line_tokens: int | None = None  # its summary line's tokens as ingest counted them
 
     @property
     def is_said(self) -> bool:
@@ -59,12 +62,17 @@ class Artifact:
 
 class Mention(NamedTuple):
     """An identifier's occurrences in one message from one source; stored per message
-    at ingest as the JSON array ``[value, kind, source, count]``."""
+    at ingest as the JSON array ``[value, kind, source, count, line_tokens]``.
+    ``line_tokens``: the tokens of the value's bullet line in a summary block (``"- "``,
+    the value, the line break), counted once at ingest so that no job encodes it again;
+    None for a tool name (never listed), or where no counter was at hand (messages stored
+    before it was kept have four fields)."""
 
     value: str
     kind: str
     source: str
     occurrences: int
+    line_tokens: int | None = None
 
 
 # Ranking weight per kind: how much losing one would hurt the agent that continues.
@@ -83,8 +91,11 @@ KIND_WEIGHTS: dict[str, int] = {
 }
 
 
-def identify_message(message: ChatMessage) -> list[Mention]:
-    """Return the identifiers of one message with their source, once per value and source.
+def identify_message(message: ChatMessage, counter: TokenCounter | None = None
+                     ) -> list[Mention]:
+    """Return the identifiers of one message with their source, once per value and source,
+    with their summary lines' token counts when a ``counter`` is given (ingest gives one;
+    a ``TokenCounter.for_job`` counter counts a value repeated across messages once).
 
     Instruction messages yield none: the projection keeps them verbatim.
     """
@@ -101,7 +112,16 @@ def identify_message(message: ChatMessage) -> list[Mention]:
         counts.update((value, kind, "tool_argument")
                       for value, kind in identifier_rules.find_identifiers(
                           call.function.arguments))
-    return [Mention(value, kind, source, count)
+    line_tokens: dict[str, int] = {}
+    if counter is not None and counts:
+        # One line per value, however many sources it has. Left uncounted: tool names (a
+        # summary never lists them) and a value with a line break (not its own line).
+        values = [value for value in dict.fromkeys(value for value, kind, _ in counts
+                                                   if kind != "tool")
+                  if "\n" not in value and "\r" not in value]
+        line_tokens = dict(zip(values, counter.count_lines(item_line_texts(values)),
+                               strict=True))
+    return [Mention(value, kind, source, count, line_tokens.get(value))
             for (value, kind, source), count in counts.items()]
 
 
@@ -112,23 +132,26 @@ def search_text(message: ChatMessage) -> str:
     return "\n".join([message.text, *calls]) if calls else message.text
 
 
-StoredMention = tuple[str, str, str, int]  # a Mention as the store hands it back
+StoredMention = tuple[str, str, str, int, int | None]  # a Mention as the store hands it back
 
 # Each kind's name as one string, not one per artifact as the stored JSON decodes.
 _KIND_NAMES = {kind: kind for kind in KIND_WEIGHTS}
 
 
-def collect_artifacts(mentions: Iterable[tuple[int, Iterable[Sequence[Any]]]]
+def collect_artifacts(mentions: Iterable[tuple[int, Sequence[Sequence[Any]]]]
                       ) -> list[Artifact]:
     """Collect the stored mentions of a span, ``(seq, mentions)`` in seq order, into its
-    artifacts, most important first. Each mention is ``[value, kind, source, count]``: a
-    :data:`StoredMention`, or its JSON array decoded.
+    artifacts, most important first. Each mention is ``[value, kind, source, count,
+    line_tokens]``: a :data:`StoredMention`, or its JSON array decoded (four fields where
+    stored before line counts were kept). An artifact's ``line_tokens`` is the first one
+    its mentions carry.
 
     Rank: kind weight times (occurrences + occurrences outside tool results), so an id the
     user or agent spoke outranks one only listed in a search result; ties go to the
     earlier first occurrence.
     """
-    # Per value: [value, kind, count, said count, first_seq, last_seq, sources].
+    # Per value: [value, kind, count, said count, first_seq, last_seq, sources,
+    # line tokens].
     tallies: dict[str, list[Any]] = {}
     weights = KIND_WEIGHTS
     # Each artifact's sources are one of a few sets: shared, not a set of its own each
@@ -137,14 +160,19 @@ def collect_artifacts(mentions: Iterable[tuple[int, Iterable[Sequence[Any]]]]
     # The loop runs once per stored mention (~30k at 1M tokens): kept inline, a list per
     # value rather than an object.
     for seq, found in mentions:
-        for value, kind, source, count in found:
+        if found and len(found[0]) < 5:  # one message's mentions share their shape
+            found = [(*mention, None) for mention in found]
+        for value, kind, source, count, line_tokens in found:
             said = 0 if source == "tool_output" else count
             tally = tallies.get(value)
             if tally is None:
-                tallies[value] = [value, kind, count, said, seq, seq, shared.of(source)]
+                tallies[value] = [value, kind, count, said, seq, seq, shared.of(source),
+                                  line_tokens]
                 continue
             tally[2] += count
             tally[3] += said
+            if tally[7] is None:  # first seen in a message stored before line counts
+                tally[7] = line_tokens
             if seq > tally[5]:
                 tally[5] = seq
             if source not in tally[6]:
@@ -156,8 +184,9 @@ def collect_artifacts(mentions: Iterable[tuple[int, Iterable[Sequence[Any]]]]
     # first occurrence.
     ranked.sort(key=lambda tally: -weights.get(tally[1], 1) * (tally[2] + tally[3]))
     kinds = _KIND_NAMES
-    return [Artifact(value, kinds.get(kind, kind), count, first_seq, last_seq, sources)
-            for value, kind, count, _, first_seq, last_seq, sources in ranked]
+    return [Artifact(value, kinds.get(kind, kind), count, first_seq, last_seq, sources,
+                     line_tokens)
+            for value, kind, count, _, first_seq, last_seq, sources, line_tokens in ranked]
 
 
 class _SharedSources:

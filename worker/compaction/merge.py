@@ -9,15 +9,16 @@ goal), and its goal is the goal as it stands now.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from worker.compaction.budget import FittedSummary, fit_summary, item_line_texts
+from worker.compaction.identifiers import Artifact
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
-from worker.compaction.tokens import TokenCounter
+from worker.compaction.tokens import JobCounter, TokenCounter
 
 # Prior items a resolved entry can close; resolved and completed work stay as history.
 CLOSABLE_SECTIONS = frozenset({"pending", "remaining_work", "key_decisions"})
@@ -86,6 +87,20 @@ def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter, *,
     tokens): the merge counts any other it costs itself, as it would have."""
     wanted = _wanted(identifiers)[:_most_listed(budget_tokens)]
     counter.count_lines(item_line_texts(wanted))
+
+
+def use_stored_line_counts(artifacts: Iterable[Artifact], counter: TokenCounter, *,
+                           budget_tokens: int) -> None:
+    """Give a job's counter (``TokenCounter.for_job``) the line counts ingest stored for
+    the first ``artifacts`` (most salient first, tool names left out) a ``budget_tokens``
+    summary could list: the draft's fit, the count ahead and the merge then encode none
+    of those lines. Only that many: the counts are held to the job's end (~5.5k of ~14k
+    values at 1M tokens); the merge counts any other it costs itself."""
+    if isinstance(counter, JobCounter):  # a plain counter keeps no counts
+        counter.use_stored_line_counts(
+            (artifact.value, artifact.line_tokens)
+            for artifact in islice(artifacts, _most_listed(budget_tokens))
+            if artifact.line_tokens is not None)
 
 
 def _most_listed(budget_tokens: int) -> int:

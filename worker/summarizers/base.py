@@ -20,6 +20,7 @@ from worker.compaction import (
     dump_artifacts_json,
     failure_values,
     rank_artifacts,
+    use_stored_line_counts,
 )
 
 
@@ -59,6 +60,14 @@ class SummaryWork:
     def artifacts_json(self) -> str:
         """The span's artifacts as the revision row stores them."""
         return dump_artifacts_json(self.artifacts)
+
+    def use_stored_line_counts(self) -> None:
+        """Give the job's counter the line counts ingest stored for the identifiers a
+        summary of this budget could list (``merge.use_stored_line_counts``)."""
+        if self.counter is not None:
+            use_stored_line_counts(
+                (artifact for artifact in self.ranked_artifacts if artifact.kind != "tool"),
+                self.counter, budget_tokens=self.budget_tokens)
 
     def prepare_merge(self) -> None:
         """Do ahead the work of the steps after the summarizer that no draft changes: the
