@@ -54,8 +54,8 @@ def backfill(store: BackfillStore, counter: TokenCounter, *,
 def _backfill_session(store: BackfillStore, counter: TokenCounter, session_id: str,
                       batch_messages: int) -> Iterator[int]:
     while batch := store.unindexed_messages(session_id, limit=batch_messages):
-        lines = counter.for_job()  # a batch's messages share many values
-        indexed = [index_body(seq, body, lines) for seq, body in batch]
+        line_counter = counter.for_job()  # a batch's messages share many values
+        indexed = [index_body(seq, body, line_counter) for seq, body in batch]
         yield store.index_messages(session_id, indexed)
         if len(batch) < batch_messages:
             return

@@ -239,11 +239,11 @@ def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> li
     counts them again)."""
     # The identifiers' lines through a counter that remembers them: a session's values
     # recur from message to message.
-    lines = counter.for_job()
+    line_counter = counter.for_job()
     return [
         NewMessage(body=dump_message(message), role=message.role.value,
                    tool_call_id=message.tool_call_id, tokens=counter.count_message(message),
-                   identifiers=tuple(identify_message(message, lines)),
+                   identifiers=tuple(identify_message(message, line_counter)),
                    search_text=search_text(message))
         for message in messages
     ]
