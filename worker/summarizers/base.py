@@ -7,6 +7,7 @@ OpenAI-compatible endpoint, chunk-and-merge).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,11 +51,15 @@ class SummaryWork:
         return rank_artifacts(self.artifacts,
                               featured=failure_values(self.failures, self.artifacts))
 
+    def listable_artifacts(self) -> Iterator[Artifact]:
+        """The ranked artifacts a summary may list (tool names are not), most salient
+        first, before a draft features its own."""
+        return (artifact for artifact in self.ranked_artifacts if artifact.kind != "tool")
+
     @property
     def identifiers(self) -> list[str]:
-        """The artifacts' values the summary may list (tool names are not), most salient
-        first, before a draft features its own."""
-        return [artifact.value for artifact in self.ranked_artifacts if artifact.kind != "tool"]
+        """The values of ``listable_artifacts``."""
+        return [artifact.value for artifact in self.listable_artifacts()]
 
     @functools.cached_property
     def artifacts_json(self) -> str:
@@ -65,9 +70,8 @@ class SummaryWork:
         """Give the job's counter the line counts ingest stored for the identifiers a
         summary of this budget could list (``merge.use_stored_line_counts``)."""
         if self.counter is not None:
-            use_stored_line_counts(
-                (artifact for artifact in self.ranked_artifacts if artifact.kind != "tool"),
-                self.counter, budget_tokens=self.budget_tokens)
+            use_stored_line_counts(self.listable_artifacts(), self.counter,
+                                   budget_tokens=self.budget_tokens)
 
     def prepare_merge(self) -> None:
         """Do ahead the work of the steps after the summarizer that no draft changes: the
