@@ -24,6 +24,13 @@ from worker.job import JobResult
 SESSION = "s-encoding"
 
 
+def with_summarizer(harness: JobHarness, summarizer: str) -> JobHarness:
+    """``harness`` with the named summarizer: "llm" (its scripted one) or "extractive"."""
+    if summarizer == "extractive":
+        harness.deps = dataclasses.replace(harness.deps, summarizer=harness.deps.fallback)
+    return harness
+
+
 def run_counted(harness: JobHarness, encoding: CountingEncoding) -> JobResult:
     encoding.calls, encoding.encoded_tokens = 0, 0
     encoding.texts.clear()
@@ -37,9 +44,7 @@ def test_a_first_and_a_second_compaction_encode_at_most_the_span_and_one_summary
     summarizer: str,
 ) -> None:
     encoding = CountingEncoding(shared_counter().encoding)
-    harness = JobHarness(TokenCounter(cast(Any, encoding)))
-    if summarizer == "extractive":
-        harness.deps = dataclasses.replace(harness.deps, summarizer=harness.deps.fallback)
+    harness = with_summarizer(JobHarness(TokenCounter(cast(Any, encoding))), summarizer)
     harness.add_session(SESSION, 40)
 
     for turn in range(2):
@@ -70,12 +75,9 @@ def test_a_job_encodes_no_identifier_line_ingest_counted_and_summarizes_as_if_it
     summarizer: str,
 ) -> None:
     encoding = CountingEncoding(shared_counter().encoding)
-    counted = JobHarness(TokenCounter(cast(Any, encoding)))
+    counted = with_summarizer(JobHarness(TokenCounter(cast(Any, encoding))), summarizer)
     # The same session as stored before ingest kept line counts (four-field mentions).
-    uncounted = JobHarness(shared_counter())
-    if summarizer == "extractive":
-        for harness in (counted, uncounted):
-            harness.deps = dataclasses.replace(harness.deps, summarizer=harness.deps.fallback)
+    uncounted = with_summarizer(JobHarness(shared_counter()), summarizer)
     counted.add_session(SESSION, 40)
     _, metadata, checked = check_record(generated_session(SESSION, 40), IntakePolicy())
     uncounted.store.import_session(SESSION, metadata, [
