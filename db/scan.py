@@ -17,7 +17,18 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, func, not_, or_, select, tuple_
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    and_,
+    case,
+    func,
+    not_,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.orm import Session
 
 from db.models import SessionRow
@@ -177,16 +188,23 @@ def count_exclusions(session: Session, criteria: DueCriteria, now: datetime) -> 
 
 
 def is_admitted_by_breaker(now: datetime, cooldown_s: float) -> ColumnElement[bool]:
-    """SQL condition: the session's breaker would admit a job at ``now``.
+    """SQL condition: the session's breaker would admit a job at ``now``
+    (:func:`breaker_admits` on the sessions table)."""
+    return breaker_admits(SessionRow, now - timedelta(seconds=cooldown_s))
+
+
+def breaker_admits(session: Any, cooldown_start: datetime | BindParameter[Any]
+                   ) -> ColumnElement[bool]:
+    """SQL condition: the breaker of ``session`` (the mapped sessions, or the columns of a
+    CTE of their rows) admits a job whose clock less the cooldown is ``cooldown_start``.
 
     The SQL form of ``worker.compaction.breaker.admit`` (db/ may not import worker/):
-    closed admits; open or half-open (a trial is out) admits once ``cooldown_s`` has
+    closed admits; open or half-open (a trial is out) admits once the cooldown has
     passed since ``opened_at``, or when no opening time is known.
     ``tests/integration/test_breaker_rule.py`` checks the two agree on both databases.
     """
-    cooled_before = now - timedelta(seconds=cooldown_s)
     return or_(
-        SessionRow.breaker_state == "closed",
-        SessionRow.breaker_opened_at.is_(None),
-        SessionRow.breaker_opened_at <= cooled_before,
+        session.breaker_state == "closed",
+        session.breaker_opened_at.is_(None),
+        session.breaker_opened_at <= cooldown_start,
     )
