@@ -47,6 +47,7 @@ from db.records import (
     Snapshot,
     StoredMention,
     ToolCallState,
+    breaker_refuses,
     decode_mention_lists,
 )
 
@@ -153,6 +154,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredMention",
     "ToolCallState",
+    "breaker_refuses",
     "check_schema",
     "create_db_engine",
     "current_revision",

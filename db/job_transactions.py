@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -63,8 +63,10 @@ from db.records import (
     RevisionRecord,
     RevisionSizes,
     SessionState,
+    breaker_refuses,
 )
 from db.row_stream import Processor, result_processors, stream_rows
+from db.scan import breaker_admits
 
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]
 _REVISIONS: Table = RevisionRow.__table__  # type: ignore[assignment]
@@ -155,26 +157,34 @@ def _escape_like(value: str) -> str:
 
 
 def read_snapshot(connection: Connection, session_id: str, *, history: int,
-                  to_message: Callable[[MessageText], JobMessage]) -> JobSnapshot[JobMessage]:
+                  to_message: Callable[[MessageText], JobMessage],
+                  cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]:
     """Read the session, its active revision, its active messages (each converted by
     ``to_message`` as its row is fetched) and the sizes of its ``history`` newest
     revisions (never their summaries): on PostgreSQL in one statement (its own
-    snapshot, run it in autocommit), elsewhere in three (run them in a read snapshot)."""
+    snapshot, run it in autocommit), elsewhere in three (run them in a read snapshot).
+    With ``cooldown_start``, a session whose breaker refuses the job
+    (``breaker_refuses``) has only its row and revision read."""
     if connection.dialect.name == "postgresql":
         return _read_snapshot_in_one_statement(connection, session_id, history=history,
-                                               to_message=to_message)
+                                               to_message=to_message,
+                                               cooldown_start=cooldown_start)
     row = connection.execute(_SESSION_WITH_REVISION, {"session_id": session_id}).first()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
+    session = to_session_state(row)
+    revision = _active_revision(session_id, row)
+    if breaker_refuses(session, cooldown_start):
+        return JobSnapshot(session=session, revision=revision, messages=[],
+                           recent_revisions=(), breaker_refused=True)
     recent: tuple[RevisionSizes, ...] = ()
     if history > 0:
         sizes = connection.execute(_RECENT_SIZES, {"session_pk": row.id, "history": history})
         recent = tuple(RevisionSizes(before, after) for _id, before, after in sizes)
-    revision = _active_revision(session_id, row)
     through_seq = revision.through_seq if revision else 0
     messages = [to_message(text)
                 for text in iterate_active_texts(connection, row.id, through_seq)]
-    return JobSnapshot(session=to_session_state(row), revision=revision, messages=messages,
+    return JobSnapshot(session=session, revision=revision, messages=messages,
                        recent_revisions=recent)
 
 
@@ -222,9 +232,12 @@ def _snapshot_statement(session: Any, revision: Any, source: FromClause,
     others' rows. The session row is ``session``'s columns with ``revision``'s (labelled
     as ``_REVISION_LABELS``), read from ``source`` where ``found``; the other parts find
     it through a CTE of its id and bound alone, which keeps the text within psycopg's
-    cache (see ``_ZERO``)."""
-    head = (select(session.c.id, revision.c.through_seq).select_from(source).where(found)
-            .cte("head"))
+    cache (see ``_ZERO``). The CTE holds no row while the session's breaker refuses a
+    job whose clock less the cooldown is the bound ``cooldown_start`` (``breaker_admits``
+    false): then only the session row is read."""
+    cooldown_start = bindparam("cooldown_start", type_=session.c.breaker_opened_at.type)
+    head = (select(session.c.id, revision.c.through_seq).select_from(source)
+            .where(found, breaker_admits(session.c, cooldown_start)).cte("head"))
     message_columns = (_MESSAGES.c.seq.label("message_seq"),
                        _MESSAGES.c.body.cast(Text).label("message_body"),
                        _MESSAGES.c.tokens.label("message_tokens"),
@@ -278,31 +291,41 @@ _SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
         "size_revision_id", "size_before", "size_after"))
 
 
+# The ``cooldown_start`` bound when a job runs whatever the breaker says: every opening
+# is before it.
+_ANY_BREAKER = datetime.max.replace(tzinfo=UTC)
+
+
 def _read_snapshot_in_one_statement(
     connection: Connection, session_id: str, *, history: int,
-    to_message: Callable[[MessageText], JobMessage],
+    to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None,
     statement: CompoundSelect[Any] = _SNAPSHOT_STATEMENT,
     parameters: dict[str, Any] | None = None,
 ) -> JobSnapshot[JobMessage]:
     """Run ``_SNAPSHOT_STATEMENT`` (or ``statement``, a ``_snapshot_statement`` with
-    ``parameters`` besides ``history``), converting each message as its row arrives
-    (streamed: the driver never holds the whole result set beside the converted
-    messages)."""
-    rows = stream_rows(connection, statement, {"session_id": session_id, "history": history}
-                       if parameters is None else {**parameters, "history": history})
+    ``parameters`` besides ``history`` and ``cooldown_start``), converting each message
+    as its row arrives (streamed: the driver never holds the whole result set beside the
+    converted messages)."""
+    bound = {"history": history,
+             "cooldown_start": _ANY_BREAKER if cooldown_start is None else cooldown_start}
+    rows = stream_rows(connection, statement, {"session_id": session_id, **bound}
+                       if parameters is None else {**parameters, **bound})
     # Closed here when ``to_message`` raises: the stream holds the connection's lock until
     # it ends, and the transaction's rollback would wait on it for ever.
     with closing(rows):
         return snapshot_from_rows(rows, session_id, to_message=to_message,
                                   head_processors=result_processors(statement,
-                                                                    connection.dialect))
+                                                                    connection.dialect),
+                                  cooldown_start=cooldown_start)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
                        to_message: Callable[[MessageText], JobMessage],
-                       head_processors: Sequence[Processor]) -> JobSnapshot[JobMessage]:
+                       head_processors: Sequence[Processor],
+                       cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]:
     """The snapshot from ``_SNAPSHOT_STATEMENT``'s raw rows, in any order; the head row's
-    values are processed by ``head_processors`` (its columns' types)."""
+    values are processed by ``head_processors`` (its columns' types); ``cooldown_start``:
+    the one the statement was bound with (None: ``_ANY_BREAKER``)."""
     head: dict[str, Any] | None = None
     seqs: list[int] = []
     messages: list[JobMessage] = []
@@ -325,9 +348,11 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
         messages = [message for _seq, message in sorted(
             zip(seqs, messages, strict=True), key=lambda pair: pair[0])]
     sizes.sort(key=lambda pair: pair[0], reverse=True)
-    return JobSnapshot(session=session_state_of(head),
+    session = session_state_of(head)
+    return JobSnapshot(session=session,
                        revision=_revision_of(session_id, head), messages=messages,
-                       recent_revisions=tuple(size for _id, size in sizes))
+                       recent_revisions=tuple(size for _id, size in sizes),
+                       breaker_refused=breaker_refuses(session, cooldown_start))
 
 
 def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
@@ -360,7 +385,7 @@ _LEASED_SNAPSHOT_STATEMENTS = {take_over: _leased_snapshot_statement(take_over=t
 def take_lease_with_snapshot(
     connection: Connection, session_id: str, owner: str, ttl_s: float, now: datetime, *,
     take_over: str | None = None, history: int,
-    to_message: Callable[[MessageText], JobMessage],
+    to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None = None,
 ) -> JobSnapshot[JobMessage] | None:
     """PostgreSQL (run it in autocommit): ``take_lease`` and ``read_snapshot`` in one
     statement; the snapshot, whose session is the row the lease left, or None when
@@ -370,6 +395,7 @@ def take_lease_with_snapshot(
     try:
         return _read_snapshot_in_one_statement(
             connection, session_id, history=history, to_message=to_message,
+            cooldown_start=cooldown_start,
             statement=_LEASED_SNAPSHOT_STATEMENTS[take_over is not None],
             parameters=_lease_parameters(session_id, owner, ttl_s, now, take_over))
     except SessionNotFound:
@@ -380,7 +406,8 @@ def take_lease_with_snapshot(
     if holder.lease_owner != owner:
         return None
     return _read_snapshot_in_one_statement(connection, session_id, history=history,
-                                           to_message=to_message)
+                                           to_message=to_message,
+                                           cooldown_start=cooldown_start)
 
 
 _LEASE_HOLDER: Select[Any] = select(_SESSIONS.c.lease_owner).where(

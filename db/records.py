@@ -228,12 +228,26 @@ class JobSnapshot(Generic[JobMessage]):
     """What one job reads in one transaction: a :class:`Snapshot` whose messages are
     already in the job's own form (each converted from its :class:`MessageText` as its
     row arrived), and ``recent_revisions``: the sizes of the newest revisions, newest
-    first, as many as the job asked for."""
+    first, as many as the job asked for. ``breaker_refused``: the session's breaker was
+    still cooling down (:func:`breaker_refuses`), so neither the messages nor the sizes
+    were read (both empty): the job does not run."""
 
     session: SessionState
     revision: RevisionRecord | None
     messages: list[JobMessage]
     recent_revisions: tuple[RevisionSizes, ...]
+    breaker_refused: bool = False
+
+
+def breaker_refuses(session: SessionState, cooldown_start: datetime | None) -> bool:
+    """Whether the session's breaker refuses a job whose clock less the cooldown is
+    ``cooldown_start`` (None: a job that runs whatever the breaker says): the breaker is
+    not closed and opened after that instant, so it is still cooling down. The rule of the
+    worker's ``admit`` (``worker/compaction/breaker.py``); the snapshot statement states
+    it in SQL (``db.scan.breaker_admits``) and this reads its answer back from the row."""
+    return (cooldown_start is not None and session.breaker_state != "closed"
+            and session.breaker_opened_at is not None
+            and session.breaker_opened_at > cooldown_start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,17 +235,19 @@ class Store:
             )
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
-                     to_message: Callable[[MessageText], JobMessage]
-                     ) -> JobSnapshot[JobMessage]:
+                     to_message: Callable[[MessageText], JobMessage],
+                     cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]:
         """The snapshot a job plans from, in one consistent read: the session joined to
         its active revision, its active messages (each converted by ``to_message`` as its
         row arrives), and the sizes of its ``history`` newest revisions
         (``JobSnapshot.recent_revisions``); on PostgreSQL one statement, on SQLite a read
-        transaction of three."""
+        transaction of three. With ``cooldown_start`` (the job's clock less the breaker's
+        cooldown), a session whose breaker refuses the job has only its row and revision
+        read (``JobSnapshot.breaker_refused``)."""
         with translate_errors(), self._statement_engine.connect() as connection, \
                 connection.begin():
             return job.read_snapshot(connection, session_id, history=history,
-                                     to_message=to_message)
+                                     to_message=to_message, cooldown_start=cooldown_start)
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:
         """Return what a model is sent, in one statement: the instructions the active
@@ -412,20 +414,21 @@ class Store:
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage],
+        to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None = None,
     ) -> JobSnapshot[JobMessage] | None:
-        """``start_job`` then ``job_snapshot``: the snapshot, whose session is the row as
-        the lease left it; None when another owner holds the lease (and nothing is read).
-        On PostgreSQL one statement in autocommit (``job.take_lease_with_snapshot``), on
-        SQLite two transactions."""
+        """``start_job`` then ``job_snapshot`` (``cooldown_start`` as there): the
+        snapshot, whose session is the row as the lease left it; None when another owner
+        holds the lease (and nothing is read). On PostgreSQL one statement in autocommit
+        (``job.take_lease_with_snapshot``), on SQLite two transactions."""
         if self._engine.dialect.name != "postgresql":
             if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
                 return None
-            return self.job_snapshot(session_id, history=history, to_message=to_message)
+            return self.job_snapshot(session_id, history=history, to_message=to_message,
+                                     cooldown_start=cooldown_start)
         with translate_errors(), self._write_statement_engine.begin() as connection:
             return job.take_lease_with_snapshot(
                 connection, session_id, owner, ttl_s, now, take_over=take_over,
-                history=history, to_message=to_message)
+                history=history, to_message=to_message, cooldown_start=cooldown_start)
 
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         """Take or renew the session's lease until ``now + ttl_s``; False when another

@@ -11,6 +11,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -176,7 +177,8 @@ def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted,
         # Set first: a snapshot that fails to read may leave the lease taken.
         trace.lease_tried = True
         snapshot = _take_lease(trace.request, deps, policy)
-    admitted = _admit(trace, deps, policy, snapshot.session)
+    admitted = _admit(trace, deps, policy, snapshot.session,
+                      breaker_refused=snapshot.breaker_refused)
     with trace.step("plan"):
         return admitted, plan_job(trace, deps, policy, snapshot)
 
@@ -188,12 +190,16 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
     delivery or attempt of its message left (owners end in the task id, so that holder
     is an earlier one of this message: a lost delivery, which were it still alive would
     find its lease gone at the swap and write nothing, or an attempt that ended while
-    the database was down and could not release it)."""
+    the database was down and could not release it). Where an open breaker skips the
+    job, one still cooling down leaves the messages unread (``cooldown_start``)."""
     earlier_may_hold = request.redelivered or request.attempt > 1
+    now = deps.clock()
     snapshot = deps.store.start_job_with_snapshot(
-        request.session_id, deps.lease_owner(request), policy.lease_ttl_s, deps.clock(),
+        request.session_id, deps.lease_owner(request), policy.lease_ttl_s, now,
         take_over=request.task_id if earlier_may_hold else None,
-        history=RECENT_HISTORY, to_message=_to_snapshot_message)
+        history=RECENT_HISTORY, to_message=_to_snapshot_message,
+        cooldown_start=None if policy.fallback_when_open
+        else now - timedelta(seconds=policy.breaker_cooldown_s))
     if snapshot is None:
         raise LeaseHeld("another job holds this session's lease", reason="lease_held")
     return snapshot
@@ -239,14 +245,16 @@ def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: Jo
 
 
 def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
-           session: SessionState) -> Admitted:
-    """Pick the summarizer the session's breaker allows; raise when the job must not run."""
+           session: SessionState, *, breaker_refused: bool) -> Admitted:
+    """Pick the summarizer the session's breaker allows; raise when the job must not run
+    (``breaker_refused``: the snapshot was read without messages, the breaker refusing
+    at the lease's instant, even if its cooldown has ended since)."""
     with trace.step("breaker"):
         breaker = trace.breaker = _session_breaker(session)
         trace.breaker_state = breaker.state.value
         admission = admit(breaker, deps.clock(), policy.breaker_cooldown_s)
-        if not admission.allowed:
-            if not policy.fallback_when_open:
+        if breaker_refused or not admission.allowed:
+            if breaker_refused or not policy.fallback_when_open:
                 raise BreakerOpen("the session's breaker is open", reason="breaker_open")
             return Admitted(deps.fallback, Outcome.BREAKER_OPEN, breaker)
         if admission.breaker != breaker:  # the trial after the cooldown: record half-open

@@ -29,7 +29,7 @@ class JobStore(Protocol):
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage],
+        to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None = None,
     ) -> JobSnapshot[JobMessage] | None: ...
 
     def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool: ...
@@ -39,8 +39,8 @@ class JobStore(Protocol):
     def set_breaker(self, session_id: str, update: BreakerUpdate) -> None: ...
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
-                     to_message: Callable[[MessageText], JobMessage]
-                     ) -> JobSnapshot[JobMessage]: ...
+                     to_message: Callable[[MessageText], JobMessage],
+                     cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]: ...
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,

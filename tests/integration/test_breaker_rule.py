@@ -1,6 +1,7 @@
 """The breaker's admission rule, stated in Python by the core (``admit``) and in SQL by the
-scan (``db/scan.py``), gives the same answer on PostgreSQL and SQLite for every state,
-opening time and clock, the cooldown's edge included."""
+scan (``db/scan.py``) and the job's snapshot (``db/job_transactions.py``), gives the same
+answer on PostgreSQL and SQLite for every state, opening time and clock, the cooldown's
+edge included; a snapshot the breaker refuses reads no message."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine
 
-from db import DueCriteria, Store
+from db import DueCriteria, MessageText, Store
 from tests.support.scheduling import put_session
 from worker.compaction.breaker import Breaker, BreakerState, admit
 
@@ -56,3 +57,39 @@ def test_the_scan_admits_exactly_the_sessions_the_worker_breaker_admits(
     # The grid straddles the edge, so both answers occur for an open breaker.
     open_ones = {session_id for session_id in grid if session_id.startswith("open-")}
     assert open_ones & in_python and open_ones - in_python
+
+
+def unread(text: MessageText) -> int:
+    raise AssertionError(f"message {text.seq} was read for a job its breaker refuses")
+
+
+def kept_seq(text: MessageText) -> int:
+    return text.seq
+
+
+@pytest.mark.parametrize("now", NOWS, ids=lambda now: f"T0{(now - T0).total_seconds():+}s")
+@pytest.mark.parametrize("leased", [False, True], ids=["snapshot", "lease-with-snapshot"])
+def test_a_job_snapshot_reads_the_messages_exactly_when_the_worker_breaker_admits(
+    store: Store, engine: Engine, now: datetime, leased: bool
+) -> None:
+    grid = breaker_grid()
+    for session_id, breaker in grid.items():
+        put_session(store, engine, session_id, 5_000, now=T0, breaker_state=breaker.state.value,
+                    breaker_failures=breaker.failures, breaker_opened_at=breaker.opened_at)
+
+    for session_id, breaker in grid.items():
+        admitted = admit(breaker, now, COOLDOWN_S).allowed
+        read = kept_seq if admitted else unread
+        snapshot = (store.start_job_with_snapshot(session_id, "w1:task-1", 60, now,
+                                                  to_message=read, cooldown_start=now - COOLDOWN)
+                    if leased else store.job_snapshot(session_id, to_message=read,
+                                                      cooldown_start=now - COOLDOWN))
+
+        assert snapshot is not None
+        assert snapshot.breaker_refused is not admitted, session_id
+        assert (snapshot.messages, snapshot.recent_revisions) == (([1], ()) if admitted
+                                                                   else ([], ()))
+        assert snapshot.session.breaker_state == breaker.state.value
+        assert snapshot.session.lease_owner == ("w1:task-1" if leased else None)
+        # Without a cooldown start (the fallback policy) every breaker lets it read.
+        assert store.job_snapshot(session_id, to_message=kept_seq).messages == [1]

@@ -33,6 +33,7 @@ from db import (
     SessionState,
     Snapshot,
     ToolCallState,
+    breaker_refuses,
 )
 from worker.compaction import find_open_tool_calls, parse_message
 
@@ -130,16 +131,21 @@ class FakeStore:
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], M],
+        to_message: Callable[[MessageText], M], cooldown_start: datetime | None = None,
     ) -> JobSnapshot[M] | None:
         if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
             return None
-        return self.job_snapshot(session_id, history=history, to_message=to_message)
+        return self.job_snapshot(session_id, history=history, to_message=to_message,
+                                 cooldown_start=cooldown_start)
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
-                     to_message: Callable[[MessageText], M]) -> JobSnapshot[M]:
+                     to_message: Callable[[MessageText], M],
+                     cooldown_start: datetime | None = None) -> JobSnapshot[M]:
         self._check("job_snapshot")
         snapshot = self.snapshot(session_id)
+        if breaker_refuses(snapshot.session, cooldown_start):
+            return JobSnapshot(snapshot.session, snapshot.revision, [], (),
+                               breaker_refused=True)
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])
         # The body as the store's JSON column holds it (json.dumps, as SQLAlchemy writes).

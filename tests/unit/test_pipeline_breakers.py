@@ -1,13 +1,15 @@
 """The session's and the provider's breakers through whole jobs on the in-memory store:
-trip at the threshold, no summarizer call while open, the half-open trial after the
-cooldown, success closes, failure reopens; the fallback policy commits the extractive
-summary loudly, and a provider outage never counts on the session."""
+trip at the threshold, no summarizer call (nor message read) while open, the half-open
+trial after the cooldown, success closes, failure reopens; the fallback policy commits the
+extractive summary loudly, and a provider outage never counts on the session."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from db import BreakerUpdate
+from db import BreakerUpdate, JobSnapshot
 from tests.support.job_harness import (
     BREAKER_THRESHOLD,
     COOLDOWN_S,
@@ -55,6 +57,57 @@ def test_failures_trip_the_breaker_at_the_threshold_and_it_blocks_the_summarizer
     assert breaker_of(harness) == ("open", BREAKER_THRESHOLD)
     assert harness.store.revisions(SESSION) == []
     assert harness.store.runs(session_id=SESSION, limit=1)[0].outcome == "breaker_open"
+
+
+def recorded_snapshots(harness: JobHarness, monkeypatch: pytest.MonkeyPatch, *,
+                       then_advance_s: float = 0) -> list[JobSnapshot[Any] | None]:
+    """The snapshots the harness's jobs take with their lease, from now on; after each,
+    the clock moves on ``then_advance_s``."""
+    taken: list[JobSnapshot[Any] | None] = []
+    take = harness.store.start_job_with_snapshot
+
+    def recording(*args: Any, **kwargs: Any) -> JobSnapshot[Any] | None:
+        taken.append(take(*args, **kwargs))
+        harness.clock.advance(then_advance_s)
+        return taken[-1]
+
+    monkeypatch.setattr(harness.store, "start_job_with_snapshot", recording)
+    return taken
+
+
+def test_a_job_the_open_breaker_skips_reads_no_message(
+    harness: JobHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.add_session(SESSION, LONG_TURNS)
+    open_the_breaker(harness)
+    taken = recorded_snapshots(harness, monkeypatch)
+
+    assert harness.run(SESSION).outcome is Outcome.BREAKER_OPEN
+    harness.clock.advance(COOLDOWN_S)
+    harness.summarizer.error = None
+    assert harness.run(SESSION).outcome is Outcome.COMPACTED
+
+    refused, trial = taken
+    assert refused is not None and refused.breaker_refused
+    assert (refused.messages, refused.recent_revisions) == ([], ())
+    assert trial is not None and not trial.breaker_refused and trial.messages
+
+
+def test_a_cooldown_that_ends_between_the_lease_and_the_breaker_step_still_skips(
+    harness: JobHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.add_session(SESSION, LONG_TURNS)
+    open_the_breaker(harness)
+    harness.clock.advance(COOLDOWN_S - 1)
+    taken = recorded_snapshots(harness, monkeypatch, then_advance_s=1)
+    calls = len(harness.summarizer.seen)
+
+    skipped = harness.run(SESSION)
+
+    assert (skipped.outcome, skipped.reason) == (Outcome.BREAKER_OPEN, "breaker_open")
+    assert taken[0] is not None and taken[0].breaker_refused
+    assert len(harness.summarizer.seen) == calls
+    assert breaker_of(harness) == ("open", BREAKER_THRESHOLD)
 
 
 def test_after_the_cooldown_a_successful_trial_closes_the_breaker(harness: JobHarness) -> None:
