@@ -10,6 +10,8 @@ One untimed warm-up job per size, then ``gc.freeze()`` as a worker does after it
 job; each timed job's process CPU time (``time.process_time``) and wall time are
 printed as min / median, then each step's CPU time (median). ``--profile`` runs one more
 job per size under cProfile and prints its top functions by cumulative, then by own time.
+``--breaker-open`` opens each copy's breaker first: every job is one the default skip
+policy refuses (outcome ``breaker_open``), which reads the session row and no message.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from bench.common import (
     ServerProcess,
@@ -33,6 +36,7 @@ from bench.common import (
 )
 from bench.report import bench_parser, median, print_header, print_load, print_table
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
+from db import BreakerUpdate
 from worker.errors import Outcome
 from worker.job import JobResult, JobTrace
 
@@ -78,9 +82,10 @@ def step_cpu_recorded(cpu_ms: dict[str, list[float]]) -> Iterator[None]:
 
 
 def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: bool,
-              server: ServerProcess | None) -> Timings:
+              server: ServerProcess | None, breaker_open: bool = False) -> Timings:
     """Time ``jobs`` jobs on copies of ``session``, with the LLM summarizer at ``server``
-    when one is given, else the extractive one."""
+    when one is given, else the extractive one; with ``breaker_open``, jobs the copies'
+    just opened breakers refuse."""
     ids = [f"cpu-{session.tokens}-{i}" for i in range(jobs + 2)]
     summarizer: dict[str, object] = {"summarizer": "extractive"}
     if server is not None:
@@ -91,13 +96,18 @@ def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: b
                         model_context_tokens=round(session.tokens * 1.28),
                         tail_budget_tokens=min(8_000, session.tokens // 12)) as runtime:
         import_copies(runtime.store, session, ids)
-        _checked(run_inline(runtime, ids[0]))
+        expected = Outcome.COMPACTED
+        if breaker_open:
+            expected = Outcome.BREAKER_OPEN
+            for session_id in ids:
+                runtime.store.set_breaker(session_id, BreakerUpdate("open", 3, datetime.now(UTC)))
+        _checked(run_inline(runtime, ids[0]), expected)
         gc.freeze()
         server_cpu_s = proc_cpu_s(server.pid) if server else 0.0
         with step_cpu_recorded(timings.step_ms):
             for session_id in ids[1:-1]:
                 cpu0, wall0 = time.process_time(), time.perf_counter()
-                result = _checked(run_inline(runtime, session_id))
+                result = _checked(run_inline(runtime, session_id), expected)
                 timings.cpu_ms.append((time.process_time() - cpu0) * 1000)
                 timings.wall_ms.append((time.perf_counter() - wall0) * 1000)
                 timings.llm_calls += result.figures.llm_calls or 0
@@ -106,7 +116,7 @@ def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: b
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
-            _checked(run_inline(runtime, ids[-1]))
+            _checked(run_inline(runtime, ids[-1]), expected)
             profiler.disable()
             print(f"\ncProfile of one {session.tokens:,}-token job:")
             stats = pstats.Stats(profiler)
@@ -115,9 +125,9 @@ def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: b
     return timings
 
 
-def _checked(result: JobResult) -> JobResult:
-    if result.outcome is not Outcome.COMPACTED:
-        raise RuntimeError(f"a measured job was {result.outcome.value}, not compacted")
+def _checked(result: JobResult, expected: Outcome) -> JobResult:
+    if result.outcome is not expected:
+        raise RuntimeError(f"a measured job was {result.outcome.value}, not {expected.value}")
     return result
 
 
@@ -137,6 +147,8 @@ def main() -> None:
     parser.add_argument("--session-tokens", default="5000,100000,1000000",
                         help="comma-separated")
     parser.add_argument("--profile", action="store_true", help="cProfile one more job")
+    parser.add_argument("--breaker-open", action="store_true",
+                        help="time jobs an open breaker refuses (outcome breaker_open)")
     parser.add_argument("--summarizer", choices=("extractive", "llm"), default="extractive")
     parser.add_argument("--latency-ms", type=int, default=0,
                         help="the LLM server's delay per call: wall minus it is the job's "
@@ -144,14 +156,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.session_tokens = 1, "3000"
-    print_header(f"worker CPU per job, {args.summarizer} summarizer, in-process")
+    print_header(f"worker CPU per job, {args.summarizer} summarizer, in-process"
+                 + (", jobs an open breaker refuses" if args.breaker_open else ""))
     counter = new_counter()
     sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
     rows, step_rows = [], []
     with private_database() as url, server_if(args.summarizer == "llm",
                                                          args.latency_ms) as server:
         for session in sessions:
-            timed = time_jobs(url, session, args.jobs, profile=args.profile, server=server)
+            timed = time_jobs(url, session, args.jobs, profile=args.profile, server=server,
+                              breaker_open=args.breaker_open)
             calls_per_job = timed.llm_calls / len(timed.cpu_ms)
             rows.append((session.tokens, len(session.rows), len(timed.cpu_ms),
                          min(timed.cpu_ms), median(timed.cpu_ms), min(timed.wall_ms),
