@@ -105,6 +105,20 @@ def test_every_job_a_benchmark_measures_is_compacted(quick_runs: dict[str, Path]
     assert outcomes and all(set(o.split(", ")) == {"compacted"} for o in outcomes), outcomes
 
 
+
+def test_job_cpu_times_jobs_an_open_breaker_refuses() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.job_cpu", "--quick", "--breaker-open"], cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True,
+        timeout=QUICK_RUN_TIMEOUT_S, check=False)
+    assert completed.returncode == 0, completed.stdout[-6000:] + completed.stderr[-6000:]
+    output = completed.stdout
+    assert "jobs an open breaker refuses" in output
+    for header in ("CPU ms min", "wall ms min", "lease", "breaker"):
+        assert all(as_number(cell) > 0 for cell in table_column(output, header)), header
+    # Refused jobs stop at the breaker: no step after it ran.
+    assert {as_number(cell) for cell in table_column(output, "summarize")} == {0.0}
+
 @pytest.fixture(scope="module")
 def fidelity_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     """``bench.fidelity --quick`` once: its JSON report and its printed tables."""
