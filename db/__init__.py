@@ -27,6 +27,7 @@ from db.errors import (
     StoreUnavailable,
 )
 from db.records import (
+    NO_GATE,
     ArtifactRecord,
     BreakerUpdate,
     DeletedSession,
@@ -45,9 +46,9 @@ from db.records import (
     RunRecord,
     SessionState,
     Snapshot,
+    SnapshotGate,
     StoredMention,
     ToolCallState,
-    breaker_refuses,
     decode_mention_lists,
 )
 
@@ -112,6 +113,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "NO_GATE",
     "SESSION_TABLES",
     "ArtifactRecord",
     "BreakerUpdate",
@@ -149,12 +151,12 @@ __all__ = [
     "SessionNotFound",
     "SessionState",
     "Snapshot",
+    "SnapshotGate",
     "Store",
     "StoreError",
     "StoreUnavailable",
     "StoredMention",
     "ToolCallState",
-    "breaker_refuses",
     "check_schema",
     "create_db_engine",
     "current_revision",

@@ -54,6 +54,7 @@ from db.errors import LeaseLost, RevisionConflict, SessionNotFound
 from db.models import INSTRUCTION_ROLES, MessageRow, RevisionRow, RunRow, SessionRow
 from db.queries import insert_run, iterate_active_texts, run_values
 from db.records import (
+    NO_GATE,
     BreakerUpdate,
     JobMessage,
     JobSnapshot,
@@ -63,7 +64,7 @@ from db.records import (
     RevisionRecord,
     RevisionSizes,
     SessionState,
-    breaker_refuses,
+    SnapshotGate,
 )
 from db.row_stream import Processor, result_processors, stream_rows
 from db.scan import breaker_admits
@@ -158,25 +159,25 @@ def _escape_like(value: str) -> str:
 
 def read_snapshot(connection: Connection, session_id: str, *, history: int,
                   to_message: Callable[[MessageText], JobMessage],
-                  cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]:
+                  gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
     """Read the session, its active revision, its active messages (each converted by
     ``to_message`` as its row is fetched) and the sizes of its ``history`` newest
     revisions (never their summaries): on PostgreSQL in one statement (its own
     snapshot, run it in autocommit), elsewhere in three (run them in a read snapshot).
-    With ``cooldown_start``, a session whose breaker refuses the job
-    (``breaker_refuses``) has only its row and revision read."""
+    A session that ``gate`` shuts has only its row and revision read."""
     if connection.dialect.name == "postgresql":
         return _read_snapshot_in_one_statement(connection, session_id, history=history,
-                                               to_message=to_message,
-                                               cooldown_start=cooldown_start)
+                                               to_message=to_message, gate=gate)
     row = connection.execute(_SESSION_WITH_REVISION, {"session_id": session_id}).first()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
     session = to_session_state(row)
     revision = _active_revision(session_id, row)
-    if breaker_refuses(session, cooldown_start):
+    breaker_refused, under_trigger = gate.breaker_refuses(session), gate.under_trigger(session)
+    if breaker_refused or under_trigger:
         return JobSnapshot(session=session, revision=revision, messages=[],
-                           recent_revisions=(), breaker_refused=True)
+                           recent_revisions=(), breaker_refused=breaker_refused,
+                           under_trigger=under_trigger)
     recent: tuple[RevisionSizes, ...] = ()
     if history > 0:
         sizes = connection.execute(_RECENT_SIZES, {"session_pk": row.id, "history": history})
@@ -232,12 +233,15 @@ def _snapshot_statement(session: Any, revision: Any, source: FromClause,
     others' rows. The session row is ``session``'s columns with ``revision``'s (labelled
     as ``_REVISION_LABELS``), read from ``source`` where ``found``; the other parts find
     it through a CTE of its id and bound alone, which keeps the text within psycopg's
-    cache (see ``_ZERO``). The CTE holds no row while the session's breaker refuses a
-    job whose clock less the cooldown is the bound ``cooldown_start`` (``breaker_admits``
-    false): then only the session row is read."""
+    cache (see ``_ZERO``). The CTE holds no row when the bound ``SnapshotGate`` shuts
+    the session: its breaker refuses a job whose clock less the cooldown is
+    ``cooldown_start`` (``breaker_admits`` false), or its projection is at most
+    ``trigger_tokens``; then only the session row is read."""
     cooldown_start = bindparam("cooldown_start", type_=session.c.breaker_opened_at.type)
     head = (select(session.c.id, revision.c.through_seq).select_from(source)
-            .where(found, breaker_admits(session.c, cooldown_start)).cte("head"))
+            .where(found, breaker_admits(session.c, cooldown_start),
+                   session.c.projection_tokens > bindparam("trigger_tokens"))
+            .cte("head"))
     message_columns = (_MESSAGES.c.seq.label("message_seq"),
                        _MESSAGES.c.body.cast(Text).label("message_body"),
                        _MESSAGES.c.tokens.label("message_tokens"),
@@ -291,23 +295,27 @@ _SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
         "size_revision_id", "size_before", "size_after"))
 
 
-# The ``cooldown_start`` bound when a job runs whatever the breaker says: every opening
-# is before it.
+# What a gate without a check binds: every opening is before the first, every projection
+# over the second.
 _ANY_BREAKER = datetime.max.replace(tzinfo=UTC)
+_ANY_PROJECTION = -1
 
 
 def _read_snapshot_in_one_statement(
     connection: Connection, session_id: str, *, history: int,
-    to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None,
+    to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate,
     statement: CompoundSelect[Any] = _SNAPSHOT_STATEMENT,
     parameters: dict[str, Any] | None = None,
 ) -> JobSnapshot[JobMessage]:
     """Run ``_SNAPSHOT_STATEMENT`` (or ``statement``, a ``_snapshot_statement`` with
-    ``parameters`` besides ``history`` and ``cooldown_start``), converting each message
-    as its row arrives (streamed: the driver never holds the whole result set beside the
+    ``parameters`` besides ``history`` and ``gate``'s), converting each message as its
+    row arrives (streamed: the driver never holds the whole result set beside the
     converted messages)."""
     bound = {"history": history,
-             "cooldown_start": _ANY_BREAKER if cooldown_start is None else cooldown_start}
+             "cooldown_start": _ANY_BREAKER if gate.cooldown_start is None
+             else gate.cooldown_start,
+             "trigger_tokens": _ANY_PROJECTION if gate.trigger_tokens is None
+             else gate.trigger_tokens}
     rows = stream_rows(connection, statement, {"session_id": session_id, **bound}
                        if parameters is None else {**parameters, **bound})
     # Closed here when ``to_message`` raises: the stream holds the connection's lock until
@@ -316,16 +324,16 @@ def _read_snapshot_in_one_statement(
         return snapshot_from_rows(rows, session_id, to_message=to_message,
                                   head_processors=result_processors(statement,
                                                                     connection.dialect),
-                                  cooldown_start=cooldown_start)
+                                  gate=gate)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
                        to_message: Callable[[MessageText], JobMessage],
                        head_processors: Sequence[Processor],
-                       cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]:
+                       gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
     """The snapshot from ``_SNAPSHOT_STATEMENT``'s raw rows, in any order; the head row's
-    values are processed by ``head_processors`` (its columns' types); ``cooldown_start``:
-    the one the statement was bound with (None: ``_ANY_BREAKER``)."""
+    values are processed by ``head_processors`` (its columns' types); ``gate``: the one
+    the statement was bound with."""
     head: dict[str, Any] | None = None
     seqs: list[int] = []
     messages: list[JobMessage] = []
@@ -352,7 +360,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
     return JobSnapshot(session=session,
                        revision=_revision_of(session_id, head), messages=messages,
                        recent_revisions=tuple(size for _id, size in sizes),
-                       breaker_refused=breaker_refuses(session, cooldown_start))
+                       breaker_refused=gate.breaker_refuses(session),
+                       under_trigger=gate.under_trigger(session))
 
 
 def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
@@ -367,7 +376,8 @@ def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
     ``head_seq`` and active revision as the one the lease returned; when it does not,
     the lease is taken but the statement returns no row (``take_lease_with_snapshot``
     then reads a fresh snapshot)."""
-    lease = _lease_statement(take_over=take_over, asynchronous_commit=True).cte("lease")
+    # One-letter names, as ``r``: the text stays within psycopg's cache (see ``_ZERO``).
+    lease = _lease_statement(take_over=take_over, asynchronous_commit=True).cte("l")
     seen, revision = _SESSIONS.alias("seen"), _REVISIONS.alias("r")
     return _snapshot_statement(
         lease, revision,
@@ -385,7 +395,7 @@ _LEASED_SNAPSHOT_STATEMENTS = {take_over: _leased_snapshot_statement(take_over=t
 def take_lease_with_snapshot(
     connection: Connection, session_id: str, owner: str, ttl_s: float, now: datetime, *,
     take_over: str | None = None, history: int,
-    to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None = None,
+    to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
 ) -> JobSnapshot[JobMessage] | None:
     """PostgreSQL (run it in autocommit): ``take_lease`` and ``read_snapshot`` in one
     statement; the snapshot, whose session is the row the lease left, or None when
@@ -394,8 +404,7 @@ def take_lease_with_snapshot(
     statement waited for the row lock (a fresh snapshot)."""
     try:
         return _read_snapshot_in_one_statement(
-            connection, session_id, history=history, to_message=to_message,
-            cooldown_start=cooldown_start,
+            connection, session_id, history=history, to_message=to_message, gate=gate,
             statement=_LEASED_SNAPSHOT_STATEMENTS[take_over is not None],
             parameters=_lease_parameters(session_id, owner, ttl_s, now, take_over))
     except SessionNotFound:
@@ -406,8 +415,7 @@ def take_lease_with_snapshot(
     if holder.lease_owner != owner:
         return None
     return _read_snapshot_in_one_statement(connection, session_id, history=history,
-                                           to_message=to_message,
-                                           cooldown_start=cooldown_start)
+                                           to_message=to_message, gate=gate)
 
 
 _LEASE_HOLDER: Select[Any] = select(_SESSIONS.c.lease_owner).where(

@@ -228,26 +228,41 @@ class JobSnapshot(Generic[JobMessage]):
     """What one job reads in one transaction: a :class:`Snapshot` whose messages are
     already in the job's own form (each converted from its :class:`MessageText` as its
     row arrived), and ``recent_revisions``: the sizes of the newest revisions, newest
-    first, as many as the job asked for. ``breaker_refused``: the session's breaker was
-    still cooling down (:func:`breaker_refuses`), so neither the messages nor the sizes
-    were read (both empty): the job does not run."""
+    first, as many as the job asked for. ``breaker_refused`` and ``under_trigger``: what
+    its :class:`SnapshotGate` found in the session row; either one means neither the
+    messages nor the sizes were read (both empty): the job does not run."""
 
     session: SessionState
     revision: RevisionRecord | None
     messages: list[JobMessage]
     recent_revisions: tuple[RevisionSizes, ...]
     breaker_refused: bool = False
+    under_trigger: bool = False
 
 
-def breaker_refuses(session: SessionState, cooldown_start: datetime | None) -> bool:
-    """Whether the session's breaker refuses a job whose clock less the cooldown is
-    ``cooldown_start`` (None: a job that runs whatever the breaker says): the breaker is
-    not closed and opened after that instant, so it is still cooling down. The rule of the
-    worker's ``admit`` (``worker/compaction/breaker.py``); the snapshot statement states
-    it in SQL (``db.scan.breaker_admits``) and this reads its answer back from the row."""
-    return (cooldown_start is not None and session.breaker_state != "closed"
-            and session.breaker_opened_at is not None
-            and session.breaker_opened_at > cooldown_start)
+@dataclass(frozen=True, slots=True)
+class SnapshotGate:
+    """When a job's snapshot reads the session row alone: its breaker refuses the job
+    (``cooldown_start``: the job's clock less the breaker's cooldown; the breaker is not
+    closed and opened after that instant, so it is still cooling down), or its
+    projection is at most ``trigger_tokens`` (a job that is not forced skips it). A None
+    leaves that check to the job. The rules of the worker's ``admit`` and
+    ``decide_compaction`` (``worker/compaction/``); the snapshot statement states them in
+    SQL, and these methods read the answers back from the row."""
+
+    cooldown_start: datetime | None = None
+    trigger_tokens: int | None = None
+
+    def breaker_refuses(self, session: SessionState) -> bool:
+        return (self.cooldown_start is not None and session.breaker_state != "closed"
+                and session.breaker_opened_at is not None
+                and session.breaker_opened_at > self.cooldown_start)
+
+    def under_trigger(self, session: SessionState) -> bool:
+        return self.trigger_tokens is not None and session.projection_tokens <= self.trigger_tokens
+
+
+NO_GATE = SnapshotGate()  # every message is read
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from db.queue import QueueMarkers
 from db.recall import check_query, search_messages
 from db.reconcile import HeldSession, read_due_among, read_held_sessions
 from db.records import (
+    NO_GATE,
     ArtifactRecord,
     BreakerUpdate,
     DeletedSession,
@@ -51,6 +52,7 @@ from db.records import (
     RunRecord,
     SessionState,
     Snapshot,
+    SnapshotGate,
     ToolCallState,
 )
 from db.revisions import load_active_revision, roll_back, roll_forward, swap_in
@@ -236,18 +238,18 @@ class Store:
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], JobMessage],
-                     cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]:
+                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
         """The snapshot a job plans from, in one consistent read: the session joined to
         its active revision, its active messages (each converted by ``to_message`` as its
         row arrives), and the sizes of its ``history`` newest revisions
         (``JobSnapshot.recent_revisions``); on PostgreSQL one statement, on SQLite a read
-        transaction of three. With ``cooldown_start`` (the job's clock less the breaker's
-        cooldown), a session whose breaker refuses the job has only its row and revision
-        read (``JobSnapshot.breaker_refused``)."""
+        transaction of three. A session that ``gate`` shuts (its breaker refuses the job,
+        or it is under the trigger) has only its row and revision read
+        (``JobSnapshot.breaker_refused``, ``JobSnapshot.under_trigger``)."""
         with translate_errors(), self._statement_engine.connect() as connection, \
                 connection.begin():
             return job.read_snapshot(connection, session_id, history=history,
-                                     to_message=to_message, cooldown_start=cooldown_start)
+                                     to_message=to_message, gate=gate)
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:
         """Return what a model is sent, in one statement: the instructions the active
@@ -414,9 +416,9 @@ class Store:
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None = None,
+        to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
     ) -> JobSnapshot[JobMessage] | None:
-        """``start_job`` then ``job_snapshot`` (``cooldown_start`` as there): the
+        """``start_job`` then ``job_snapshot`` (``gate`` as there): the
         snapshot, whose session is the row as the lease left it; None when another owner
         holds the lease (and nothing is read). On PostgreSQL one statement in autocommit
         (``job.take_lease_with_snapshot``), on SQLite two transactions."""
@@ -424,11 +426,11 @@ class Store:
             if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
                 return None
             return self.job_snapshot(session_id, history=history, to_message=to_message,
-                                     cooldown_start=cooldown_start)
+                                     gate=gate)
         with translate_errors(), self._write_statement_engine.begin() as connection:
             return job.take_lease_with_snapshot(
                 connection, session_id, owner, ttl_s, now, take_over=take_over,
-                history=history, to_message=to_message, cooldown_start=cooldown_start)
+                history=history, to_message=to_message, gate=gate)
 
     def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         """Take or renew the session's lease until ``now + ttl_s``; False when another

@@ -23,6 +23,7 @@ from db import (
     NewRevision,
     RevisionRecord,
     SessionState,
+    SnapshotGate,
     StoreError,
     decode_mention_lists,
 )
@@ -190,16 +191,19 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
     delivery or attempt of its message left (owners end in the task id, so that holder
     is an earlier one of this message: a lost delivery, which were it still alive would
     find its lease gone at the swap and write nothing, or an attempt that ended while
-    the database was down and could not release it). Where an open breaker skips the
-    job, one still cooling down leaves the messages unread (``cooldown_start``)."""
+    the database was down and could not release it). The messages are left unread
+    when the job will not run: a breaker still cooling down skips it (the skip policy),
+    a projection under the trigger too (unless forced)."""
     earlier_may_hold = request.redelivered or request.attempt > 1
     now = deps.clock()
+    gate = SnapshotGate(
+        cooldown_start=None if policy.fallback_when_open
+        else now - timedelta(seconds=policy.breaker_cooldown_s),
+        trigger_tokens=None if request.force else policy.trigger.trigger_tokens)
     snapshot = deps.store.start_job_with_snapshot(
         request.session_id, deps.lease_owner(request), policy.lease_ttl_s, now,
         take_over=request.task_id if earlier_may_hold else None,
-        history=RECENT_HISTORY, to_message=_to_snapshot_message,
-        cooldown_start=None if policy.fallback_when_open
-        else now - timedelta(seconds=policy.breaker_cooldown_s))
+        history=RECENT_HISTORY, to_message=_to_snapshot_message, gate=gate)
     if snapshot is None:
         raise LeaseHeld("another job holds this session's lease", reason="lease_held")
     return snapshot
@@ -298,7 +302,10 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
     revision = snapshot.revision
     stored = [m.stored for m in snapshot.messages]
     prior_tokens = revision.summary_tokens if revision else 0
-    tokens_before = sum(m.tokens for m in stored) + prior_tokens
+    # Under the trigger only the row was read: its projection is the same sum, kept by
+    # every append, swap and rollback.
+    tokens_before = snapshot.session.projection_tokens if snapshot.under_trigger \
+        else sum(m.tokens for m in stored) + prior_tokens
     request = trace.request
     decision = decide_compaction(tokens_before, _recent_savings(snapshot),
                                  policy.trigger, request.force)

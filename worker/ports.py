@@ -9,7 +9,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol, TypeVar
 
-from db import BreakerUpdate, JobSnapshot, MessageText, NewRevision, NewRun, SessionState
+from db import (
+    NO_GATE,
+    BreakerUpdate,
+    JobSnapshot,
+    MessageText,
+    NewRevision,
+    NewRun,
+    SessionState,
+    SnapshotGate,
+)
 
 JobMessage = TypeVar("JobMessage")
 
@@ -29,7 +38,7 @@ class JobStore(Protocol):
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage], cooldown_start: datetime | None = None,
+        to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
     ) -> JobSnapshot[JobMessage] | None: ...
 
     def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool: ...
@@ -40,7 +49,7 @@ class JobStore(Protocol):
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], JobMessage],
-                     cooldown_start: datetime | None = None) -> JobSnapshot[JobMessage]: ...
+                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]: ...
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,

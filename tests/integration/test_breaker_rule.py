@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine
 
-from db import DueCriteria, MessageText, Store
+from db import DueCriteria, MessageText, SnapshotGate, Store
 from tests.support.scheduling import put_session
 from worker.compaction.breaker import Breaker, BreakerState, admit
 
@@ -80,13 +80,14 @@ def test_a_job_snapshot_reads_the_messages_exactly_when_the_worker_breaker_admit
     for session_id, breaker in grid.items():
         admitted = admit(breaker, now, COOLDOWN_S).allowed
         read = kept_seq if admitted else unread
+        gate = SnapshotGate(cooldown_start=now - COOLDOWN)
         snapshot = (store.start_job_with_snapshot(session_id, "w1:task-1", 60, now,
-                                                  to_message=read, cooldown_start=now - COOLDOWN)
-                    if leased else store.job_snapshot(session_id, to_message=read,
-                                                      cooldown_start=now - COOLDOWN))
+                                                  to_message=read, gate=gate)
+                    if leased else store.job_snapshot(session_id, to_message=read, gate=gate))
 
         assert snapshot is not None
         assert snapshot.breaker_refused is not admitted, session_id
+        assert not snapshot.under_trigger
         assert (snapshot.messages, snapshot.recent_revisions) == (([1], ()) if admitted
                                                                    else ([], ()))
         assert snapshot.session.breaker_state == breaker.state.value

@@ -15,6 +15,7 @@ import pytest
 
 from db import (
     BreakerUpdate,
+    JobSnapshot,
     LeaseLost,
     MessageText,
     NewMessage,
@@ -27,6 +28,7 @@ from db import (
     SessionNotFound,
     SessionState,
     Snapshot,
+    SnapshotGate,
     ToolCallState,
     upgrade_database,
 )
@@ -347,6 +349,36 @@ def test_a_job_takes_the_lease_with_its_snapshot_and_reads_nothing_without_it(
     with pytest.raises(SessionNotFound):
         store.start_job_with_snapshot("nope", "w1:task-1", TTL_S, T0, to_message=keep_text)
 
+
+@pytest.mark.parametrize("leased", [False, True], ids=["snapshot", "lease-with-snapshot"])
+def test_a_snapshot_of_a_session_under_the_gates_trigger_reads_its_row_alone(
+    store: ContractStore, leased: bool
+) -> None:
+    first = swap(store, None, 2, owner=None)
+    projection = store.get_session(SESSION).projection_tokens
+    expected = store.job_snapshot(SESSION, history=2, to_message=keep_text)
+
+    def snapshot(trigger_tokens: int) -> JobSnapshot[MessageText] | None:
+        gate = SnapshotGate(trigger_tokens=trigger_tokens)
+        if leased:
+            return store.start_job_with_snapshot(SESSION, "w1:task-1", TTL_S, T0, history=2,
+                                                 to_message=keep_text, gate=gate)
+        return store.job_snapshot(SESSION, history=2, to_message=keep_text, gate=gate)
+
+    at_it, under_it = snapshot(projection), snapshot(projection - 1)
+
+    assert at_it is not None and under_it is not None
+    assert (at_it.under_trigger, at_it.breaker_refused) == (True, False)
+    assert (at_it.messages, at_it.recent_revisions) == ([], ())
+    assert at_it.revision is not None and at_it.revision.id == first
+    assert at_it.session.projection_tokens == projection
+    assert not under_it.under_trigger
+    assert (under_it.revision, under_it.messages, under_it.recent_revisions) == \
+        (expected.revision, expected.messages, expected.recent_revisions)
+    # What the row says is what the job would have summed: the block and what it reads.
+    assert expected.revision is not None
+    assert projection == expected.revision.summary_tokens + sum(m.tokens
+                                                                for m in expected.messages)
 
 def keep_text(text: MessageText) -> MessageText:
     return text

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from db import (
+    NO_GATE,
     BreakerUpdate,
     JobSnapshot,
     LeaseLost,
@@ -32,8 +33,8 @@ from db import (
     SessionNotFound,
     SessionState,
     Snapshot,
+    SnapshotGate,
     ToolCallState,
-    breaker_refuses,
 )
 from worker.compaction import find_open_tool_calls, parse_message
 
@@ -131,21 +132,23 @@ class FakeStore:
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], M], cooldown_start: datetime | None = None,
+        to_message: Callable[[MessageText], M], gate: SnapshotGate = NO_GATE,
     ) -> JobSnapshot[M] | None:
         if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
             return None
         return self.job_snapshot(session_id, history=history, to_message=to_message,
-                                 cooldown_start=cooldown_start)
+                                 gate=gate)
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], M],
-                     cooldown_start: datetime | None = None) -> JobSnapshot[M]:
+                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[M]:
         self._check("job_snapshot")
         snapshot = self.snapshot(session_id)
-        if breaker_refuses(snapshot.session, cooldown_start):
+        breaker_refused = gate.breaker_refuses(snapshot.session)
+        under_trigger = gate.under_trigger(snapshot.session)
+        if breaker_refused or under_trigger:
             return JobSnapshot(snapshot.session, snapshot.revision, [], (),
-                               breaker_refused=True)
+                               breaker_refused=breaker_refused, under_trigger=under_trigger)
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])
         # The body as the store's JSON column holds it (json.dumps, as SQLAlchemy writes).

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from db import JobSnapshot
 from tests.support.fake_store import FakeStore
 from tests.support.generated import generated_session
 from worker import pipeline
@@ -105,6 +106,20 @@ class JobHarness:
         request = JobRequest(session_id, "test", force, task_id=task_id or f"task-{self.jobs}",
                              attempt=attempt, redelivered=redelivered)
         return pipeline.run(request, self.deps, self.policy)
+
+    def record_snapshots(self, *, then_advance_s: float = 0) -> list[JobSnapshot[Any] | None]:
+        """The snapshots this harness's jobs take with their lease, from now on; after
+        each, the clock moves on ``then_advance_s``."""
+        taken: list[JobSnapshot[Any] | None] = []
+        take = self.store.start_job_with_snapshot
+
+        def recording(*args: Any, **kwargs: Any) -> JobSnapshot[Any] | None:
+            taken.append(take(*args, **kwargs))
+            self.clock.advance(then_advance_s)
+            return taken[-1]
+
+        self.store.start_job_with_snapshot = recording  # type: ignore[method-assign]
+        return taken
 
     def add_session(self, session_id: str, turns: int) -> str:
         """Import a generated session of ``turns`` exchanges through the real intake."""

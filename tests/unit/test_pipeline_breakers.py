@@ -5,11 +5,9 @@ extractive summary loudly, and a provider outage never counts on the session."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from db import BreakerUpdate, JobSnapshot
+from db import BreakerUpdate
 from tests.support.job_harness import (
     BREAKER_THRESHOLD,
     COOLDOWN_S,
@@ -59,28 +57,10 @@ def test_failures_trip_the_breaker_at_the_threshold_and_it_blocks_the_summarizer
     assert harness.store.runs(session_id=SESSION, limit=1)[0].outcome == "breaker_open"
 
 
-def recorded_snapshots(harness: JobHarness, monkeypatch: pytest.MonkeyPatch, *,
-                       then_advance_s: float = 0) -> list[JobSnapshot[Any] | None]:
-    """The snapshots the harness's jobs take with their lease, from now on; after each,
-    the clock moves on ``then_advance_s``."""
-    taken: list[JobSnapshot[Any] | None] = []
-    take = harness.store.start_job_with_snapshot
-
-    def recording(*args: Any, **kwargs: Any) -> JobSnapshot[Any] | None:
-        taken.append(take(*args, **kwargs))
-        harness.clock.advance(then_advance_s)
-        return taken[-1]
-
-    monkeypatch.setattr(harness.store, "start_job_with_snapshot", recording)
-    return taken
-
-
-def test_a_job_the_open_breaker_skips_reads_no_message(
-    harness: JobHarness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_job_the_open_breaker_skips_reads_no_message(harness: JobHarness) -> None:
     harness.add_session(SESSION, LONG_TURNS)
     open_the_breaker(harness)
-    taken = recorded_snapshots(harness, monkeypatch)
+    taken = harness.record_snapshots()
 
     assert harness.run(SESSION).outcome is Outcome.BREAKER_OPEN
     harness.clock.advance(COOLDOWN_S)
@@ -94,12 +74,12 @@ def test_a_job_the_open_breaker_skips_reads_no_message(
 
 
 def test_a_cooldown_that_ends_between_the_lease_and_the_breaker_step_still_skips(
-    harness: JobHarness, monkeypatch: pytest.MonkeyPatch
+    harness: JobHarness,
 ) -> None:
     harness.add_session(SESSION, LONG_TURNS)
     open_the_breaker(harness)
     harness.clock.advance(COOLDOWN_S - 1)
-    taken = recorded_snapshots(harness, monkeypatch, then_advance_s=1)
+    taken = harness.record_snapshots(then_advance_s=1)
     calls = len(harness.summarizer.seen)
 
     skipped = harness.run(SESSION)

@@ -98,6 +98,7 @@ def test_a_job_holds_the_garbage_collector_off_and_leaves_it_as_it_found_it(
 def test_a_session_under_the_trigger_is_skipped_without_a_summary(harness: JobHarness) -> None:
     harness.add_session(SESSION, SHORT_TURNS)
     before = harness.state(SESSION)
+    taken = harness.record_snapshots()
 
     result = harness.run(SESSION)
 
@@ -106,17 +107,26 @@ def test_a_session_under_the_trigger_is_skipped_without_a_summary(harness: JobHa
     assert harness.state(SESSION) == before and harness.summarizer.seen == []
     [run] = harness.store.runs(session_id=SESSION)
     assert (run.outcome, run.figures["outcome_reason"]) == ("skipped", "under_trigger")
+    # Only the session row was read: its projection is the messages' sum the plan takes.
+    [snapshot] = taken
+    assert snapshot is not None and snapshot.under_trigger and snapshot.messages == []
+    assert result.figures.tokens_before == harness.store.get_session(SESSION).projection_tokens \
+        == sum(m.tokens for m in harness.store.messages(SESSION))
 
 
 def test_a_forced_job_on_a_session_that_fits_its_tail_has_nothing_to_summarize(
     harness: JobHarness,
 ) -> None:
     harness.add_session(SESSION, 1)
+    taken = harness.record_snapshots()
 
     result = harness.run(SESSION, force=True)
 
     assert (result.outcome, result.reason) == (Outcome.SKIPPED, "nothing_to_summarize")
     assert harness.store.revisions(SESSION) == [] and harness.summarizer.seen == []
+    # Forced past the trigger, the job read the messages.
+    [snapshot] = taken
+    assert snapshot is not None and not snapshot.under_trigger and snapshot.messages
 
 
 def test_two_compactions_that_saved_little_make_the_next_one_skip_as_anti_thrash(
