@@ -10,8 +10,9 @@ One untimed warm-up job per size, then ``gc.freeze()`` as a worker does after it
 job; each timed job's process CPU time (``time.process_time``) and wall time are
 printed as min / median, then each step's CPU time (median). ``--profile`` runs one more
 job per size under cProfile and prints its top functions by cumulative, then by own time.
-``--breaker-open`` opens each copy's breaker first: every job is one the default skip
-policy refuses (outcome ``breaker_open``), which reads the session row and no message.
+``--skip breaker_open`` opens each copy's breaker first, ``--skip under_trigger`` sets
+the trigger above the session: every job is then one that ends with that outcome or
+reason, which reads the session row and no message.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ STEPS = ("lease", "breaker", "plan", "summarize", "merge", "validate", "swap")
 # The summarizer's window (a 128k-token model); the call budget lets a 1M-token span chunk.
 LLM_WINDOW_TOKENS = 128_000
 LLM_MAX_CALLS = 64
+# ``--skip`` reasons, and the outcome of such a job.
+SKIPS = {"breaker_open": Outcome.BREAKER_OPEN, "under_trigger": Outcome.SKIPPED}
 
 
 @dataclass
@@ -82,23 +85,23 @@ def step_cpu_recorded(cpu_ms: dict[str, list[float]]) -> Iterator[None]:
 
 
 def time_jobs(database_url: str, session: BenchSession, jobs: int, *, profile: bool,
-              server: ServerProcess | None, breaker_open: bool = False) -> Timings:
+              server: ServerProcess | None, skip: str | None = None) -> Timings:
     """Time ``jobs`` jobs on copies of ``session``, with the LLM summarizer at ``server``
-    when one is given, else the extractive one; with ``breaker_open``, jobs the copies'
-    just opened breakers refuse."""
+    when one is given, else the extractive one; with ``skip``, jobs skipped for that
+    reason (``SKIPS``)."""
     ids = [f"cpu-{session.tokens}-{i}" for i in range(jobs + 2)]
     summarizer: dict[str, object] = {"summarizer": "extractive"}
     if server is not None:
         summarizer = llm_settings(server.base_url, window_tokens=LLM_WINDOW_TOKENS,
                                   max_calls=LLM_MAX_CALLS)
     timings = Timings()
-    with inline_runtime(database_url, **summarizer,
-                        model_context_tokens=round(session.tokens * 1.28),
+    # Under the trigger: a window whose trigger (70% of it) is over the whole session.
+    window_tokens = session.tokens * (2 if skip == "under_trigger" else 1.28)
+    with inline_runtime(database_url, **summarizer, model_context_tokens=round(window_tokens),
                         tail_budget_tokens=min(8_000, session.tokens // 12)) as runtime:
         import_copies(runtime.store, session, ids)
-        expected = Outcome.COMPACTED
-        if breaker_open:
-            expected = Outcome.BREAKER_OPEN
+        expected = SKIPS[skip] if skip else Outcome.COMPACTED
+        if skip == "breaker_open":
             for session_id in ids:
                 runtime.store.set_breaker(session_id, BreakerUpdate("open", 3, datetime.now(UTC)))
         _checked(run_inline(runtime, ids[0]), expected)
@@ -147,8 +150,8 @@ def main() -> None:
     parser.add_argument("--session-tokens", default="5000,100000,1000000",
                         help="comma-separated")
     parser.add_argument("--profile", action="store_true", help="cProfile one more job")
-    parser.add_argument("--breaker-open", action="store_true",
-                        help="time jobs an open breaker refuses (outcome breaker_open)")
+    parser.add_argument("--skip", choices=sorted(SKIPS),
+                        help="time jobs skipped for this reason instead")
     parser.add_argument("--summarizer", choices=("extractive", "llm"), default="extractive")
     parser.add_argument("--latency-ms", type=int, default=0,
                         help="the LLM server's delay per call: wall minus it is the job's "
@@ -157,7 +160,7 @@ def main() -> None:
     if args.quick:
         args.jobs, args.session_tokens = 1, "3000"
     print_header(f"worker CPU per job, {args.summarizer} summarizer, in-process"
-                 + (", jobs an open breaker refuses" if args.breaker_open else ""))
+                 + (f", jobs skipped ({args.skip})" if args.skip else ""))
     counter = new_counter()
     sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
     rows, step_rows = [], []
@@ -165,7 +168,7 @@ def main() -> None:
                                                          args.latency_ms) as server:
         for session in sessions:
             timed = time_jobs(url, session, args.jobs, profile=args.profile, server=server,
-                              breaker_open=args.breaker_open)
+                              skip=args.skip)
             calls_per_job = timed.llm_calls / len(timed.cpu_ms)
             rows.append((session.tokens, len(session.rows), len(timed.cpu_ms),
                          min(timed.cpu_ms), median(timed.cpu_ms), min(timed.wall_ms),

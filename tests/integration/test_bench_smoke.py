@@ -106,17 +106,19 @@ def test_every_job_a_benchmark_measures_is_compacted(quick_runs: dict[str, Path]
 
 
 
-def test_job_cpu_times_jobs_an_open_breaker_refuses() -> None:
+@pytest.mark.parametrize(("skip", "last_step"), [("breaker_open", "breaker"),
+                                                  ("under_trigger", "plan")])
+def test_job_cpu_times_skipped_jobs(skip: str, last_step: str) -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.job_cpu", "--quick", "--breaker-open"], cwd=REPO_ROOT,
+        [sys.executable, "-m", "bench.job_cpu", "--quick", "--skip", skip], cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True,
         timeout=QUICK_RUN_TIMEOUT_S, check=False)
     assert completed.returncode == 0, completed.stdout[-6000:] + completed.stderr[-6000:]
     output = completed.stdout
-    assert "jobs an open breaker refuses" in output
-    for header in ("CPU ms min", "wall ms min", "lease", "breaker"):
+    assert f"jobs skipped ({skip})" in output
+    for header in ("CPU ms min", "wall ms min", "lease", last_step):
         assert all(as_number(cell) > 0 for cell in table_column(output, header)), header
-    # Refused jobs stop at the breaker: no step after it ran.
+    # A skipped job stops at its last step: the summarizer never ran.
     assert {as_number(cell) for cell in table_column(output, "summarize")} == {0.0}
 
 @pytest.fixture(scope="module")
