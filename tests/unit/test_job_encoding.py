@@ -31,6 +31,12 @@ def with_summarizer(harness: JobHarness, summarizer: str) -> JobHarness:
     return harness
 
 
+def counting_harness(summarizer: str) -> tuple[JobHarness, CountingEncoding]:
+    """A harness with the named summarizer whose counter's encoding counts its calls."""
+    encoding = CountingEncoding(shared_counter().encoding)
+    return with_summarizer(JobHarness(TokenCounter(cast(Any, encoding))), summarizer), encoding
+
+
 def run_counted(harness: JobHarness, encoding: CountingEncoding) -> JobResult:
     encoding.calls, encoding.encoded_tokens = 0, 0
     encoding.texts.clear()
@@ -43,8 +49,7 @@ def run_counted(harness: JobHarness, encoding: CountingEncoding) -> JobResult:
 def test_a_first_and_a_second_compaction_encode_at_most_the_span_and_one_summary(
     summarizer: str,
 ) -> None:
-    encoding = CountingEncoding(shared_counter().encoding)
-    harness = with_summarizer(JobHarness(TokenCounter(cast(Any, encoding))), summarizer)
+    harness, encoding = counting_harness(summarizer)
     harness.add_session(SESSION, 40)
 
     for turn in range(2):
@@ -74,8 +79,7 @@ def test_the_job_counter_encodes_a_text_once_and_counts_as_the_plain_one() -> No
 def test_a_job_encodes_no_identifier_line_ingest_counted_and_summarizes_as_if_it_had(
     summarizer: str,
 ) -> None:
-    encoding = CountingEncoding(shared_counter().encoding)
-    counted = with_summarizer(JobHarness(TokenCounter(cast(Any, encoding))), summarizer)
+    counted, encoding = counting_harness(summarizer)
     # The same session as stored before ingest kept line counts (four-field mentions).
     uncounted = with_summarizer(JobHarness(shared_counter()), summarizer)
     counted.add_session(SESSION, 40)
@@ -104,7 +108,7 @@ def test_the_job_counter_answers_the_lines_of_stored_counts_and_encodes_the_rest
     encoding = CountingEncoding(shared_counter().encoding)
     job = TokenCounter(cast(Any, encoding)).for_job()
     assert isinstance(job, JobCounter)
-    job.use_stored_line_counts([("R1", 99), ("R2", 98)])  # figures no encoding gives
+    job.use_line_counts([("- R1\n", 99), ("- R2\n", 98)])  # figures no encoding gives
 
     assert job.count_lines(["- R1\n", "- R3\n", "- R1\n"]) == \
         [99, shared_counter().count_text("- R3\n"), 99]

@@ -18,7 +18,7 @@ from worker.compaction.budget import FittedSummary, fit_summary, item_line_texts
 from worker.compaction.identifiers import Artifact
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
-from worker.compaction.tokens import JobCounter, TokenCounter
+from worker.compaction.tokens import TokenCounter
 
 # Prior items a resolved entry can close; resolved and completed work stay as history.
 CLOSABLE_SECTIONS = frozenset({"pending", "remaining_work", "key_decisions"})
@@ -96,11 +96,12 @@ def use_stored_line_counts(artifacts: Iterable[Artifact], counter: TokenCounter,
     summary could list: the draft's fit, the count ahead and the merge then encode none
     of those lines. Only that many: the counts are held to the job's end (~5.5k of ~14k
     values at 1M tokens); the merge counts any other it costs itself."""
-    if isinstance(counter, JobCounter):  # a plain counter keeps no counts
-        counter.use_stored_line_counts(
-            (artifact.value, artifact.line_tokens)
-            for artifact in islice(artifacts, _most_listed(budget_tokens))
-            if artifact.line_tokens is not None)
+    counted = [(artifact.value, artifact.line_tokens)
+               for artifact in islice(artifacts, _most_listed(budget_tokens))
+               if artifact.line_tokens is not None]
+    # Keyed by the line ingest counted (``item_line_texts``, as ``identify_message``).
+    counter.use_line_counts(zip(item_line_texts([value for value, _ in counted]),
+                                (tokens for _, tokens in counted), strict=True))
 
 
 def _most_listed(budget_tokens: int) -> int:

@@ -202,6 +202,11 @@ class TokenCounter:
             total += self.count_text(call.function.name) + self.count_text(call.function.arguments)
         return total
 
+    def use_line_counts(self, counts: Iterable[tuple[str, int]]) -> None:
+        """Take ``(line, tokens)`` pairs counted elsewhere (ingest stores each identifier's
+        summary line count): a job's counter answers those texts from them; a plain
+        counter, which remembers nothing, ignores them."""
+
     def for_job(self) -> TokenCounter:
         """A counter for one job: it encodes each distinct text once (see ``JobCounter``)."""
         return JobCounter(self.encoding)
@@ -248,14 +253,9 @@ class JobCounter(TokenCounter):
     """
 
     _counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
-    # Bullet lines' counts by their value, as ingest stored them for identifiers.
-    _stored_lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
-    def use_stored_line_counts(self, counts: Iterable[tuple[str, int]]) -> None:
-        """Take ``(value, tokens)`` pairs counted elsewhere for the bullet lines of values
-        (``item_line_texts``; ingest stores each identifier's): ``count_lines`` answers
-        those lines from them."""
-        self._stored_lines.update(counts)
+    def use_line_counts(self, counts: Iterable[tuple[str, int]]) -> None:
+        self._counts.update(counts)
 
     def count_text(self, text: str) -> int:
         if len(text) > _REMEMBERED_CHARS:
@@ -266,16 +266,7 @@ class JobCounter(TokenCounter):
         return counted
 
     def count_lines(self, lines: Sequence[str]) -> list[int]:
-        known, stored = self._counts, self._stored_lines
-        unknown: list[str] = []
-        for line in dict.fromkeys(lines):
-            if line in known:
-                continue
-            tokens = stored.get(line[2:-1]) if line[:2] == "- " and line[-1:] == "\n" else None
-            if tokens is None:
-                unknown.append(line)
-            else:
-                known[line] = tokens
+        unknown = [line for line in dict.fromkeys(lines) if line not in self._counts]
         counted = dict(zip(unknown, super().count_lines(unknown), strict=True))
         self._counts.update((line, count) for line, count in counted.items()
                             if len(line) <= _REMEMBERED_CHARS)
