@@ -173,11 +173,8 @@ def read_snapshot(connection: Connection, session_id: str, *, history: int,
         raise SessionNotFound(f"no session {session_id!r}")
     session = to_session_state(row)
     revision = _active_revision(session_id, row)
-    breaker_refused, under_trigger = gate.breaker_refuses(session), gate.under_trigger(session)
-    if breaker_refused or under_trigger:
-        return JobSnapshot(session=session, revision=revision, messages=[],
-                           recent_revisions=(), breaker_refused=breaker_refused,
-                           under_trigger=under_trigger)
+    if shut := gate.row_alone(session, revision):
+        return shut
     recent: tuple[RevisionSizes, ...] = ()
     if history > 0:
         sizes = connection.execute(_RECENT_SIZES, {"session_pk": row.id, "history": history})
@@ -356,12 +353,11 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
         messages = [message for _seq, message in sorted(
             zip(seqs, messages, strict=True), key=lambda pair: pair[0])]
     sizes.sort(key=lambda pair: pair[0], reverse=True)
-    session = session_state_of(head)
-    return JobSnapshot(session=session,
-                       revision=_revision_of(session_id, head), messages=messages,
-                       recent_revisions=tuple(size for _id, size in sizes),
-                       breaker_refused=gate.breaker_refuses(session),
-                       under_trigger=gate.under_trigger(session))
+    session, revision = session_state_of(head), _revision_of(session_id, head)
+    # The statement read no message nor size of a session the gate shuts.
+    return gate.row_alone(session, revision) or JobSnapshot(
+        session=session, revision=revision, messages=messages,
+        recent_revisions=tuple(size for _id, size in sizes))
 
 
 def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:

@@ -261,6 +261,17 @@ class SnapshotGate:
     def under_trigger(self, session: SessionState) -> bool:
         return self.trigger_tokens is not None and session.projection_tokens <= self.trigger_tokens
 
+    def row_alone(self, session: SessionState, revision: RevisionRecord | None
+                  ) -> JobSnapshot[Any] | None:
+        """The snapshot of a session this gate shuts: its row and revision, no message and
+        no size; None when the job reads on."""
+        breaker_refused, under_trigger = self.breaker_refuses(session), self.under_trigger(session)
+        if not (breaker_refused or under_trigger):
+            return None
+        return JobSnapshot(session=session, revision=revision, messages=[],
+                           recent_revisions=(), breaker_refused=breaker_refused,
+                           under_trigger=under_trigger)
+
 
 NO_GATE = SnapshotGate()  # every message is read
 

@@ -258,6 +258,8 @@ def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
         trace.breaker_state = breaker.state.value
         admission = admit(breaker, deps.clock(), policy.breaker_cooldown_s)
         if breaker_refused or not admission.allowed:
+            # A refused snapshot holds no message: no fallback runs on it (and the gate
+            # refuses only under the skip policy).
             if breaker_refused or not policy.fallback_when_open:
                 raise BreakerOpen("the session's breaker is open", reason="breaker_open")
             return Admitted(deps.fallback, Outcome.BREAKER_OPEN, breaker)

@@ -144,11 +144,8 @@ class FakeStore:
                      gate: SnapshotGate = NO_GATE) -> JobSnapshot[M]:
         self._check("job_snapshot")
         snapshot = self.snapshot(session_id)
-        breaker_refused = gate.breaker_refuses(snapshot.session)
-        under_trigger = gate.under_trigger(snapshot.session)
-        if breaker_refused or under_trigger:
-            return JobSnapshot(snapshot.session, snapshot.revision, [], (),
-                               breaker_refused=breaker_refused, under_trigger=under_trigger)
+        if shut := gate.row_alone(snapshot.session, snapshot.revision):
+            return shut
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])
         # The body as the store's JSON column holds it (json.dumps, as SQLAlchemy writes).
