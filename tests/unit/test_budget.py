@@ -24,6 +24,7 @@ from worker.compaction.schema import (
     Summary,
     block_segments,
     count_summary_tokens,
+    empty_block_tokens,
     empty_summary,
     goal_line,
     item_line,
@@ -244,9 +245,13 @@ def test_artifacts_share_lines_so_a_value_costs_about_its_own_tokens() -> None:
     assert "- credit_card_0000000, credit_card_0000001, " in fitted.text
 
 
-def test_a_budget_below_an_empty_block_is_refused() -> None:
-    counter = shared_counter()
-    floor_tokens = count_summary_tokens(empty_summary(), counter)
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_a_budget_below_an_empty_block_is_refused(encoding: str) -> None:
+    counter = TokenCounter(load_encoding(encoding))
+    floor_tokens = counter.count_text(render_summary_block(empty_summary()))
+    # Remembered by encoding: each encoding's own floor, for a plain or a job's counter.
+    assert empty_block_tokens(counter) == empty_block_tokens(counter.for_job()) == floor_tokens
+    assert fit_summary(empty_summary(), floor_tokens, counter).tokens == floor_tokens
     with pytest.raises(ValueError, match="below"):
         fit_summary(filled(goal="x " * 50), floor_tokens - 1, counter)
 

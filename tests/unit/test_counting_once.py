@@ -15,7 +15,11 @@ from worker.compaction.merge import (
     count_identifier_lines,
     merge_summaries,
 )
-from worker.compaction.schema import count_summary_tokens, render_summary_block
+from worker.compaction.schema import (
+    count_summary_tokens,
+    empty_block_tokens,
+    render_summary_block,
+)
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import validate_summary
 
@@ -63,6 +67,7 @@ def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -
     block_tokens = count_summary_tokens(prior, plain)
     assert 900 <= block_tokens <= 1_300
     reply_tokens = count_summary_tokens(new, plain)
+    empty_block_tokens(plain)  # the floor: counted once per encoding and process
     encoding = CountingEncoding(plain.encoding)
     counter = TokenCounter(cast(Any, encoding))
 
@@ -74,9 +79,9 @@ def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -
     final_tokens = validated.fitted.tokens
     assert validated.fitted.text == render_summary_block(validated.summary)
     renders = sum(text.startswith("[Summary of earlier") for text in encoding.texts)
-    assert renders == 3  # the empty block's floor, the merged block, the span's reply
-    # Lines once, the block once, the floor and the reply: no bisection re-renders.
-    assert encoding.encoded_tokens <= 2 * final_tokens + reply_tokens + 200
+    assert renders == 2  # the merged block and the span's reply
+    # Lines once, the block once and the reply: no bisection re-renders.
+    assert encoding.encoded_tokens <= 2 * final_tokens + reply_tokens + 100
 
 
 def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_merge() -> None:

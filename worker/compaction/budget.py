@@ -19,8 +19,7 @@ from worker.compaction.schema import (
     Summary,
     block_segments,
     count_block_segments,
-    count_summary_tokens,
-    empty_summary,
+    empty_block_tokens,
     goal_line,
     is_packable,
     render_summary_block,
@@ -111,7 +110,7 @@ def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
     Raises:
         ValueError: the budget is below the block of an empty summary (headings alone).
     """
-    floor_tokens = count_summary_tokens(empty_summary(), counter)
+    floor_tokens = empty_block_tokens(counter)
     if budget_tokens < floor_tokens:
         raise ValueError(f"summary budget {budget_tokens} is below the {floor_tokens}-token "
                          "block of an empty summary")
@@ -120,8 +119,11 @@ def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
     # larger one only when its items' costs say it may fit, and otherwise goes straight to
     # choosing items by those costs.
     capped, lines = _capped(summary, counter)
-    if not _over_in_bytes(capped, lines, budget_tokens):
-        return _counted(capped, lines, counter)
+    if not _surely_over_in_bytes(capped, lines, budget_tokens):
+        segments = block_segments(capped, item_lines=lines)
+        text = "".join(segments)
+        if len(text.encode()) <= budget_tokens:
+            return FittedSummary(capped, text, count_block_segments(segments, counter))
     sections = _measure(capped, lines, counter, prior_items or {})
     if _estimate(floor_tokens, sections) <= budget_tokens * _SURELY_OVER:
         whole = _counted(capped, lines, counter)
@@ -162,18 +164,16 @@ def _counted(summary: Summary, lines: Mapping[str, Sequence[str]], counter: Toke
     return FittedSummary(summary, "".join(segments), count_block_segments(segments, counter))
 
 
-def _over_in_bytes(capped: Summary, lines: Mapping[str, Sequence[str]], budget_tokens: int
-                 ) -> bool:
-    """Whether the block takes more than ``budget_tokens`` bytes (so it may take more
-    tokens), found without packing the artifacts' lines where a bound already says so."""
+def _surely_over_in_bytes(capped: Summary, lines: Mapping[str, Sequence[str]],
+                          budget_tokens: int) -> bool:
+    """Whether the block surely takes more than ``budget_tokens`` bytes (so it may take
+    more tokens), by a bound found without packing the artifacts' lines."""
     fixed = [BLOCK_HEAD, f"{goal_line(capped.goal)}\n", *SECTION_HEADS.values(), BLOCK_TAIL,
              *(EMPTY_ITEM_SEGMENT for name in LIST_SECTIONS if not lines[name])]
     every_line = "".join([*fixed, *(line for name in LIST_SECTIONS for line in lines[name])])
     # A shared artifact line ("- a, b\n") takes a byte less per value, at most, than a
     # line of each value's own ("- a\n").
-    if len(every_line.encode()) - len(lines["relevant_artifacts"]) > budget_tokens:
-        return True
-    return len("".join(block_segments(capped, item_lines=lines)).encode()) > budget_tokens
+    return len(every_line.encode()) - len(lines["relevant_artifacts"]) > budget_tokens
 
 
 def _capped(summary: Summary, counter: TokenCounter) -> tuple[Summary, dict[str, list[str]]]:

@@ -258,3 +258,16 @@ def summary_block_message(text: str) -> dict[str, Any]:
 def count_summary_tokens(summary: Summary, counter: TokenCounter) -> int:
     """Count the tokens of the summary's rendered block (the measure every budget uses)."""
     return count_block_segments(block_segments(summary), counter)
+
+
+# By encoding name: the headings' count never changes, and every fit starts from it.
+_EMPTY_BLOCK_TOKENS: dict[str, int] = {}
+
+
+def empty_block_tokens(counter: TokenCounter) -> int:
+    """Count the block of an empty summary (its headings): the least any budget needs."""
+    name = counter.encoding.name
+    tokens = _EMPTY_BLOCK_TOKENS.get(name)
+    if tokens is None:
+        tokens = _EMPTY_BLOCK_TOKENS[name] = count_summary_tokens(empty_summary(), counter)
+    return tokens
