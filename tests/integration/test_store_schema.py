@@ -3,13 +3,14 @@ models matching them, SQLite's connection settings, and errors from an absent se
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from db import (
     NewMessage,
@@ -26,11 +27,14 @@ from db.engine import create_db_engine, derive_read_engine
 from db.models import INSTRUCTION_ROLES, SEARCH_OBJECT_PREFIXES, Base
 from tests.integration.test_store import T0
 from tests.support.corpus import load_corpus
+from tests.support.databases import create_postgres_database, drop_postgres_database, open_store
 from worker.compaction.messages import INSTRUCTION_ROLES as MODEL_INSTRUCTION_ROLES
 
 pytestmark = pytest.mark.integration
 
 STORE_TABLES = {"sessions", "messages", "revisions", "runs", "artifacts"}
+LZ4_MIGRATION = importlib.import_module("db.migrations.versions.0005_lz4_toast")
+LARGE_COLUMNS: tuple[tuple[str, str], ...] = LZ4_MIGRATION.LARGE_COLUMNS
 
 
 def is_search_object(name: str | None) -> bool:
@@ -160,3 +164,45 @@ def test_real_sessions_round_trip_exactly_through_import_and_export(store: Store
         exported = [record.body for record in store.messages(recorded["session_id"])]
         assert json.dumps(exported) == json.dumps(recorded["messages"])
         assert store.projection(recorded["session_id"]) == recorded["messages"]
+
+
+def test_postgresql_compresses_large_values_with_lz4_and_downgrade_restores_the_default(
+) -> None:
+    url = create_postgres_database()
+    try:
+        upgrade_database(url)
+        engine = create_db_engine(url)
+        try:
+            with engine.connect() as connection:
+                if not connection.execute(LZ4_MIGRATION.LZ4_AVAILABLE).scalar():
+                    pytest.skip("this PostgreSQL server has no lz4 (14+, --with-lz4)")
+            assert column_compressions(engine) == {column: "l" for column in LARGE_COLUMNS}
+            # A tool result well over the ~2 KB at which PostgreSQL compresses a value.
+            output = " ".join(f"line {n}: order ORD-{n:05d} shipped" for n in range(400))
+            body = {"role": "tool", "tool_call_id": "call_1", "content": output}
+            with open_store(url) as store:
+                store.import_session("s-lz4", {}, [NewMessage(
+                    body=body, role="tool", tool_call_id="call_1", tokens=3_000,
+                    search_text=output)], T0)
+                assert [message.body for message in store.messages("s-lz4")] == [body]
+            with engine.connect() as connection:
+                assert connection.execute(text(
+                    "SELECT pg_column_compression(body), pg_column_compression(search_text) "
+                    "FROM messages")).one() == ("lz4", "lz4")
+            downgrade_database(url, "0004")
+            assert column_compressions(engine) == {column: "" for column in LARGE_COLUMNS}
+        finally:
+            engine.dispose()
+    finally:
+        drop_postgres_database(url)
+
+
+def column_compressions(engine: Engine) -> dict[tuple[str, str], str]:
+    """Each large column's compression method ('l': lz4, '': the server's default)."""
+    with engine.connect() as connection:
+        rows = connection.execute(text(
+            "SELECT c.relname, a.attname, a.attcompression FROM pg_attribute AS a "
+            "JOIN pg_class AS c ON c.oid = a.attrelid "
+            "WHERE c.relname IN ('messages', 'revisions') AND a.attnum > 0"))
+        found = {(table, column): method for table, column, method in rows}
+    return {column: found[column] for column in LARGE_COLUMNS}
