@@ -12,6 +12,7 @@
     ├── MessagePinned        a message erase refused: not the newest, or a compaction read it
     ├── SchemaMissing        the database is not migrated to the packaged head
     └── StoreUnavailable     connection or operational failure; retrying may succeed
+        └── SchemaLockTimeout   an upgrade gave way to transactions holding its tables
 
 :func:`translate_errors` is the one place ``sqlalchemy.exc`` errors become these. The tree
 itself does not import SQLAlchemy: a command that only reports a store error by name
@@ -72,6 +73,12 @@ class StoreUnavailable(StoreError):
     """Raised on connection and operational errors (locks, timeouts); retry later."""
 
     transient = True
+
+
+class SchemaLockTimeout(StoreUnavailable):
+    """Raised when a schema upgrade (or downgrade) could not take a table's lock within
+    its lock timeout on any of its attempts: long transactions hold the table. Nothing
+    was changed; run it again once they end."""
 
 
 @contextmanager

@@ -6,6 +6,8 @@ so no ``alembic.ini`` is needed. The application never uses ``create_all``.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 from alembic import command
@@ -15,9 +17,12 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
 from db.engine import create_db_engine, derive_read_engine
-from db.errors import SchemaMissing, translate_errors
+from db.errors import SchemaLockTimeout, SchemaMissing, translate_errors
 
 __all__ = [
+    "LOCK_ATTEMPTS",
+    "LOCK_TIMEOUT_S",
+    "SchemaLockTimeout",
     "SchemaMissing",
     "check_schema",
     "current_revision",
@@ -30,16 +35,33 @@ SCRIPT_LOCATION = "db:migrations"
 # Serializes concurrent upgrades on PostgreSQL (workers starting together); any
 # constant works as long as it is the same for every process.
 _PG_MIGRATION_LOCK_KEY = 0x636F6D70  # "comp"
+# An ALTER waiting for its table's lock holds up every statement on that table queued
+# after it (the platform's appends, the jobs' snapshots): on PostgreSQL a migration waits
+# this long for a lock, then gives way (its transaction rolled back, nothing changed),
+# pauses as long, and tries again, up to LOCK_ATTEMPTS times in all.
+LOCK_TIMEOUT_S = 5.0
+LOCK_ATTEMPTS = 4
+_LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that expired
+_log = logging.getLogger("alembic.runtime.migration")  # where alembic reports its steps
 
 
-def upgrade_database(url: str, revision: str = "head") -> None:
-    """Upgrade the schema at ``url`` to ``revision`` (idempotent; one transaction)."""
-    _run(url, lambda config: command.upgrade(config, revision))
+def upgrade_database(url: str, revision: str = "head", *, lock_timeout_s: float = LOCK_TIMEOUT_S,
+                     lock_attempts: int = LOCK_ATTEMPTS) -> None:
+    """Upgrade the schema at ``url`` to ``revision`` (idempotent; one transaction).
+
+    Raises:
+        SchemaLockTimeout: on PostgreSQL, a table's lock was not had within
+            ``lock_timeout_s`` on any of ``lock_attempts`` attempts.
+    """
+    _run(url, lambda config: command.upgrade(config, revision), lock_timeout_s, lock_attempts)
 
 
-def downgrade_database(url: str, revision: str) -> None:
-    """Downgrade the schema at ``url`` to ``revision`` (``base`` drops every table)."""
-    _run(url, lambda config: command.downgrade(config, revision))
+def downgrade_database(url: str, revision: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S,
+                       lock_attempts: int = LOCK_ATTEMPTS) -> None:
+    """Downgrade the schema at ``url`` to ``revision`` (``base`` drops every table);
+    raises SchemaLockTimeout as ``upgrade_database`` does."""
+    _run(url, lambda config: command.downgrade(config, revision), lock_timeout_s,
+         lock_attempts)
 
 
 def current_revision(url: str) -> str | None:
@@ -80,19 +102,52 @@ def _read_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def _run(url: str, step: Callable[[Config], None]) -> None:
+def _run(url: str, step: Callable[[Config], None], lock_timeout_s: float,
+         lock_attempts: int) -> None:
+    if lock_timeout_s <= 0 or lock_attempts < 1:
+        raise ValueError("lock_timeout_s must be positive and lock_attempts at least 1")
     engine = create_db_engine(url)
     try:
-        with translate_errors(), engine.begin() as connection:
-            if connection.dialect.name == "postgresql":
-                # A migration may rewrite a large table: the service's timeout is not its.
-                connection.execute(text("SET LOCAL statement_timeout = 0"))
-                connection.execute(
-                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK_KEY}
-                )
-            step(_config(connection))
+        for attempt in range(1, lock_attempts + 1):
+            try:
+                _run_once(engine, step, lock_timeout_s)
+                return
+            except SchemaLockTimeout:
+                if attempt == lock_attempts:
+                    raise SchemaLockTimeout(
+                        f"waited {lock_timeout_s:g} s for a table's lock on each of "
+                        f"{lock_attempts} attempts: long transactions hold it (see "
+                        "pg_stat_activity); nothing was changed, run it again once they "
+                        "end") from None
+                _log.warning("a table's lock was not free within %g s (attempt %d of %d): "
+                             "nothing changed; trying again in %g s", lock_timeout_s,
+                             attempt, lock_attempts, lock_timeout_s)
+                time.sleep(lock_timeout_s)
     finally:
         engine.dispose()
+
+
+def _run_once(engine: Engine, step: Callable[[Config], None], lock_timeout_s: float) -> None:
+    """Run ``step`` in one transaction; SchemaLockTimeout when a lock was not had in time
+    (the transaction rolled back)."""
+    from sqlalchemy.exc import OperationalError
+
+    with translate_errors(), engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # A migration may rewrite a large table: the service's timeout is not its.
+            connection.execute(text("SET LOCAL statement_timeout = 0"))
+            # Concurrent upgrades queue here, with no lock timeout yet.
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK_KEY}
+            )
+            connection.execute(text(
+                f"SET LOCAL lock_timeout = '{max(1, round(lock_timeout_s * 1000))}ms'"))
+        try:
+            step(_config(connection))
+        except OperationalError as error:
+            if getattr(error.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+                raise SchemaLockTimeout(str(error.orig).strip()) from error
+            raise
 
 
 def _config(connection: Connection | None = None) -> Config:

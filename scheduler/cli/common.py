@@ -118,7 +118,13 @@ def expected_errors(command: Callable[P, R]) -> Callable[P, R]:
         # Imported when a command runs: `--help` loads neither pydantic nor the store.
         import pydantic
 
-        from db import SchemaMissing, SessionNotFound, StoreError, StoreUnavailable
+        from db import (
+            SchemaLockTimeout,
+            SchemaMissing,
+            SessionNotFound,
+            StoreError,
+            StoreUnavailable,
+        )
         from worker.compaction import TokenizerUnavailable
 
         try:
@@ -129,6 +135,8 @@ def expected_errors(command: Callable[P, R]) -> Callable[P, R]:
             fail(f"unknown session: {error}")
         except SchemaMissing as error:
             fail(f"{error}; run `compactor db upgrade` first")
+        except SchemaLockTimeout as error:
+            fail(f"schema not changed: {error}")
         except StoreUnavailable as error:
             fail(f"database unreachable: {error}")
         except StoreError as error:

@@ -30,14 +30,27 @@ db_app = typer.Typer(
 )
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+# Defaults: db.migrate's LOCK_TIMEOUT_S and LOCK_ATTEMPTS (not imported: `--help` loads no
+# alembic); a unit test holds them equal.
+LockTimeoutOption = Annotated[float, typer.Option(
+    "--lock-timeout", min=0.001, metavar="SECONDS",
+    help="PostgreSQL: how long a migration waits for a table's lock before it gives way "
+    "(nothing changed), pauses as long and tries again.")]
+LockAttemptsOption = Annotated[int, typer.Option(
+    "--lock-attempts", min=1, help="PostgreSQL: attempts before it gives up.")]
+DEFAULT_LOCK_TIMEOUT_S = 5.0
+DEFAULT_LOCK_ATTEMPTS = 4
 
 
 @db_app.command("upgrade")
 @expected_errors
-def upgrade_command() -> None:
+def upgrade_command(lock_timeout: LockTimeoutOption = DEFAULT_LOCK_TIMEOUT_S,
+                    lock_attempts: LockAttemptsOption = DEFAULT_LOCK_ATTEMPTS) -> None:
     """Upgrade the schema to the newest revision (idempotent; safe to run on every deploy).
 
-    For the embedded SQLite default, data_dir is created first.
+    For the embedded SQLite default, data_dir is created first. On PostgreSQL a migration
+    never queues the service's statements behind a long transaction for more than
+    --lock-timeout; after --lock-attempts it exits 1 with nothing changed.
     """
     from db import current_revision, upgrade_database
 
@@ -46,7 +59,7 @@ def upgrade_command() -> None:
     if is_embedded(settings):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it runs
-    upgrade_database(url)
+    upgrade_database(url, lock_timeout_s=lock_timeout, lock_attempts=lock_attempts)
     stdout_console().print(
         f"database {display_url(shown_url)} is at revision {current_revision(url)} (head)",
         highlight=False,
@@ -96,6 +109,8 @@ def downgrade_command(
     yes: Annotated[bool, typer.Option(
         "--yes", help="Downgrade: what the newer revisions added is dropped, data in it "
         "included.")] = False,
+    lock_timeout: LockTimeoutOption = DEFAULT_LOCK_TIMEOUT_S,
+    lock_attempts: LockAttemptsOption = DEFAULT_LOCK_ATTEMPTS,
 ) -> None:
     """Take the schema back to an earlier revision (to run an older release).
 
@@ -120,7 +135,7 @@ def downgrade_command(
         fail(f"would {plan}; what they added is dropped, data included: pass --yes",
              exit_code=EXIT_UNCONFIRMED)
     logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it undoes
-    downgrade_database(url, target)
+    downgrade_database(url, target, lock_timeout_s=lock_timeout, lock_attempts=lock_attempts)
     stdout_console().print(f"database {display_url(shown_url)} is at revision "
                            f"{current_revision(url) or 'none (base)'}", highlight=False)
 

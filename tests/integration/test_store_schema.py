@@ -1,19 +1,25 @@
 """The schema and the engine: alembic migrations on empty databases of both kinds, the
-models matching them, SQLite's connection settings, and errors from an absent server."""
+models matching them, a PostgreSQL upgrade that gives way to long transactions, SQLite's
+connection settings, and errors from an absent server."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from db import (
     NewMessage,
+    SchemaLockTimeout,
     SchemaMissing,
     Store,
     StoreUnavailable,
@@ -26,6 +32,7 @@ from db import (
 from db.engine import create_db_engine, derive_read_engine
 from db.models import INSTRUCTION_ROLES, SEARCH_OBJECT_PREFIXES, Base
 from tests.integration.test_store import T0
+from tests.support.cli import compactor_for
 from tests.support.corpus import load_corpus
 from tests.support.databases import create_postgres_database, drop_postgres_database, open_store
 from worker.compaction.messages import INSTRUCTION_ROLES as MODEL_INSTRUCTION_ROLES
@@ -206,3 +213,73 @@ def column_compressions(engine: Engine) -> dict[tuple[str, str], str]:
             "WHERE c.relname IN ('messages', 'revisions') AND a.attnum > 0"))
         found = {(table, column): method for table, column, method in rows}
     return {column: found[column] for column in LARGE_COLUMNS}
+
+
+@contextmanager
+def migration_blocked(url: str) -> Iterator[Connection]:
+    """A database at 0004 whose ``messages`` table an open transaction reads (ACCESS
+    SHARE, which 0005's ALTER must wait for); the holder's connection, to end it."""
+    upgrade_database(url, "0004")
+    engine = create_db_engine(url)
+    try:
+        with engine.connect() as connection:
+            if not connection.execute(LZ4_MIGRATION.LZ4_AVAILABLE).scalar():
+                pytest.skip("this PostgreSQL server has no lz4 (14+, --with-lz4): 0005 "
+                            "takes no lock")
+        with engine.connect() as holder:
+            holder.execute(text("SELECT count(*) FROM messages"))
+            yield holder
+    finally:
+        engine.dispose()
+
+
+def test_an_upgrade_blocked_by_a_long_transaction_gives_way_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    url = create_postgres_database()
+    try:
+        with migration_blocked(url):
+            reads: list[float] = []
+
+            def read_messages_meanwhile() -> None:
+                """What the service does on ``messages`` while the upgrade waits."""
+                time.sleep(0.3)
+                engine = create_db_engine(url)
+                try:
+                    with engine.connect() as reader:
+                        reader.execute(text("SET statement_timeout = '20s'"))
+                        began = time.monotonic()
+                        reader.execute(text("SELECT count(*) FROM messages"))
+                        reads.append(time.monotonic() - began)
+                finally:
+                    engine.dispose()
+
+            reader = threading.Thread(target=read_messages_meanwhile)
+            reader.start()
+            with pytest.raises(SchemaLockTimeout, match="1 s for a table's lock on each of 2"):
+                upgrade_database(url, lock_timeout_s=1.0, lock_attempts=2)
+            reader.join()
+            # Queued behind the waiting ALTER only until it gave way (~0.7 s), not until
+            # the long transaction ends.
+            assert len(reads) == 1 and reads[0] < 5
+            assert current_revision(url) == "0004"
+            failed = compactor_for(url, tmp_path).subprocess(
+                "db", "upgrade", "--lock-timeout", "0.2", "--lock-attempts", "2")
+        assert failed.returncode == 1
+        assert "schema not changed: waited 0.2 s for a table's lock on each of 2" in (
+            failed.stderr)
+        assert current_revision(url) == "0004"
+    finally:
+        drop_postgres_database(url)
+
+
+def test_an_upgrade_tries_again_and_goes_through_once_the_transaction_ends() -> None:
+    url = create_postgres_database()
+    try:
+        with migration_blocked(url) as holder:
+            # The holder ends during the pause after the first attempt gave way.
+            threading.Timer(0.5, holder.rollback).start()
+            upgrade_database(url, lock_timeout_s=0.3, lock_attempts=3)
+        assert current_revision(url) == head_revision()
+    finally:
+        drop_postgres_database(url)

@@ -75,3 +75,12 @@ def test_the_probe_sees_a_heavy_import() -> None:
     assert loaded_by("import db; db.upgrade_database") == [
         "alembic", "db.errors", "db.records", "sqlalchemy"]
     assert {"pydantic_settings", "worker.settings"} <= set(loaded_by("import worker.settings"))
+
+
+def test_db_upgrade_s_lock_defaults_are_the_migrations_own() -> None:
+    """Repeated in the command module, so that `compactor db --help` loads no alembic."""
+    from db import migrate
+    from scheduler.cli import db as db_command
+
+    assert (db_command.DEFAULT_LOCK_TIMEOUT_S, db_command.DEFAULT_LOCK_ATTEMPTS) == (
+        migrate.LOCK_TIMEOUT_S, migrate.LOCK_ATTEMPTS)

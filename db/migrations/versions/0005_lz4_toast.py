@@ -7,9 +7,10 @@ the swap statement of a 100k-token job took 2.2 ms on the server with pglz, 0.85
 lz4, and its lease and snapshot statement 1.9 against 1.6 (docs/BENCHMARKS.md).
 
 Only the values written from then on use lz4 (nothing is rewritten; the old ones stay
-readable as they are). Each ALTER takes its table's ACCESS EXCLUSIVE lock for an instant.
-Skipped on SQLite, on PostgreSQL before 14, and on a server built without lz4
-(``--with-lz4``), which keeps pglz.
+readable as they are). Each ALTER holds its table's ACCESS EXCLUSIVE lock for an instant,
+and waits for it at most ``db.migrate``'s lock timeout (behind a long transaction the
+upgrade gives way and tries again). Skipped on SQLite, on PostgreSQL before 14, and
+on a server built without lz4 (``--with-lz4``), which keeps pglz.
 
 Revision ID: 0005
 Revises: 0004
