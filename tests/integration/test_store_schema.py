@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -273,13 +274,33 @@ def test_an_upgrade_blocked_by_a_long_transaction_gives_way_and_changes_nothing(
         drop_postgres_database(url)
 
 
+class EndsTheHolderWhenTheUpgradeGivesWay(logging.Handler):
+    """Ends the long transaction when the upgrade logs that it gave way (in the pause
+    before its next attempt); keeps what it logged."""
+
+    def __init__(self, holder: Connection) -> None:
+        super().__init__(logging.WARNING)
+        self.holder = holder
+        self.warnings: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.warnings.append(record.getMessage())
+        self.holder.rollback()
+
+
 def test_an_upgrade_tries_again_and_goes_through_once_the_transaction_ends() -> None:
     url = create_postgres_database()
+    migration_log = logging.getLogger("alembic.runtime.migration")
     try:
         with migration_blocked(url) as holder:
-            # The holder ends during the pause after the first attempt gave way.
-            threading.Timer(0.5, holder.rollback).start()
-            upgrade_database(url, lock_timeout_s=0.3, lock_attempts=3)
+            handler = EndsTheHolderWhenTheUpgradeGivesWay(holder)
+            migration_log.addHandler(handler)
+            try:
+                upgrade_database(url, lock_timeout_s=0.3, lock_attempts=3)
+            finally:
+                migration_log.removeHandler(handler)
+        assert handler.warnings == ["a table's lock was not free within 0.3 s (attempt 1 of "
+                                    "3): nothing changed; trying again in 0.3 s"]
         assert current_revision(url) == head_revision()
     finally:
         drop_postgres_database(url)
