@@ -181,9 +181,7 @@ def test_postgresql_compresses_large_values_with_lz4_and_downgrade_restores_the_
         upgrade_database(url)
         engine = create_db_engine(url)
         try:
-            with engine.connect() as connection:
-                if not connection.execute(LZ4_MIGRATION.LZ4_AVAILABLE).scalar():
-                    pytest.skip("this PostgreSQL server has no lz4 (14+, --with-lz4)")
+            skip_without_lz4(engine)
             assert column_compressions(engine) == {column: "l" for column in LARGE_COLUMNS}
             # A tool result well over the ~2 KB at which PostgreSQL compresses a value.
             output = " ".join(f"line {n}: order ORD-{n:05d} shipped" for n in range(400))
@@ -205,6 +203,14 @@ def test_postgresql_compresses_large_values_with_lz4_and_downgrade_restores_the_
         drop_postgres_database(url)
 
 
+def skip_without_lz4(engine: Engine) -> None:
+    """Skip where the server has no lz4: 0005 then changes nothing and takes no lock."""
+    with engine.connect() as connection:
+        if not connection.execute(LZ4_MIGRATION.LZ4_AVAILABLE).scalar():
+            pytest.skip("this PostgreSQL server has no lz4 (14+, --with-lz4): 0005 changes "
+                        "nothing")
+
+
 def column_compressions(engine: Engine) -> dict[tuple[str, str], str]:
     """Each large column's compression method ('l': lz4, '': the server's default)."""
     with engine.connect() as connection:
@@ -223,10 +229,7 @@ def migration_blocked(url: str) -> Iterator[Connection]:
     upgrade_database(url, "0004")
     engine = create_db_engine(url)
     try:
-        with engine.connect() as connection:
-            if not connection.execute(LZ4_MIGRATION.LZ4_AVAILABLE).scalar():
-                pytest.skip("this PostgreSQL server has no lz4 (14+, --with-lz4): 0005 "
-                            "takes no lock")
+        skip_without_lz4(engine)
         with engine.connect() as holder:
             holder.execute(text("SELECT count(*) FROM messages"))
             yield holder
