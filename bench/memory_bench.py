@@ -11,6 +11,12 @@ messages as compact JSON). The child's file-backed pages (``RssFile``: the code 
 libraries it runs, shared through the page cache) are read at each point: a fork does not
 map them in the child, so its first job faults in the pages it runs, which RSS counts.
 
+The floor under the child's baseline is measured too: a bare Celery worker started the
+same way, loading before its pool forks only the libraries the mission fixes (the
+tokenizer, the OpenAI SDK, SQLAlchemy and psycopg, the ORM, pydantic, structlog and
+Redis; ``bench/floor_worker.py``), one at a time and together, and none of the service's
+code.
+
 ``--heap`` also runs the generated session's job in this process under ``tracemalloc``:
 the Python heap's peak in each step, and the allocation sites (the innermost frame in the
 service's own code) that hold the most when the swap begins.
@@ -43,6 +49,7 @@ from bench.common import (
     settings_env,
     settled_memory,
 )
+from bench.floor_worker import LIBRARIES_VARIABLE
 from bench.report import (
     bench_parser,
     os_total_memory_bytes,
@@ -58,6 +65,7 @@ from bench.sessions import (
     new_counter,
     smallest_corpus_session,
 )
+from bench.startup_bench import tiktoken_cache
 from db import Store, create_db_engine
 from tests.support.worker_process import REPO_ROOT
 from worker.job import JobTrace
@@ -66,6 +74,18 @@ from worker.logging import JOB_EVENT
 WARMUP_TOKENS = 20_000
 MAX_CALLS = 2_000
 MIB = 2**20
+# The floor's library sets (``bench/floor_worker.py``): Celery alone, each library on
+# its own, then together, with and without the ORM.
+FLOOR_SETS = (
+    ("Celery alone", ""),
+    ("+ tokenizer (o200k_base)", "tokenizer"),
+    ("+ OpenAI SDK", "sdk"),
+    ("+ SQLAlchemy Core, psycopg", "sqlalchemy"),
+    ("+ SQLAlchemy Core and ORM, psycopg", "sqlalchemy,orm"),
+    ("+ pydantic, settings, structlog, redis", "support"),
+    ("all but the ORM", "tokenizer,sdk,sqlalchemy,support"),
+    ("all of them", "tokenizer,sdk,sqlalchemy,orm,support"),
+)
 HEAP_SITES = 12
 TRACED_FRAMES = 25
 
@@ -90,6 +110,32 @@ class CompactorBenchWorker(BenchWorker):
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "scheduler", "worker",
                 f"--concurrency={self.concurrency}"]
+
+
+class FloorWorker(BenchWorker):
+    """``bench/floor_worker.py``, started as ``compactor worker`` starts the service's."""
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-P", "-m", "bench.floor_worker", "--pool=prefork",
+                f"--concurrency={self.concurrency}", f"--queues={self.queue}",
+                "--loglevel=INFO", "-O", "fair", "--without-gossip", "--without-mingle"]
+
+
+def measure_floor(env: dict[str, str], libraries: str, log_path: Path) -> ProcessMemory:
+    """The pool child's memory before any task, in a floor worker that loads
+    ``libraries`` before its pool forks."""
+    with FloorWorker({**env, LIBRARIES_VARIABLE: libraries}, log_path) as worker:
+        [child] = worker.child_pids()
+        return settled_memory(child)
+
+
+def print_floor(floors: list[tuple[str, ProcessMemory]], service: ProcessMemory) -> None:
+    print("\nThe floor: the pool child of a bare Celery worker that loads only the "
+          "mission's fixed libraries before its pool forks (MiB):")
+    rows = [(name, memory.rss_kib / 1024, memory.pss_kib / 1024, memory.uss_kib / 1024)
+            for name, memory in [*floors, ("the service's child (above)", service)]]
+    print_table(("libraries loaded before the fork", "floor child RSS MiB",
+                 "floor child PSS MiB", "floor child private MiB"), rows)
 
 
 def measure_peak(broker: Broker, store: Store, env: dict[str, str], session: BenchSession,
@@ -247,6 +293,13 @@ def main() -> None:
         engine.dispose()
         print_load()
         print_peaks(peaks)
+        floor_env = {**broker.env,
+                     "TIKTOKEN_CACHE_DIR": str(tiktoken_cache(Path(log_dir)))}
+        floor_sets = FLOOR_SETS[-1:] if args.quick else FLOOR_SETS
+        floors = [(name, measure_floor(floor_env, libraries, Path(log_dir) / f"floor{i}.log"))
+                  for i, (name, libraries) in enumerate(floor_sets)]
+        print_load()
+        print_floor(floors, peaks[0].baseline)
         if args.heap:
             trace_heap(url, llm, sessions[0], warmup)
 

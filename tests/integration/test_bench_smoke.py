@@ -32,7 +32,7 @@ FIGURES = {
     "chunk_merge_bench": ("prompt tokens", "prompt / span", "calls", "chunks"),
     "incremental_bench": ("2nd job prompt tokens", "prompt / (span + prior)"),
     "memory_bench": ("child HWM peak MiB", "raw JSON MiB", "growth / raw", "child PSS",
-                     "child private"),
+                     "child private", "floor child RSS MiB", "floor child private MiB"),
     "projection_bench": ("min ms", "median ms", "p95 ms"),
     "metrics_bench": ("CPU us per event median", "scrape CPU ms median"),
     "startup_bench": ("wall min", "wall median"),
