@@ -84,8 +84,11 @@ class JsonLines(logging.Formatter):
     """One JSON object per record, so the log parses as the service's does."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"event": "celery.log", "level": record.levelname.lower(),
-                           "logger": record.name, "message": record.getMessage()})
+        line = {"event": "celery.log", "level": record.levelname.lower(),
+                "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line)
 
 
 app = Celery("floor", broker=os.environ.get("COMPACTOR_REDIS_URL", "redis://127.0.0.1:6379/0"))
