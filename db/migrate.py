@@ -15,6 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 from db.engine import create_db_engine, derive_read_engine
 from db.errors import SchemaLockTimeout, SchemaMissing, translate_errors
@@ -130,8 +131,6 @@ def _run(url: str, step: Callable[[Config], None], lock_timeout_s: float,
 def _run_once(engine: Engine, step: Callable[[Config], None], lock_timeout_s: float) -> None:
     """Run ``step`` in one transaction; SchemaLockTimeout when a lock was not had in time
     (the transaction rolled back)."""
-    from sqlalchemy.exc import OperationalError
-
     with translate_errors(), engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             # A migration may rewrite a large table: the service's timeout is not its.
