@@ -24,7 +24,7 @@ from bench.report import (
     print_table,
 )
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
-from worker.job import JobResult
+from worker.job.values import JobResult
 
 # Generous: the plan, not this cap, decides how many calls a job makes here.
 MAX_CALLS = 2_000

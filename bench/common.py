@@ -25,12 +25,12 @@ from scheduler.enqueue import QueuedJob
 from scheduler.publisher import RedisPublisher
 from tests.support.databases import create_postgres_database, drop_postgres_database
 from tests.support.worker_process import REPO_ROOT, WorkerProcess, parse_log_lines
-from worker import pipeline
-from worker.celery_app import create_app
-from worker.contract import job_kwargs
-from worker.job import JobRequest, JobResult
+from worker.broker.celery_app import create_app
+from worker.broker.contract import job_kwargs
+from worker.job import pipeline
+from worker.job.values import JobRequest, JobResult
 from worker.runtime import Runtime, build_runtime
-from worker.settings import Settings
+from worker.settings.config import Settings
 
 REDIS_URL = os.environ.get("COMPACTOR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -104,7 +104,7 @@ class BenchWorker(WorkerProcess):
     """
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, concurrency: int = 1,
-                 app: str = "worker.celery_app") -> None:
+                 app: str = "worker.broker.celery_app") -> None:
         super().__init__(env, log_path, concurrency=concurrency)
         self.app = app
         self._read_bytes = 0

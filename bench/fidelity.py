@@ -1,5 +1,5 @@
 """What a summary keeps. Sessions with planted facts (bench/fidelity_sessions.py) are
-imported into a real store, compacted by the real job (``worker.pipeline.run`` with the
+imported into a real store, compacted by the real job (``worker.job.pipeline.run`` with the
 dependencies a worker builds), then grown by 20% of their size and re-compacted, round
 after round; with the extractive summarizer, and with the LLM summarizer through the
 OpenAI-protocol test server, whose summaries are built from the prompt it is given (so the
@@ -41,12 +41,12 @@ from bench.fidelity_sessions import SHAPES, PlantedSession, generate_session
 from bench.report import bench_parser, describe_machine, print_header, print_load, print_table
 from db import Store, upgrade_database
 from tests.support.openai_server import OpenAIServer
-from worker import pipeline
 from worker.compaction import SummaryBudget, TokenCounter, load_encoding, parse_message
-from worker.ingest import count_messages
-from worker.job import JobRequest
+from worker.job import pipeline
+from worker.job.values import JobRequest
+from worker.platform.ingest import count_messages
 from worker.runtime import Runtime, build_runtime
-from worker.settings import Settings
+from worker.settings.config import Settings
 
 DEFAULT_SIZES = (10_000, 50_000, 200_000)
 FULL_SIZES = (*DEFAULT_SIZES, 1_000_000)

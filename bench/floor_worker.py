@@ -109,10 +109,10 @@ def _announce_ready(**_: Any) -> None:
 
 
 def serve(argv: list[str]) -> None:
-    """Celery's worker command alone on this app, as ``worker.serve`` runs the service's.
+    """Celery's worker command alone on this app, as ``worker.broker.serve`` runs the service's.
     An unknown library name stops it here: Celery would only log a signal handler's error."""
     requested_libraries(os.environ.get(LIBRARIES_VARIABLE, ""))
-    from worker.serve import keep_out_terminal_only_modules
+    from worker.broker.serve import keep_out_terminal_only_modules
 
     keep_out_terminal_only_modules()
     handler = logging.StreamHandler(sys.stderr)

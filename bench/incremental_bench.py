@@ -33,7 +33,7 @@ from bench.sessions import (
     to_rows,
     tool_heavy_messages,
 )
-from worker.job import JobResult
+from worker.job.values import JobResult
 
 MAX_CALLS = 2_000
 

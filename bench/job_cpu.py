@@ -39,7 +39,7 @@ from bench.report import bench_parser, median, print_header, print_load, print_t
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
 from db import BreakerUpdate
 from worker.errors import Outcome
-from worker.job import JobResult, JobTrace
+from worker.job.values import JobResult, JobTrace
 
 PROFILE_LINES = 35
 # "lease" takes the lease and reads the snapshot (on PostgreSQL one statement).

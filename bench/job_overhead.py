@@ -47,7 +47,7 @@ from bench.report import (
 )
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
 from db import Store, create_db_engine
-from worker.celery_app import app
+from worker.broker.celery_app import app
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.logging import JOB_EVENT, get_logger

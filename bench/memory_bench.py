@@ -68,7 +68,7 @@ from bench.sessions import (
 from bench.startup_bench import tiktoken_cache
 from db import Store, create_db_engine
 from tests.support.worker_process import REPO_ROOT
-from worker.job import JobTrace
+from worker.job.values import JobTrace
 from worker.logging import JOB_EVENT
 
 WARMUP_TOKENS = 20_000

@@ -13,10 +13,10 @@ import time
 
 from bench.report import bench_parser, print_header, print_table
 from worker.errors import Outcome
-from worker.figures import JobFigures
-from worker.job import JobResult
+from worker.job.figures import JobFigures
+from worker.job.outcome import job_event_fields
+from worker.job.values import JobResult
 from worker.metrics import enable_metrics
-from worker.outcome import job_event_fields
 
 EVENTS_PER_CHILD = 2_000
 SCRAPES = 20

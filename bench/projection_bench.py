@@ -24,7 +24,7 @@ from bench.report import bench_parser, median, percentile, print_header, print_l
 from bench.sessions import new_counter, to_rows
 from db import NewRevision, NewRun, Store, create_db_engine, upgrade_database
 from tests.support.generated import generated_turns
-from worker.sessions import SessionStore
+from worker.platform.sessions import SessionStore
 
 MESSAGES = 1_000
 VIEW_QUERY = text("SELECT position, message FROM session_projection "

@@ -27,7 +27,7 @@ from db import NewMessage, Store, upgrade_database
 from worker.compaction import TokenCounter, identifier_rules
 from worker.compaction.identifiers import identify_message
 from worker.compaction.messages import parse_message
-from worker.ingest import count_messages
+from worker.platform.ingest import count_messages
 
 REPEATS = 5
 PLANTED = ("E3283-SCHEMA", "sqlalchemy==8.16.16", "/src/app/main.py", "PAY-4242",

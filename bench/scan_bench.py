@@ -31,9 +31,9 @@ from db.scan import due_page_query
 from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob, run_scan
 from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
-from worker.celery_app import create_app
-from worker.contract import queue_list_key
-from worker.settings import Settings
+from worker.broker.celery_app import create_app
+from worker.broker.contract import queue_list_key
+from worker.settings.config import Settings
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WARMUP_JOBS = 1_000

@@ -1,7 +1,7 @@
 """The reconciler's part in "every attempt leaves a run row and an event": it writes the
 run rows jobs kept in Redis while the database was down, and reports the event of an
 attempt whose worker was killed after its last transaction committed
-(``worker/attempt_journal.py`` keeps both records)."""
+(``worker/shared_state/attempt_journal.py`` keeps both records)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from db import RunRecord, SessionNotFound, Store
-from worker.attempt_journal import AttemptJournal, PendingAttempt, write_kept_run
 from worker.errors import Outcome
-from worker.figures import JobFigures
-from worker.job import JobResult
+from worker.job.figures import JobFigures
+from worker.job.outcome import emit_job_event
+from worker.job.values import JobResult
 from worker.logging import get_logger
-from worker.outcome import emit_job_event
+from worker.shared_state.attempt_journal import AttemptJournal, PendingAttempt, write_kept_run
 
 # An entry whose attempt never wrote a run is dropped after this long at the latest.
 PENDING_MAX_AGE = timedelta(days=1)

@@ -23,11 +23,11 @@ from db import Store
 from scheduler.enqueue import Publisher, ScanReport, run_scan
 from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
-from worker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
-from worker.keys import RedisKeys
-from worker.lifecycle import collect_garbage, gc_policy
+from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
 from worker.logging import get_logger
-from worker.settings import Settings, get_settings
+from worker.platform.lifecycle import collect_garbage, gc_policy
+from worker.settings.config import Settings, get_settings
+from worker.shared_state.keys import RedisKeys
 
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
 GC_ENTRY_NAME = "compactor-gc"

@@ -20,7 +20,7 @@ from celery import Celery
 
 from db import DueWhy, MarkResult, MarkStatus, QueueMarkers, Store
 from scheduler.selection import Allowance, DueSession, ScanPolicy, StopReason, iter_due_sessions
-from worker.contract import TASK_NAME, JobKwargs, job_kwargs
+from worker.broker.contract import TASK_NAME, JobKwargs, job_kwargs
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery.utils.nodenames import anon_nodename
 
-from worker.contract import TASK_NAME, JobKwargs, queue_list_key
+from worker.broker.contract import TASK_NAME, JobKwargs, queue_list_key
 
 if TYPE_CHECKING:
     from scheduler.enqueue import QueuedJob

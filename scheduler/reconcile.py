@@ -42,15 +42,15 @@ from scheduler.attempt_records import (
 from scheduler.beat import REDIS_TIMEOUT_S, scan_policy
 from scheduler.enqueue import Publisher, QueuedJob, publish_or_release
 from scheduler.publisher import RedisPublisher
-from worker.attempt_journal import AttemptJournal
-from worker.contract import job_kwargs, queue_list_key
+from worker.broker.contract import job_kwargs, queue_list_key
 from worker.errors import CompactionError, Outcome
-from worker.job import JobRequest, JobTrace
-from worker.keys import RedisKeys
+from worker.job.outcome import emit_job_event
+from worker.job.values import JobRequest, JobTrace
 from worker.logging import get_logger
-from worker.outcome import emit_job_event
 from worker.runtime import current_runtime
-from worker.settings import Settings, get_settings
+from worker.settings.config import Settings, get_settings
+from worker.shared_state.attempt_journal import AttemptJournal
+from worker.shared_state.keys import RedisKeys
 
 RECONCILE_EVENT = "compaction.reconcile"
 # kombu's Redis transport: the hash of delivered, unacknowledged messages (under the
@@ -59,7 +59,7 @@ UNACKED_KEY = "unacked"
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
 _READ_CHUNK = 1_000
-# A lease owner is "host:pid:task_id" (worker/job.py); "inline" jobs have no message.
+# A lease owner is "host:pid:task_id" (worker/job/values.py); "inline" jobs have no message.
 INLINE_TASK_ID = "inline"
 
 

@@ -8,8 +8,8 @@ holds none of the scheduler's code (~1.2 MiB of every child's baseline otherwise
 
 from __future__ import annotations
 
-from worker.celery_app import app
-from worker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
+from worker.broker.celery_app import app
+from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
 
 
 @app.task(name=SCAN_TASK_NAME, ignore_result=True)

@@ -1,35 +1,26 @@
-"""The worker: the Celery app and its thin task, the job pipeline over a store port, the
-LLM adapter and summarizers, fleet state in Redis, and the pure core
-(``worker.compaction``).
+"""The worker, by role: ``compaction/`` (the pure core), ``job/`` (one job over its ports),
+``summarizers/`` (extractive and LLM, with the OpenAI client), ``platform/`` (what an agent
+platform calls), ``shared_state/`` (what the fleet keeps in Redis), ``broker/`` (the Celery
+entrypoints), ``settings/``; at the root, the process-wide pieces: the error tree, logging,
+secret scrubbing, metrics, the allocator, start checks and the runtime that builds a
+process's dependencies.
 
-``__all__`` names the modules other packages (the scheduler, the command line) may
-import; the rest are the worker's own, and a test walks the imports. Importing this
-package loads none of them: the Celery app is built only by ``worker.celery_app``.
+``__all__`` names the parts other packages (the scheduler, the command line) may import;
+``tests/unit/test_import_boundaries.py`` holds that and which part may import which.
+Importing this package loads none of them: the Celery app is built only by
+``worker.broker.celery_app``.
 """
 
 __all__ = [
-    "attempt_journal",
-    "backfill",
-    "celery_app",
+    "broker",
     "checks",
     "compaction",
-    "contract",
-    "dead_letters",
     "errors",
-    "figures",
-    "ingest",
     "job",
-    "keys",
-    "lifecycle",
     "logging",
-    "outcome",
-    "preview",
-    "queue_items",
-    "recall_tool",
+    "platform",
     "runtime",
     "scrub",
-    "sessions",
     "settings",
-    "settings_errors",
-    "views",
+    "shared_state",
 ]

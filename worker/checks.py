@@ -26,8 +26,8 @@ from worker.errors import (
     TokenizerUnavailable,
 )
 from worker.scrub import mask_url, mask_urls
-from worker.settings import Settings, SummarizerKind
-from worker.settings_errors import unknown_variables
+from worker.settings.config import Settings, SummarizerKind
+from worker.settings.errors import unknown_variables
 
 REDIS_TIMEOUT_S = 5.0
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"  # the SDK's, when none is configured
@@ -178,7 +178,10 @@ def check_summarizer_without_request(settings: Settings) -> str:
 
 def check_llm_endpoint(settings: Settings) -> str:
     """One tiny request with the configured key and model, no retries."""
-    from worker.llm import LLMClient, LLMConfig  # the SDK loads only when it is used
+    from worker.summarizers.openai_client import (  # the SDK loads only when it is used
+        LLMClient,
+        LLMConfig,
+    )
 
     base_url = settings.llm_base_url or DEFAULT_LLM_BASE_URL
     shown, model = mask_url(base_url), settings.llm_model

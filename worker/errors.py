@@ -27,8 +27,8 @@ The base, the policy enums and the errors the pure core raises live in the core
 (``worker/compaction/errors.py``); this module extends them and is the one place to
 import the whole tree from. The task has one ``except CompactionError`` and reads
 ``outcome``, ``retryable`` and ``counts_on`` from the instance. Third-party errors are
-translated into these once, at the adapters (``worker/llm.py``); the store has its own
-small tree in ``db/errors.py``, mapped here once by :func:`to_job_error`.
+translated into these once, at the adapters (``worker/summarizers/openai_client.py``);
+the store has its own small tree in ``db/errors.py``, mapped here once by :func:`to_job_error`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from worker.compaction import (
     TokenizerUnavailable,
     TransientError,
 )
-from worker.retries import STORE_UNAVAILABLE
+from worker.job.retries import STORE_UNAVAILABLE
 
 __all__ = [
     "BreakerOpen",

@@ -17,9 +17,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from db import Store, StoreError
-from worker.keys import RedisKeys
 from worker.logging import get_logger
-from worker.settings import Settings
+from worker.settings.config import Settings
+from worker.shared_state.keys import RedisKeys
 
 STATE_TTL_S = 5.0
 BREAKER_STATES = ("closed", "open", "half_open")

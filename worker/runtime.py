@@ -13,18 +13,22 @@ from typing import TYPE_CHECKING
 import redis
 
 from db import Store
-from worker.attempt_journal import AttemptJournal
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy, load_encoding
-from worker.fleet import DeliveryCounter, FleetRateLimiter
-from worker.job import JobDeps, JobPolicy
-from worker.keys import RedisKeys
-from worker.ports import JobStore
-from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker, ProviderBreakerStore
-from worker.settings import BreakerOpenPolicy, Settings, SummarizerKind
+from worker.job.ports import JobStore
+from worker.job.values import JobDeps, JobPolicy
+from worker.settings.config import BreakerOpenPolicy, Settings, SummarizerKind
+from worker.shared_state.attempt_journal import AttemptJournal
+from worker.shared_state.deliveries import DeliveryCounter, FleetRateLimiter
+from worker.shared_state.keys import RedisKeys
+from worker.shared_state.provider_breaker import (
+    InMemoryBreakerState,
+    ProviderBreaker,
+    ProviderBreakerStore,
+)
 from worker.summarizers import ExtractiveSummarizer, Summarizer
 
 if TYPE_CHECKING:
-    from worker.llm import LLMConfig
+    from worker.summarizers.openai_client import LLMConfig
 
 
 def utc_now() -> datetime:
@@ -123,7 +127,7 @@ def share_before_fork(settings: Settings) -> None:
     configure_mappers()  # else each child configures the ORM's mappers in its first job
     if settings.effective_summarizer is SummarizerKind.LLM:
         importlib.import_module("worker.summarizers.llm")
-        from worker.llm import LLMClient
+        from worker.summarizers.openai_client import LLMClient
 
         # The SDK imports its HTTP stack (httpcore, anyio, truststore: ~3 MiB) and chat
         # resources (~1.4 MiB) only when a client is created: create one here so that the
@@ -137,8 +141,8 @@ def build_summarizer(
     """The configured summarizer: the LLM through the OpenAI SDK, or extractive."""
     if settings.effective_summarizer is not SummarizerKind.LLM:
         return ExtractiveSummarizer(counter)
-    from worker.llm import LLMClient
     from worker.summarizers.llm import LLMSummarizer  # the SDK loads only when it is used
+    from worker.summarizers.openai_client import LLMClient
 
     limiter = (FleetRateLimiter(client, keys, settings.llm_rate_limit_per_s)
                if client and settings.llm_rate_limit_per_s > 0 else None)
@@ -156,7 +160,7 @@ def build_summarizer(
 
 def llm_config(settings: Settings) -> LLMConfig:
     """The LLM client's plain values from settings."""
-    from worker.llm import LLMConfig  # the SDK loads only when it is used
+    from worker.summarizers.openai_client import LLMConfig  # the SDK loads only when it is used
 
     return LLMConfig(
         base_url=settings.llm_base_url,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from db import Store
     from worker.compaction import TokenCounter
-    from worker.settings import Settings
+    from worker.settings.config import Settings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -174,7 +174,7 @@ def parse_when(text: str) -> datetime:
 
 def get_settings() -> Settings:
     """The settings, read when a command runs: `--help` never loads pydantic-settings."""
-    from worker.settings import get_settings as read_settings
+    from worker.settings.config import get_settings as read_settings
 
     return read_settings()
 

@@ -1,6 +1,6 @@
 """The generated reference docs: the README's configuration table and
 ``deploy/env.example`` from ``Settings.model_fields``, and the README's outcome-event
-table from ``worker.outcome`` (``JobFigures`` included), each between its markers.
+table from ``worker.job.outcome`` (``JobFigures`` included), each between its markers.
 
     python -m scheduler.cli.config_table markdown        # print the configuration table
     python -m scheduler.cli.config_table env             # print env.example
@@ -21,8 +21,8 @@ from pathlib import Path
 from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 
-from worker.outcome import EVENT_TABLE_END, EVENT_TABLE_START, render_event_table
-from worker.settings import Settings
+from worker.job.outcome import EVENT_TABLE_END, EVENT_TABLE_START, render_event_table
+from worker.settings.config import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README_PATH = REPO_ROOT / "README.md"
@@ -33,8 +33,8 @@ ENV_PREFIX = "COMPACTOR_"
 
 ENV_EXAMPLE_HEADER = """\
 # Every setting of the session compactor with its default, one commented line each.
-# Generated from worker/settings.py by `python -m scheduler.cli.config_table env`; a test fails
-# when this file and the settings drift apart. Uncomment and change what you need, then
+# Generated from worker/settings/config.py by `python -m scheduler.cli.config_table env`; a
+# test fails when this file and the settings drift apart. Uncomment and change what you need, then
 # use the file as a systemd EnvironmentFile, `docker run --env-file`, or compose `env_file`.
 """
 

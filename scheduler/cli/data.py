@@ -30,11 +30,11 @@ from scheduler.cli.common import (
     stderr_console,
     stdout_console,
 )
-from worker.views import ExportView
+from worker.platform.export_views import ExportView
 
 if TYPE_CHECKING:
     from worker.compaction import IntakePolicy, ProblemKind
-    from worker.ingest import SessionReport
+    from worker.platform.ingest import SessionReport
 
 
 class PolicyName(StrEnum):
@@ -80,7 +80,7 @@ def import_command(
     unless --continue-on-error. The embedded SQLite default is created on first use; a
     configured COMPACTOR_DATABASE_URL must be upgraded with `compactor db upgrade` first.
     """
-    from worker.ingest import ImportStatus, SessionReport, import_record
+    from worker.platform.ingest import ImportStatus, SessionReport, import_record
 
     settings = get_settings()
     counter, chosen_policy = load_counter(settings), intake_policy(policy)
@@ -168,7 +168,7 @@ def parse_line(line_number: int, text: str, size_bytes: int) -> dict[str, Any] |
 def line_rejected(detail: str, kind: ProblemKind | None = None) -> SessionReport:
     """A rejection report for a line (a malformed session unless ``kind`` says)."""
     from worker.compaction import Action, Problem, ProblemKind
-    from worker.ingest import ImportStatus, SessionReport
+    from worker.platform.ingest import ImportStatus, SessionReport
 
     problem = Problem(kind or ProblemKind.MALFORMED_SESSION, None, detail, Action.REJECT)
     return SessionReport("", ImportStatus.REJECTED, 0, 0, (problem,))
@@ -205,7 +205,7 @@ def json_report(report: SessionReport) -> dict[str, Any]:
 
 def print_import_table(rows: list[tuple[int, SessionReport]], statuses: Counter[Any]) -> None:
     from worker.compaction import Action
-    from worker.ingest import ImportStatus
+    from worker.platform.ingest import ImportStatus
 
     table = Table("line", "session", "status", "messages", "tokens", "problems")
     for line_number, report in rows:
@@ -245,7 +245,7 @@ def export_command(
     With -o, a new file (mode 0600) is written beside FILE and renamed over it only when
     complete; nothing already in the directory is followed or overwritten meanwhile.
     """
-    from worker.ingest import export_session, iter_session_ids
+    from worker.platform.ingest import export_session, iter_session_ids
 
     settings = get_settings()
     with open_store(settings) as store:

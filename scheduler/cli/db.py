@@ -21,7 +21,7 @@ from scheduler.cli.common import (
     stdout_console,
 )
 from scheduler.cli.groups import CommandGroup
-from worker.backfill import DEFAULT_BATCH_MESSAGES
+from worker.platform.backfill import DEFAULT_BATCH_MESSAGES
 
 db_app = typer.Typer(
     cls=CommandGroup,
@@ -161,7 +161,7 @@ def backfill_command(
         TimeRemainingColumn,
     )
 
-    from worker.backfill import backfill
+    from worker.platform.backfill import backfill
 
     settings = get_settings()
     counter = load_counter(settings)

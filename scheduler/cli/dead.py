@@ -15,11 +15,11 @@ from rich.table import Table
 
 from scheduler.cli.common import expected_errors, fail, get_settings, print_json, stdout_console
 from scheduler.cli.groups import CommandGroup
-from worker.keys import RedisKeys
+from worker.shared_state.keys import RedisKeys
 
 if TYPE_CHECKING:
-    from worker.dead_letters import DeadLetter, DeadLetters
-    from worker.settings import Settings
+    from worker.settings.config import Settings
+    from worker.shared_state.dead_letters import DeadLetter, DeadLetters
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -93,8 +93,8 @@ def show_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
 def retry_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
     """Put an item back on its queue, once it would be admitted (exit 4 if it would be
     refused again, or was kept cut short)."""
-    from worker.dead_letters import RetryRefused
-    from worker.queue_items import item_limits
+    from worker.broker.queue_items import item_limits
+    from worker.shared_state.dead_letters import RetryRefused
 
     settings = _settings()
     try:
@@ -152,7 +152,7 @@ def _find(letters: DeadLetters, entry_id: str) -> DeadLetter:
 def _dead_letters(settings: Settings) -> DeadLetters:
     import redis
 
-    from worker.dead_letters import DeadLetters
+    from worker.shared_state.dead_letters import DeadLetters
 
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5,
                                   socket_timeout=10)

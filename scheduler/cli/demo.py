@@ -29,8 +29,8 @@ from scheduler.cli.data import PolicyName, intake_policy, read_jsonl
 if TYPE_CHECKING:
     from db import RunRecord, Store
     from scheduler.enqueue import QueuedJob
-    from worker.ingest import SessionReport
-    from worker.settings import Settings
+    from worker.platform.ingest import SessionReport
+    from worker.settings.config import Settings
 
 DEMO_QUEUE = "compactor-demo"
 DEMO_KEY_PREFIX = "compactor-demo:"
@@ -89,7 +89,7 @@ def run_demo(settings: Settings, sessions: Path | None, count: int, seed: int, *
     """Import, scan, work, report; False when a job failed."""
     # The demo's own modules load when it runs: `--help` loads no intake or store.
     from scheduler.cli import demo_report
-    from worker.ingest import ImportStatus
+    from worker.platform.ingest import ImportStatus
 
     console = stdout_console()
     demo_report.print_setup(console, settings, _set_by_demo(settings))
@@ -104,7 +104,7 @@ def run_demo(settings: Settings, sessions: Path | None, count: int, seed: int, *
 
 def demo_settings(queue: str, key_prefix: str) -> Settings:
     """The settings of this run: the operator's, the embedded database, the demo's queue."""
-    from worker.settings import Settings
+    from worker.settings.config import Settings
 
     overrides = {name: value for name, value in DEMO_DEFAULTS.items()
                  if env_name(name) not in os.environ}
@@ -127,7 +127,7 @@ def import_sessions(store: Store, settings: Settings, path: Path | None, count: 
                     seed: int) -> list[SessionReport]:
     """Import the file's sessions, or the generated ones; already stored ones are `exists`."""
     from scheduler.cli.demo_sessions import generate_sessions
-    from worker.ingest import SessionReport, import_record
+    from worker.platform.ingest import SessionReport, import_record
 
     counter = load_counter(settings)
     policy, now = intake_policy(PolicyName.DEFAULT), datetime.now(UTC)

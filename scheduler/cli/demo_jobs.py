@@ -17,10 +17,10 @@ from scheduler.beat import ScanLock, run_locked_scan, scan_policy
 from scheduler.cli.common import stdout_console
 from scheduler.cli.demo_services import DemoServiceError, WorkerProcess
 from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob
-from worker.celery_app import create_app
+from worker.broker.celery_app import create_app
 from worker.errors import TransientError
-from worker.keys import RedisKeys
-from worker.settings import Settings
+from worker.settings.config import Settings
+from worker.shared_state.keys import RedisKeys
 
 POLL_INTERVAL_S = 0.5
 

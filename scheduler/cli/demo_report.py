@@ -18,11 +18,11 @@ from rich.table import Table
 from db import RunRecord, SessionState
 from scheduler.cli.common import display_url, readable_table
 from scheduler.cli.sessions import projection_table
-from worker.ingest import ImportStatus, SessionReport
+from worker.platform.ingest import ImportStatus, SessionReport
 
 if TYPE_CHECKING:
     from db import Store
-    from worker.settings import Settings
+    from worker.settings.config import Settings
 
 OUTCOME_ROWS = 40  # sessions listed in the outcome table; the rest are counted
 PROJECTION_ROWS = 12  # projection messages shown after the summary block

@@ -29,7 +29,7 @@ from worker.compaction import Outcome
 
 if TYPE_CHECKING:
     from db import RevisionRecord, Store
-    from worker.job import JobResult
+    from worker.job.values import JobResult
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
 T = TypeVar("T")
@@ -58,11 +58,11 @@ def worker_command(
         "--without-gossip", "--without-mingle",
     ]
     # This process becomes the worker (same pid, signals and environment), without the
-    # command line's modules that every pool child would otherwise inherit (worker/serve.py).
+    # command line's modules that every pool child would otherwise inherit (worker/broker/serve.py).
     # -P: the working directory (a data directory) is not on the module path.
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-P", "-m", "worker.serve", *argv])
+    os.execv(sys.executable, [sys.executable, "-P", "-m", "worker.broker.serve", *argv])
 
 
 @expected_errors
@@ -80,9 +80,9 @@ def compact_command(
 ) -> None:
     """Run the compaction pipeline in-process for debugging and small installs."""
     from scheduler.cli.previews import print_compaction_plans
-    from worker import pipeline
-    from worker.job import JobRequest
-    from worker.outcome import emit_job_event
+    from worker.job import pipeline
+    from worker.job.outcome import emit_job_event
+    from worker.job.values import JobRequest
     from worker.runtime import build_runtime
 
     if not inline and not dry_run:
@@ -97,7 +97,7 @@ def compact_command(
     try:
         ids = sessions or _all_session_ids(runtime.store)
         if dry_run:
-            from worker.preview import preview_compaction
+            from worker.job.preview import preview_compaction
 
             previews = [preview_compaction(JobRequest(sid, "operator", force), runtime.deps,
                                            runtime.policy) for sid in ids]
@@ -128,7 +128,7 @@ def _all_session_ids(store: Store) -> list[str]:
 
 
 def _print_results(results: list[JobResult], as_json: bool) -> None:
-    from worker.outcome import job_event_fields
+    from worker.job.outcome import job_event_fields
 
     if as_json:
         for result in results:

@@ -20,7 +20,7 @@ from scheduler.cli.common import (
 
 if TYPE_CHECKING:
     from db import GcBatch
-    from worker.settings import Settings
+    from worker.settings.config import Settings
 
 # A refusal an operator may override (--force), apart from errors (1).
 EXIT_REFUSED = 4
@@ -42,7 +42,7 @@ def gc_command(
     """Remove superseded revisions and old run records, and erase sessions idle for
     longer than gc_session_retention_s when it is set, in batches (safe while workers
     run): the active revision and gc_keep_revisions before it always stay."""
-    from worker.lifecycle import collect_garbage, gc_policy
+    from worker.platform.lifecycle import collect_garbage, gc_policy
 
     settings = _settings()
     with open_store(settings) as store:
@@ -71,7 +71,7 @@ def delete_command(
     Exit status 4 when a job holds the session's lease and --force is not given.
     """
     from db import SessionLeased
-    from worker.lifecycle import delete_session
+    from worker.platform.lifecycle import delete_session
 
     settings = _settings()
     with open_store(settings) as store:

@@ -66,7 +66,7 @@ def _configure_logging(
     # settings: it loads neither pydantic-settings nor structlog (issue 14's 0.3 s).
     if ctx.meta.get("help_requested"):
         return
-    from worker.settings_errors import settings_or_exit
+    from worker.settings.errors import settings_or_exit
 
     settings_or_exit()
     # The embedded database is checked on every command: alembic's per-connection notes

@@ -1,5 +1,5 @@
 """`compactor append` and `compactor projection`: the platform's side from a shell, through
-the same Python API (``worker.sessions``) a platform in Python calls."""
+the same Python API (``worker.platform.sessions``) a platform in Python calls."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from scheduler.cli.data import PolicyName, intake_policy
 from scheduler.cli.sessions import projection_table
 
 if TYPE_CHECKING:
-    from worker.sessions import AppendReport, Problem
+    from worker.platform.sessions import AppendReport, Problem
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
@@ -47,7 +47,7 @@ def append_command(
     messages' seqs and what intake repaired; exits 1, storing nothing, when intake
     rejects them (the problems say why).
     """
-    from worker.sessions import AppendReport, MessagesRejected, SessionStore
+    from worker.platform.sessions import AppendReport, MessagesRejected, SessionStore
 
     messages = read_messages(file)
     settings = get_settings()

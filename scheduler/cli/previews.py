@@ -9,7 +9,7 @@ from rich.markup import escape
 from scheduler.cli.common import print_json, readable_table, stdout_console
 
 if TYPE_CHECKING:
-    from worker.preview import CompactionPreview
+    from worker.job.preview import CompactionPreview
 
 
 def print_compaction_plans(previews: list[CompactionPreview], as_json: bool) -> None:

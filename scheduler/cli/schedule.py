@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from db import MarkResult
     from scheduler.enqueue import ScanReport
     from scheduler.selection import ScanPreview
-    from worker.settings import Settings
+    from worker.settings.config import Settings
 
 # Exit status of `trigger` when some id names no session, of `scan` when the lock is held.
 EXIT_PARTIAL = 3
@@ -64,8 +64,8 @@ def trigger(
     from db import MarkStatus
     from scheduler.enqueue import CeleryPublisher, trigger_sessions
     from scheduler.reconcile import broker_jobs, is_job_lost
-    from worker.celery_app import create_app
-    from worker.contract import MAX_REASON_CHARS
+    from worker.broker.celery_app import create_app
+    from worker.broker.contract import MAX_REASON_CHARS
 
     if not 0 < len(reason) <= MAX_REASON_CHARS:
         fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
@@ -148,7 +148,7 @@ def reconcile(
 def beat() -> None:
     """Run the beat process: sends `compactor.scan` at scan_cron (UTC)."""
     from scheduler.beat import start_beat
-    from worker.celery_app import create_app
+    from worker.broker.celery_app import create_app
 
     settings = get_settings()
     try:

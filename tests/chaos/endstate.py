@@ -27,9 +27,9 @@ from scheduler.reconcile import RECONCILE_EVENT, AttemptLost
 from tests.chaos.invariants import Verdict
 from tests.chaos.poison import Poisoner
 from tests.e2e.test_bad_messages import bad_messages
+from worker.broker.contract import SCAN_TASK_NAME
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
-from worker.contract import SCAN_TASK_NAME
 from worker.logging import JOB_EVENT
 
 SCAN_TASK_RECEIVED = re.compile(rf"^Task {re.escape(SCAN_TASK_NAME)}\[[^\]]+\] received$")

@@ -43,7 +43,7 @@ from tests.support.private_postgres import PrivatePostgres
 from tests.support.worker_process import WorkerProcess
 
 RECONCILE_GRACE_S = 60
-# Production values where they decide how an outage is lived through (worker/settings.py
+# Production values where they decide how an outage is lived through (worker/settings/config.py
 # defaults): the retry window and backoff, the lease TTL, the visibility timeout, the
 # job time limits, the reconciler's grace and the breakers' thresholds. Only the LLM
 # side stays the tests' (a small window, short LLM timeouts: JOB_DEFAULTS).

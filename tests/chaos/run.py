@@ -32,9 +32,9 @@ from tests.chaos.poison import Poisoner
 from tests.chaos.services import Services, admin_engine, start_services
 from tests.chaos.traffic import Appender, Ledger, import_run_sessions, scan_once
 from tests.support.e2e import JobEnv, build_job_env
-from worker.celery_app import create_app
+from worker.broker.celery_app import create_app
 from worker.compaction.tokens import TokenCounter, load_encoding
-from worker.keys import RedisKeys
+from worker.shared_state.keys import RedisKeys
 
 MODEL_CONTEXT_TOKENS = 4_000  # trigger 2,800 tokens; sessions start at 3,400-4,300
 TAIL_BUDGET_TOKENS = 500
@@ -245,7 +245,7 @@ class ChaosRun:
         killed delivery whose job the reconciler re-sent stays there until the visibility
         timeout restores it and it runs), a queue marker or a lease is held (one a lost
         job left is the reconciler's to repair), or an attempt's run or event is owed
-        (``worker/attempt_journal.py``: the reconciler writes or reports it). The run
+        (``worker/shared_state/attempt_journal.py``: the reconciler writes or reports it). The run
         waits, up to the drain timeout."""
         keys = RedisKeys(self.env.prefix)
         if (self.queue_length() or self.redis.hlen(f"{self.env.prefix}unacked")

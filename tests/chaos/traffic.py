@@ -22,7 +22,7 @@ from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import dump_message
 from worker.compaction.tokens import TokenCounter
 from worker.errors import MessagesRejected
-from worker.ingest import ImportStatus, append_messages, check_record, import_sessions
+from worker.platform.ingest import ImportStatus, append_messages, check_record, import_sessions
 
 # Where a generated session starts, at least: over the run's 2,800-token trigger
 # (run.py's 4,000-token model window).

@@ -18,10 +18,10 @@ from tests.e2e.conftest import StartWorker
 from tests.support.chat_rules import find_chat_violations
 from tests.support.e2e import EVENT_TIMEOUT_S, JobEnv, JobPublisher, token_counter
 from tests.support.openai_server import OpenAIServer
-from worker.agents_session import CompactorSession
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import SUMMARY_BLOCK_ROLE
-from worker.sessions import SessionStore
+from worker.platform.agents_session import CompactorSession
+from worker.platform.sessions import SessionStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

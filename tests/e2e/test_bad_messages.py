@@ -25,8 +25,8 @@ from tests.support.e2e import JobEnv, import_records, projection_violations
 from tests.support.generated import generated_session
 from tests.support.raw_producer import EMBED, build_raw_message, push_raw_message
 from tests.support.worker_process import WorkerProcess
-from worker.dead_letters import MAX_KEPT_ITEM_BYTES, DeadLetters
-from worker.keys import RedisKeys
+from worker.shared_state.dead_letters import MAX_KEPT_ITEM_BYTES, DeadLetters
+from worker.shared_state.keys import RedisKeys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

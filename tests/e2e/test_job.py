@@ -26,7 +26,7 @@ from tests.support.e2e import (
 from tests.support.generated import generated_session, generated_turns
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
-from worker.outcome import event_field_docs
+from worker.job.outcome import event_field_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -22,8 +22,8 @@ from tests.support.e2e import (
 )
 from tests.support.generated import generated_session, generated_turns
 from tests.support.openai_server import OpenAIServer
-from worker.contract import GC_TASK_NAME
-from worker.lifecycle import delete_session
+from worker.broker.contract import GC_TASK_NAME
+from worker.platform.lifecycle import delete_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -37,7 +37,7 @@ from tests.support.e2e import (
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import CompactorWorker, WorkerProcess, parse_log_lines
-from worker.contract import SCAN_TASK_NAME
+from worker.broker.contract import SCAN_TASK_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -29,7 +29,7 @@ from tests.support.e2e import (
 )
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
-from worker.celery_app import create_app
+from worker.broker.celery_app import create_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -36,7 +36,7 @@ from tests.support.openai_server import OpenAIServer
 from tests.support.private_postgres import PrivatePostgres
 from tests.support.raw_producer import read_queue
 from tests.support.worker_process import WorkerProcess, parse_log_lines
-from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME
+from worker.broker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

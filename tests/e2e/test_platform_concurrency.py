@@ -20,7 +20,7 @@ from tests.e2e.conftest import StartWorker
 from tests.support.e2e import EVENT_TIMEOUT_S, JobPublisher, import_records, projection_violations
 from tests.support.generated import generated_session
 from tests.support.platform_traffic import AppendAttempt, open_call_id, run_appender
-from worker.sessions import SessionStore
+from worker.platform.sessions import SessionStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -16,7 +16,7 @@ from tests.e2e.conftest import StartWorker
 from tests.support.e2e import JobEnv, import_records, wait_until
 from tests.support.generated import generated_session
 from tests.support.raw_producer import build_raw_message, push_raw_message
-from worker.contract import job_kwargs
+from worker.broker.contract import job_kwargs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

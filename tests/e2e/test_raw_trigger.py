@@ -27,9 +27,7 @@ from tests.support.raw_producer import (
 from tests.support.raw_producer import TASK_NAME as RAW_TASK_NAME
 from tests.support.scheduling import Broker, isolated_broker
 from tests.support.worker_process import WorkerProcess
-from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
-from worker.contract import (
+from worker.broker.contract import (
     MAX_REASON_CHARS,
     MAX_SESSION_ID_CHARS,
     TASK_NAME,
@@ -37,7 +35,9 @@ from worker.contract import (
     job_kwargs,
     queue_list_key,
 )
-from worker.ingest import count_messages
+from worker.compaction.messages import parse_message
+from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.platform.ingest import count_messages
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

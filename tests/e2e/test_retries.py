@@ -29,7 +29,7 @@ from tests.support.e2e import (
 )
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
-from worker.keys import RedisKeys
+from worker.shared_state.keys import RedisKeys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

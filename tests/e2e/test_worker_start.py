@@ -13,7 +13,7 @@ from db import Store
 from tests.support.e2e import MEDIUM_SESSION_ID, JobEnv, JobPublisher, import_generated_sessions
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import CompactorWorker, WorkerProcess, parse_log_lines
-from worker.settings_errors import EXIT_INVALID_SETTINGS
+from worker.settings.errors import EXIT_INVALID_SETTINGS
 
 START_TIMEOUT_S = 60
 

@@ -13,9 +13,9 @@ from agents.memory import Session
 from db import Store
 from tests.integration.test_store import T0, job_run, summary_revision
 from tests.support.e2e import token_counter
-from worker.agents_session import CompactorSession, PopRefused, UnsupportedItem
 from worker.errors import MessagesRejected
-from worker.sessions import SessionStore
+from worker.platform.agents_session import CompactorSession, PopRefused, UnsupportedItem
+from worker.platform.sessions import SessionStore
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from tests.support.e2e import REDIS_URL
-from worker.attempt_journal import AttemptJournal
-from worker.keys import RedisKeys
+from worker.shared_state.attempt_journal import AttemptJournal
+from worker.shared_state.keys import RedisKeys
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from db import Store
 from tests.integration.test_recall import NOW, PLANTED, imported, planted_session
 from tests.support.cli import compactor_for
 from tests.unit.session_strategies import shared_counter
-from worker.backfill import backfill
 from worker.compaction.intake import IntakePolicy
-from worker.ingest import append_messages, check_record, count_messages
+from worker.platform.backfill import backfill
+from worker.platform.ingest import append_messages, check_record, count_messages
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,6 @@ from tests.support.chaos import (
 from tests.support.databases import open_store, truncate_store_tables
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
-from worker import pipeline
 from worker.compaction.intake import (
     MISSING_RESULT_CONTENT,
     Action,
@@ -37,13 +36,14 @@ from worker.compaction.intake import (
 from worker.compaction.prompts import QUOTE_PREFIX
 from worker.compaction.schema import BLOCK_HEADER, Summary
 from worker.errors import MessagesRejected, Outcome
-from worker.ingest import (
+from worker.job import pipeline
+from worker.job.values import JobRequest, JobResult
+from worker.platform.ingest import (
     ImportStatus,
     SessionReport,
     append_messages,
     import_sessions,
 )
-from worker.job import JobRequest, JobResult
 from worker.runtime import Runtime
 
 pytestmark = pytest.mark.integration

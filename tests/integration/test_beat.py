@@ -31,9 +31,9 @@ from scheduler.enqueue import ScanReport
 from tests.support.raw_producer import read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session
 from tests.support.worker_process import WorkerProcess
-from worker.contract import GC_TASK_NAME, SCAN_TASK_NAME
-from worker.keys import RedisKeys
-from worker.settings import Settings
+from worker.broker.contract import GC_TASK_NAME, SCAN_TASK_NAME
+from worker.settings.config import Settings
+from worker.shared_state.keys import RedisKeys
 
 pytestmark = pytest.mark.integration
 
@@ -136,8 +136,8 @@ def test_an_invalid_scan_cron_is_refused_with_the_expression_named(expression: s
 def test_the_beat_process_starts_with_its_schedule_file_under_data_dir(tmp_path: Path) -> None:
     env = {**os.environ, "COMPACTOR_DATA_DIR": str(tmp_path / "state"),
            "COMPACTOR_LOG_FORMAT": "json", "PYTHONPATH": str(Path.cwd())}
-    code = ("from scheduler.beat import start_beat; from worker.celery_app import app; "
-            "from worker.settings import get_settings; start_beat(app, get_settings())")
+    code = ("from scheduler.beat import start_beat; from worker.broker.celery_app import app; "
+            "from worker.settings.config import get_settings; start_beat(app, get_settings())")
     beat = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -14,9 +14,9 @@ from worker.compaction.grouping import group_messages
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.schema import summary_text
 from worker.compaction.tokens import TokenCounter, load_encoding
-from worker.llm import LLMClient, LLMConfig
 from worker.summarizers import SummaryWork
 from worker.summarizers.llm import LLMSummarizer
+from worker.summarizers.openai_client import LLMClient, LLMConfig
 
 WINDOW_TOKENS = 32_000
 EXCHANGES = 64

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Compactor, compactor_for, read_jsonl, write_jsonl
-from worker.settings_errors import EXIT_INVALID_SETTINGS
+from worker.settings.errors import EXIT_INVALID_SETTINGS
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ import redis
 from tests.support.cli import Compactor
 from tests.support.e2e import REDIS_URL, redis_under_prefix
 from tests.support.raw_producer import build_raw_message
-from worker.contract import job_kwargs, queue_list_key
-from worker.dead_letters import DeadLetter, DeadLetters, build_dead_letter
-from worker.keys import RedisKeys
-from worker.queue_items import ItemRejected
+from worker.broker.contract import job_kwargs, queue_list_key
+from worker.broker.queue_items import ItemRejected
+from worker.shared_state.dead_letters import DeadLetter, DeadLetters, build_dead_letter
+from worker.shared_state.keys import RedisKeys
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from tests.integration.test_store import conversation, job_run, swap
 from tests.support.cli import Compactor, compactor_for, write_jsonl
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
-from worker.settings import Settings
+from worker.settings.config import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ two-chunk plan (a ``[[behave:...]]`` marker in the last message of the span); th
 call of a two-chunk plan (the marker in the prior summary, which only the final merge
 prompt embeds). A fault persists for every request of its call (SDK retries, the
 truncation re-ask and the output-mode fallbacks included). The pipeline runs in-process
-(``worker.pipeline.run``) on SQLite; one row set runs on PostgreSQL too.
+(``worker.job.pipeline.run``) on SQLite; one row set runs on PostgreSQL too.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from tests.support.chaos import (
 from tests.support.databases import open_store, sqlite_url
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer, RecordedRequest
-from worker import pipeline
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import Summary, render_summary_block, summary_block_message
 from worker.errors import Outcome
-from worker.ingest import ImportStatus, import_sessions
-from worker.job import JobRequest, JobResult
+from worker.job import pipeline
+from worker.job.values import JobRequest, JobResult
+from worker.platform.ingest import ImportStatus, import_sessions
 from worker.runtime import Runtime
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Compactor, compactor_for, write_jsonl
-from worker.contract import MAX_SESSION_ID_CHARS, JobMessage
+from worker.broker.contract import MAX_SESSION_ID_CHARS, JobMessage
 
 pytestmark = pytest.mark.integration
 

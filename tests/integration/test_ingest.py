@@ -16,14 +16,14 @@ from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.errors import MessagesRejected
-from worker.ingest import (
+from worker.platform.export_views import ExportView
+from worker.platform.ingest import (
     ImportStatus,
     append_checked,
     append_messages,
     export_session,
     import_sessions,
 )
-from worker.views import ExportView
 
 pytestmark = pytest.mark.integration
 

@@ -28,12 +28,12 @@ from db import job_transactions as job
 from tests.support.databases import truncate_store_tables
 from tests.support.e2e import append_turns, build_job_env, import_records, token_counter
 from tests.support.generated import generated_session, generated_turns
-from worker import pipeline
 from worker.compaction import SummaryInvalid
 from worker.errors import Outcome
-from worker.job import JobDeps, JobRequest, JobResult
-from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
+from worker.job import pipeline
+from worker.job.values import JobDeps, JobRequest, JobResult
 from worker.runtime import job_policy
+from worker.shared_state.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryWork
 
 pytestmark = pytest.mark.integration

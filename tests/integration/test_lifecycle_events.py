@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from db import GcPolicy, SessionLeased, Store
 from tests.integration.test_store import T0, conversation, swap
-from worker.lifecycle import collect_garbage, delete_session
+from worker.platform.lifecycle import collect_garbage, delete_session
 
 pytestmark = pytest.mark.integration
 

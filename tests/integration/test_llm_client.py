@@ -25,7 +25,7 @@ from worker.errors import (
     SessionFailure,
     SummaryInvalid,
 )
-from worker.llm import LLMClient, LLMConfig, LLMReply, LLMUsage, OutputMode
+from worker.summarizers.openai_client import LLMClient, LLMConfig, LLMReply, LLMUsage, OutputMode
 
 SCHEMA = summary_json_schema()
 IDENTIFIERS = ("HAT170", "mia_li_3668", "/etc/app.conf", "E1234", "v1.2.3")

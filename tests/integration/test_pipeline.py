@@ -1,4 +1,4 @@
-"""One compaction job in process (``worker.pipeline.run``) against the real services: the
+"""One compaction job in process (``worker.job.pipeline.run``) against the real services: the
 store on both databases and the real LLM summarizer against the OpenAI-protocol test
 server. The job's logic (every outcome, the breakers, merge) is tested on the in-memory
 store in ``tests/unit/test_pipeline_*.py``; these check what only the real parts show:
@@ -29,19 +29,19 @@ from tests.support.e2e import (
 from tests.support.generated import generated_session, generated_turns
 from tests.support.job_harness import FakeClock
 from tests.support.openai_server import OpenAIServer
-from worker import pipeline
 from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
 from worker.compaction.tokens import TokenCounter, load_encoding
 from worker.errors import Outcome
-from worker.job import JobDeps, JobPolicy, JobRequest, JobResult
-from worker.keys import RedisKeys
+from worker.job import pipeline
+from worker.job.outcome import emit_job_event, event_field_docs
+from worker.job.values import JobDeps, JobPolicy, JobRequest, JobResult
 from worker.logging import JOB_EVENT, get_logger
-from worker.outcome import emit_job_event, event_field_docs
-from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.runtime import build_summarizer, job_policy
-from worker.settings import Settings
+from worker.settings.config import Settings
+from worker.shared_state.keys import RedisKeys
+from worker.shared_state.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.summarizers import ExtractiveSummarizer, Summarizer, SummaryDraft, SummaryWork
 
 pytestmark = pytest.mark.integration

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from worker import pipeline
 from worker.compaction.grouping import GroupKind
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.tokens import TokenCounter
 from worker.errors import Outcome
-from worker.ingest import import_sessions
-from worker.job import JobRequest
+from worker.job import pipeline
+from worker.job.values import JobRequest
+from worker.platform.ingest import import_sessions
 from worker.runtime import build_runtime
-from worker.settings import Settings
+from worker.settings.config import Settings
 from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryWork
 
 

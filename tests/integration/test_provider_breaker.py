@@ -16,8 +16,8 @@ import redis
 
 from tests.support.e2e import redis_under_prefix
 from worker.compaction import Breaker, BreakerState
-from worker.keys import RedisKeys
-from worker.provider_breaker import (
+from worker.shared_state.keys import RedisKeys
+from worker.shared_state.provider_breaker import (
     InMemoryBreakerState,
     ProviderAdmission,
     ProviderBreaker,

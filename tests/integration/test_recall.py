@@ -14,8 +14,8 @@ from db import Store
 from scheduler.cli.demo_sessions import generate_sessions
 from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
-from worker.ingest import ImportStatus, import_record
-from worker.recall_tool import RECALL_TOOL, handle_recall
+from worker.platform.ingest import ImportStatus, import_record
+from worker.platform.recall_tool import RECALL_TOOL, handle_recall
 
 pytestmark = pytest.mark.integration
 

@@ -30,9 +30,9 @@ from scheduler.reconcile import (
 from scheduler.selection import ScanPolicy
 from tests.support.raw_producer import build_raw_message, read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
-from worker.attempt_journal import AttemptJournal
-from worker.fleet import DeliveryCounter
-from worker.keys import RedisKeys
+from worker.shared_state.attempt_journal import AttemptJournal
+from worker.shared_state.deliveries import DeliveryCounter
+from worker.shared_state.keys import RedisKeys
 
 pytestmark = pytest.mark.integration
 

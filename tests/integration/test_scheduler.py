@@ -34,7 +34,7 @@ from scheduler.selection import (
 )
 from tests.support.raw_producer import read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
-from worker.settings import get_settings
+from worker.settings.config import get_settings
 
 pytestmark = pytest.mark.integration
 

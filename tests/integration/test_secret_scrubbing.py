@@ -17,13 +17,13 @@ from db import Store
 from tests.support.chaos import build_base_runtime, generate_session, runtime_for_case
 from tests.support.openai_behaviours import ECHOED_API_KEY, Behaviour
 from tests.support.openai_server import OpenAIServer
-from worker import pipeline
 from worker.compaction.intake import IntakePolicy
 from worker.errors import Outcome
-from worker.ingest import ImportStatus, import_sessions
-from worker.job import JobRequest
+from worker.job import pipeline
+from worker.job.outcome import emit_job_event
+from worker.job.values import JobRequest
 from worker.logging import get_logger
-from worker.outcome import emit_job_event
+from worker.platform.ingest import ImportStatus, import_sessions
 from worker.runtime import Runtime
 
 pytestmark = pytest.mark.integration

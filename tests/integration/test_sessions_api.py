@@ -1,4 +1,4 @@
-"""The platform's Python API (``worker.sessions``) on SQLite and PostgreSQL: a platform
+"""The platform's Python API (``worker.platform.sessions``) on SQLite and PostgreSQL: a platform
 creates a session, appends turns as its agent loop produces them, and reads what to send."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.test_store import T0, job_run, summary_revision
 from tests.support.databases import open_store
-from worker.sessions import (
+from worker.platform.sessions import (
     MessagePinned,
     MessagesRejected,
     ProblemKind,

@@ -1,4 +1,4 @@
-"""The job's store port (``worker.ports.JobStore``) holds the same contract on the
+"""The job's store port (``worker.job.ports.JobStore``) holds the same contract on the
 in-memory fake the unit suite uses and on the real store, SQLite and PostgreSQL: leases
 with expiry and ownership, compare-and-swap of the active revision, breaker fields, runs
 and unknown sessions. A fake that drifted from ``db.Store`` fails here."""
@@ -34,7 +34,7 @@ from db import (
 )
 from tests.support.databases import open_store, sqlite_url, truncate_store_tables
 from tests.support.fake_store import FakeStore
-from worker.ports import JobStore
+from worker.job.ports import JobStore
 
 pytestmark = pytest.mark.integration
 

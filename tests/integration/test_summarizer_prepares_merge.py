@@ -23,9 +23,9 @@ from worker.compaction import (
 )
 from worker.compaction.budget import item_line_texts
 from worker.compaction.tokens import TokenCounter
-from worker.llm import LLMClient, LLMConfig
 from worker.summarizers import SummaryWork
 from worker.summarizers.llm import LLMSummarizer
+from worker.summarizers.openai_client import LLMClient, LLMConfig
 
 pytestmark = pytest.mark.integration
 WINDOW_TOKENS = 32_000

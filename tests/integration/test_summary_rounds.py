@@ -24,9 +24,9 @@ from tests.unit.test_rounds import (
     start,
 )
 from worker.compaction.intake import IntakePolicy
-from worker.ingest import append_messages
-from worker.llm import LLMClient, LLMConfig
+from worker.platform.ingest import append_messages
 from worker.summarizers.llm import LLMSummarizer
+from worker.summarizers.openai_client import LLMClient, LLMConfig
 
 pytestmark = pytest.mark.integration
 WINDOW_TOKENS = 128_000

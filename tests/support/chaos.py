@@ -22,10 +22,10 @@ from db import Store
 from tests.support.chat_rules import find_chat_violations
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import BLOCK_HEADER
-from worker.keys import RedisKeys
-from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.runtime import Runtime, build_runtime, build_summarizer, utc_now
-from worker.settings import Settings
+from worker.settings.config import Settings
+from worker.shared_state.keys import RedisKeys
+from worker.shared_state.provider_breaker import InMemoryBreakerState, ProviderBreaker
 
 # Never called: each case's summarizer is rebuilt for its own test server.
 UNUSED_LLM_URL = "http://127.0.0.1:9/v1"

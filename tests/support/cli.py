@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 
 from scheduler.cli.main import app
 from tests.support.logs import preserved_logging
-from worker.settings import get_settings
+from worker.settings.config import get_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

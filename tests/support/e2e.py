@@ -19,13 +19,13 @@ from celery import Celery
 from db import RevisionRecord, Store
 from tests.support.chat_rules import find_chat_violations
 from tests.support.generated import generated_session
-from worker.celery_app import create_app
+from worker.broker.celery_app import create_app
+from worker.broker.contract import TASK_NAME, job_kwargs
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter, load_encoding
-from worker.contract import TASK_NAME, job_kwargs
-from worker.ingest import ImportStatus, append_messages, import_sessions
-from worker.settings import Settings
+from worker.platform.ingest import ImportStatus, append_messages, import_sessions
+from worker.settings.config import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 # A small model window puts ordinary sessions over the trigger (0.7 x 6,000 =

@@ -118,7 +118,7 @@ class FakeStore:
         ids = sorted(sid for sid in self._sessions if after is None or sid > after)
         return [self._sessions[sid] for sid in ids[:limit]]
 
-    # --- the job's port (worker.ports.JobStore) ---------------------------------------
+    # --- the job's port (worker.job.ports.JobStore) ---------------------------------------
 
     def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
                   take_over: str | None = None) -> SessionState | None:

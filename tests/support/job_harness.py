@@ -14,14 +14,14 @@ from typing import Any
 from db import JobSnapshot
 from tests.support.fake_store import FakeStore
 from tests.support.generated import generated_session
-from worker import pipeline
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.schema import Summary
 from worker.compaction.tokens import TokenCounter
-from worker.ingest import ImportStatus, import_sessions
-from worker.job import JobDeps, JobPolicy, JobRequest, JobResult
-from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
+from worker.job import pipeline
+from worker.job.values import JobDeps, JobPolicy, JobRequest, JobResult
+from worker.platform.ingest import ImportStatus, import_sessions
+from worker.shared_state.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.summarizers import ExtractiveSummarizer, SummaryDraft, SummaryUsage, SummaryWork
 
 COOLDOWN_S = 600

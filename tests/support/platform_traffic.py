@@ -10,7 +10,7 @@ from threading import Barrier
 from typing import Any
 
 from tests.support.generated import generated_turns
-from worker.sessions import MessagesRejected, SessionStore
+from worker.platform.sessions import MessagesRejected, SessionStore
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from sqlalchemy import Engine, update
 
 from db import NewMessage, Store
 from db.models import SessionRow
-from worker.celery_app import create_app
-from worker.settings import Settings
+from worker.broker.celery_app import create_app
+from worker.settings.config import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 LONG_AGO = timedelta(days=1)

@@ -36,7 +36,7 @@ def parse_log_lines(text: str) -> list[dict[str, Any]]:
 
 
 class WorkerProcess:
-    """``celery -A worker.celery_app worker``, its stderr captured to ``log_path`` and its
+    """``celery -A worker.broker.celery_app worker``, its stderr captured to ``log_path`` and its
     stdout to ``stdout_path``."""
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, concurrency: int = 1,
@@ -51,7 +51,7 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+        return [sys.executable, "-m", "celery", "-A", "worker.broker.celery_app", "worker",
                 "--pool", "prefork", "--concurrency", str(self.concurrency), "-Q", self.queue,
                 "-n", f"test-{uuid.uuid4().hex[:8]}@%h", "--without-gossip",
                 "--without-mingle", "--loglevel", "INFO", *(["-E"] if self.send_events else [])]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from worker.agents_items import UnsupportedItem, items_to_messages, messages_to_items
+from worker.platform.agents_items import UnsupportedItem, items_to_messages, messages_to_items
 
 
 def call(call_id: str, name: str = "look_up", arguments: str = '{"id": "R1"}') -> dict[str, Any]:

@@ -17,9 +17,9 @@ import pytest
 HEAVY = ("celery", "kombu", "sqlalchemy", "alembic", "openai", "httpx", "tiktoken", "redis",
          "pydantic_settings", "structlog", "psycopg")
 # The service's own modules that load those, or pydantic models, or the store's records.
-SERVICE_HEAVY = ("worker.settings", "worker.settings_errors", "worker.logging",
-                 "worker.errors", "worker.ingest", "worker.compaction.messages",
-                 "worker.contract", "db.records", "db.errors")
+SERVICE_HEAVY = ("worker.settings.config", "worker.settings.errors", "worker.logging",
+                 "worker.errors", "worker.platform.ingest", "worker.compaction.messages",
+                 "worker.broker.contract", "db.records", "db.errors")
 
 PROBE = textwrap.dedent("""
     import json, sys
@@ -74,7 +74,8 @@ def test_the_probe_sees_a_heavy_import() -> None:
     assert loaded_by("import db; db.Store") == ["db.errors", "db.records", "sqlalchemy"]
     assert loaded_by("import db; db.upgrade_database") == [
         "alembic", "db.errors", "db.records", "sqlalchemy"]
-    assert {"pydantic_settings", "worker.settings"} <= set(loaded_by("import worker.settings"))
+    assert {"pydantic_settings", "worker.settings.config"} <= set(
+        loaded_by("import worker.settings.config"))
 
 
 def test_db_upgrade_s_lock_defaults_are_the_migrations_own() -> None:

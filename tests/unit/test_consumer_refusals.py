@@ -12,8 +12,8 @@ import pytest
 from celery.exceptions import InvalidTaskError
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-from worker.consumer import refuse_message
-from worker.queue_items import ItemRejected
+from worker.broker.consumer import refuse_message
+from worker.broker.queue_items import ItemRejected
 
 
 @dataclass

@@ -16,7 +16,7 @@ import yaml
 
 from scheduler.cli.config_table import ENV_EXAMPLE_PATH, render_env_example, setting_rows
 from tests.unit.cli_tree import check_invocation
-from worker.settings import Settings
+from worker.settings.config import Settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose.yml"

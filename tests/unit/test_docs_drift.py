@@ -22,17 +22,17 @@ from scheduler.cli.config_table import (
 from tests.support.corpus import CORPUS_DIR_ENV
 from tests.support.databases import POSTGRES_URL_ENV
 from tests.unit.cli_tree import command_paths, resolve_command, subcommands
-from worker.contract import TASK_NAME, JobMessage, queue_list_key
+from worker.broker.contract import TASK_NAME, JobMessage, queue_list_key
 from worker.errors import Outcome
-from worker.figures import JobFigures
-from worker.job import JobResult
-from worker.outcome import (
+from worker.job.figures import JobFigures
+from worker.job.outcome import (
     EVENT_TABLE_END,
     EVENT_TABLE_START,
     job_event_fields,
     render_event_table,
 )
-from worker.settings import Settings
+from worker.job.values import JobResult
+from worker.settings.config import Settings
 
 DOCS = [README_PATH, README_PATH.parent / "docs" / "RUNBOOK.md"]
 # `compactor WORD [WORD]` where a command is written (not session-compactor, compactor:).

@@ -10,9 +10,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
-from worker.celery_app import create_app
+from worker.broker.celery_app import create_app
 from worker.errors import BreakerScope, JobTimedOut, to_job_error
-from worker.settings import Settings
+from worker.settings.config import Settings
 
 
 def test_a_postgresql_url_gets_the_timeouts_of_the_settings() -> None:

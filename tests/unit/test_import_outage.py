@@ -13,7 +13,7 @@ from tests.support.fake_store import FakeStore
 from tests.support.generated import generated_session
 from tests.unit.session_strategies import shared_counter
 from worker.compaction import IntakePolicy, ProblemKind
-from worker.ingest import ImportStatus, import_sessions
+from worker.platform.ingest import ImportStatus, import_sessions
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 

@@ -18,8 +18,8 @@ from worker.compaction import parse_message
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.tokens import JobCounter, TokenCounter
 from worker.errors import Outcome
-from worker.ingest import append_messages, check_record, count_messages
-from worker.job import JobResult
+from worker.job.values import JobResult
+from worker.platform.ingest import append_messages, check_record, count_messages
 
 SESSION = "s-encoding"
 

@@ -7,9 +7,9 @@ import dataclasses
 from datetime import UTC, datetime
 
 from worker.errors import Outcome
-from worker.figures import JobFigures, figure_docs
-from worker.job import JobRequest, JobTrace
-from worker.outcome import event_field_docs, rejected_message_fields
+from worker.job.figures import JobFigures, figure_docs
+from worker.job.outcome import event_field_docs, rejected_message_fields
+from worker.job.values import JobRequest, JobTrace
 from worker.summarizers import SummaryUsage
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -15,7 +15,7 @@ from tests.support.job_harness import JobHarness
 from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
 from worker.errors import Outcome
-from worker.ingest import ImportStatus, append_messages, import_sessions
+from worker.platform.ingest import ImportStatus, append_messages, import_sessions
 
 SESSION = "s-pinned"
 TARGET_TOKENS = 30_000

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from db import StoreUnavailable
-from worker.heartbeat import LeaseHeartbeat, _Beater
-from worker.settings import Settings
+from worker.job.heartbeat import LeaseHeartbeat, _Beater
+from worker.settings.config import Settings
 
 
 def test_it_renews_until_the_block_ends_through_a_failed_renewal() -> None:

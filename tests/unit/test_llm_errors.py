@@ -19,7 +19,7 @@ from worker.errors import (
     ProviderRateLimited,
     SessionFailure,
 )
-from worker.llm_errors import (
+from worker.summarizers.openai_errors import (
     is_context_overflow,
     is_format_rejection,
     parse_retry_after_s,

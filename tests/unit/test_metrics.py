@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.test_outcome_event import a_result
 from worker.errors import Outcome
-from worker.figures import JobFigures
+from worker.job.figures import JobFigures
+from worker.job.outcome import job_event_fields, rejected_message_fields
 from worker.metrics import build_job_metrics
 from worker.metrics_state import FleetState, FleetStateCollector
-from worker.outcome import job_event_fields, rejected_message_fields
 
 
 def observed(*events: dict[str, object]) -> CollectorRegistry:

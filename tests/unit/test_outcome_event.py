@@ -7,10 +7,10 @@ import dataclasses
 from structlog.testing import capture_logs
 
 from worker.errors import Outcome
-from worker.figures import JobFigures
-from worker.job import JobResult
+from worker.job.figures import JobFigures
+from worker.job.outcome import emit_job_event, job_event_fields, rejected_message_fields
+from worker.job.values import JobResult
 from worker.logging import get_logger
-from worker.outcome import emit_job_event, job_event_fields, rejected_message_fields
 
 
 def a_result() -> JobResult:

@@ -12,11 +12,11 @@ import pytest
 from db import StoreError, StoreUnavailable
 from tests.support.job_harness import JobHarness
 from tests.unit.session_strategies import shared_counter
-from worker import pipeline
 from worker.compaction.errors import SummaryInvalid
 from worker.compaction.schema import Summary, empty_summary
 from worker.errors import DeliveryCapExceeded, Outcome
-from worker.job import JobRequest
+from worker.job import pipeline
+from worker.job.values import JobRequest
 
 SESSION = "s-f"
 LONG_TURNS = 20  # about 2,400 tokens: over the 2,000-token trigger

@@ -1,4 +1,4 @@
-"""The outcomes of one job (``worker.pipeline.run``) on the in-memory store besides its
+"""The outcomes of one job (``worker.job.pipeline.run``) on the in-memory store besides its
 failures (``test_pipeline_failures.py``) and breakers (``test_pipeline_breakers.py``):
 compacted, every skip, rejected, the conflicts of a compare-and-swap lost mid-job, the
 merge of the prior summary, and the event of each. Sessions are generated; the store's
@@ -20,9 +20,9 @@ from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.schema import Summary, empty_summary
 from worker.errors import Outcome
-from worker.ingest import append_messages
+from worker.job.outcome import emit_job_event, event_field_docs
 from worker.logging import get_logger
-from worker.outcome import emit_job_event, event_field_docs
+from worker.platform.ingest import append_messages
 
 SESSION = "s-1"
 LONG_TURNS = 20  # about 2,400 tokens: over the 2,000-token trigger

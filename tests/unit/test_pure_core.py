@@ -10,7 +10,8 @@ import sys
 import worker.compaction
 
 FORBIDDEN = (
-    "celery", "kombu", "redis", "sqlalchemy", "openai", "structlog", "httpx", "worker.settings",
+    "celery", "kombu", "redis", "sqlalchemy", "openai", "structlog", "httpx",
+    "worker.settings.config",
 )
 PROBE = """
 import importlib, json, pkgutil, sys

@@ -17,15 +17,15 @@ import pytest
 from kombu.transport import redis as kombu_redis
 
 from tests.support.raw_producer import build_raw_message
-from worker.contract import SERVICE_TASK_NAMES, job_kwargs
-from worker.queue_items import (
+from worker.broker.contract import SERVICE_TASK_NAMES, job_kwargs
+from worker.broker.queue_items import (
     MAX_NESTING_DEPTH,
     ItemLimits,
     ItemRejected,
     admit_item,
     nesting_depth,
 )
-from worker.transport import registered_task_names
+from worker.broker.transport import registered_task_names
 
 KOMBU_BRPOP_READ_SHA256 = "c42518699709f2df90f55a048fe6346612ae5527e5c4a6819f2c0920dc62088f"
 LIMITS = ItemLimits(max_item_bytes=100_000, max_eta_s=60)
@@ -140,7 +140,7 @@ def test_nesting_depth_counts_lists_and_objects(value: Any, depth: int) -> None:
 
 
 def test_the_service_task_names_are_the_tasks_the_app_registers() -> None:
-    from worker.celery_app import app
+    from worker.broker.celery_app import app
 
     app.loader.import_default_modules()
     registered = {name for name in app.tasks if not name.startswith("celery.")}
@@ -161,8 +161,8 @@ def test_an_item_naming_a_task_outside_the_limits_names_is_refused() -> None:
 
 
 def test_the_transport_overrides_the_brpop_read_of_the_kombu_it_was_copied_from() -> None:
-    """worker/transport.py re-implements kombu's private ``Channel._brpop_read`` (5.7.0)
+    """worker/broker/transport.py re-implements kombu's private ``Channel._brpop_read`` (5.7.0)
     to inspect the item before ``loads``; a kombu that changes it must be read again."""
     source = inspect.getsource(kombu_redis.Channel._brpop_read)
     assert hashlib.sha256(source.encode()).hexdigest() == KOMBU_BRPOP_READ_SHA256, \
-        f"kombu {kombu.__version__} changed Channel._brpop_read: update worker/transport.py"
+        f"kombu {kombu.__version__} changed Channel._brpop_read: update worker/broker/transport.py"

@@ -6,9 +6,15 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from worker.provider_breaker import InMemoryBreakerState, ProviderBreaker
-from worker.retries import STORE_UNAVAILABLE, RetryPolicy, backoff_max_for, backoff_s, next_retry_s
-from worker.settings import Settings
+from worker.job.retries import (
+    STORE_UNAVAILABLE,
+    RetryPolicy,
+    backoff_max_for,
+    backoff_s,
+    next_retry_s,
+)
+from worker.settings.config import Settings
+from worker.shared_state.provider_breaker import InMemoryBreakerState, ProviderBreaker
 
 DEFAULTS = Settings()
 POLICY = RetryPolicy(DEFAULTS.max_transient_retries, DEFAULTS.retry_window_s,

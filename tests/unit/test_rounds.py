@@ -18,7 +18,7 @@ from worker.compaction.intake import IntakePolicy
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.schema import Summary
 from worker.errors import Outcome
-from worker.ingest import ImportStatus, append_messages, import_sessions
+from worker.platform.ingest import ImportStatus, append_messages, import_sessions
 
 BUDGET_TOKENS = 4_096
 SESSION = "grown"

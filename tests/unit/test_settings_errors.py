@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from celery.schedules import crontab
 
-from worker.setting_rules import check_cron
-from worker.settings import get_settings
-from worker.settings_errors import InvalidSettings, load_settings, unknown_variables
+from worker.settings.config import get_settings
+from worker.settings.errors import InvalidSettings, load_settings, unknown_variables
+from worker.settings.rules import check_cron
 
 
 @pytest.fixture(autouse=True)

@@ -270,9 +270,9 @@ def test_a_worker_loads_the_tokenizer_driver_sdk_and_http_stack_before_its_pool_
     script = textwrap.dedent("""
         import sys
         from worker.compaction.tokens import _build_encoding
-        from worker.llm import LLMClient, LLMConfig
+        from worker.summarizers.openai_client import LLMClient, LLMConfig
         from worker.runtime import share_before_fork
-        from worker.settings import Settings
+        from worker.settings.config import Settings
 
         share_before_fork(Settings(summarizer="llm", llm_base_url="http://127.0.0.1:9/v1",
                                    database_url="postgresql+psycopg://nobody@127.0.0.1:9/x"))

@@ -1,5 +1,5 @@
 """A pool child inherits every module its worker's main process loaded before the fork:
-the worker's entry (``worker.serve``) loads none that a job never uses. The guard that
+the worker's entry (``worker.broker.serve``) loads none that a job never uses. The guard that
 keeps the child's baseline (``bench/memory_bench.py`` measures it), not a timing test."""
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ NEVER_IN_A_POOL_CHILD = ("typer", "rich", "pygments", "prompt_toolkit", "alembic
 # the SDK is loaded as well).
 MAIN_PROCESS_UNTIL_THE_FORK = textwrap.dedent("""
     import json, sys
-    from worker.serve import keep_out_terminal_only_modules
+    from worker.broker.serve import keep_out_terminal_only_modules
     keep_out_terminal_only_modules()
     import celery.bin.worker
-    from worker.celery_app import app
+    from worker.broker.celery_app import app
     from worker.runtime import share_before_fork
-    from worker.settings import get_settings
+    from worker.settings.config import get_settings
     app.loader.import_default_modules()
     assert "compactor.scan" in app.tasks and "compactor.reconcile" in app.tasks
     share_before_fork(get_settings())
@@ -51,7 +51,7 @@ def modules_at_the_fork() -> set[str]:
 def test_the_worker_process_loads_no_module_a_job_never_uses_before_the_fork() -> None:
     loaded = modules_at_the_fork()
 
-    assert {"worker.pipeline", "scheduler.tasks", "openai"} <= loaded  # the probe ran
+    assert {"worker.job.pipeline", "scheduler.tasks", "openai"} <= loaded  # the probe ran
     assert sorted(name for name in loaded
                   if name.startswith(tuple(f"{never}." for never in NEVER_IN_A_POOL_CHILD))
                   or name in NEVER_IN_A_POOL_CHILD) == []

@@ -29,9 +29,9 @@ from worker.compaction import (
     summary_json_schema,
 )
 from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
-from worker.fleet import FleetRateLimiter
-from worker.llm import LLMClient, LLMUsage
+from worker.shared_state.deliveries import FleetRateLimiter
 from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
+from worker.summarizers.openai_client import LLMClient, LLMUsage
 
 T = TypeVar("T")
 

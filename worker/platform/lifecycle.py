@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from db import DeletedSession, GcBatch, GcPolicy, SessionLeased
 from worker.logging import get_logger
-from worker.settings import Settings
+from worker.settings.config import Settings
 
 if TYPE_CHECKING:
     from db import Store

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.figures import JobFigures, figure_docs
-from worker.job import JobResult
+from worker.job.figures import JobFigures, figure_docs
+from worker.job.values import JobResult
 from worker.logging import JOB_EVENT
 from worker.metrics import record_job_event
 

@@ -1,5 +1,5 @@
 """The ports a job talks through: the store as the job needs it, and the provider-wide
-breaker. ``db.Store`` and ``worker.provider_breaker.ProviderBreaker`` implement them in
+breaker. ``db.Store`` and ``worker.shared_state.provider_breaker.ProviderBreaker`` implement them in
 production; ``tests/support/fake_store.py`` implements the store in memory for the unit
 suite."""
 

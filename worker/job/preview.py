@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from worker.compaction import ChunkPlan, CompactionError
-from worker.job import JobDeps, JobPolicy, JobRequest, JobTrace, Skip
-from worker.pipeline import plan_job, prune_span, read_job_snapshot, summary_work
+from worker.job.pipeline import plan_job, prune_span, read_job_snapshot, summary_work
+from worker.job.values import JobDeps, JobPolicy, JobRequest, JobTrace, Skip
 from worker.summarizers import SummaryWork
 
 

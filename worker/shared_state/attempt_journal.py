@@ -17,7 +17,7 @@ Two records in Redis close the gaps a job cannot close itself:
   waits for no round trip.
 
 Redis being unreachable loses no job: the journal fails open, loudly, like the fleet's
-other shared state (``worker/fleet.py``).
+other shared state (``worker/shared_state/deliveries.py``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any, cast
 import redis
 
 from db import NewRun, Store, StoreError
-from worker.fleet import DeliveryCounter, log_redis_unavailable
-from worker.keys import RedisKeys
 from worker.logging import get_logger
+from worker.shared_state.deliveries import DeliveryCounter, log_redis_unavailable
+from worker.shared_state.keys import RedisKeys
 
 # The list keeps at most this many unwritten runs (newest first): an outage of hours at
 # fleet scale, without letting Redis grow without bound.

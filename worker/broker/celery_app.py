@@ -1,5 +1,5 @@
 """The Celery app: Redis broker, JSON only, late acks, prefetch 1, time limits from
-settings, a dedicated queue. ``celery -A worker.celery_app worker`` starts a worker as
+settings, a dedicated queue. ``celery -A worker.broker.celery_app worker`` starts a worker as
 well as ``compactor worker`` does.
 
 Pool: prefork. It is the pool that enforces both time limits (threads enforces none,
@@ -31,14 +31,14 @@ from celery.signals import (
 )
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
-from worker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME, TASK_NAME
+from worker.broker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME, TASK_NAME
+from worker.broker.transport import ITEM_POLICY_OPTION, item_policy
 from worker.logging import get_logger
 from worker.memory import map_large_blocks, return_free_heap, use_one_malloc_arena
-from worker.settings import Settings, get_settings
-from worker.settings_errors import settings_or_exit
-from worker.transport import ITEM_POLICY_OPTION, item_policy
+from worker.settings.config import Settings, get_settings
+from worker.settings.errors import settings_or_exit
 
-_INCLUDE = ["worker.tasks", "scheduler.tasks"]
+_INCLUDE = ["worker.broker.tasks", "scheduler.tasks"]
 EXIT_CHECK_FAILED = 1
 
 
@@ -76,9 +76,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         worker_soft_shutdown_timeout=settings.worker_soft_shutdown_s,
         worker_enable_soft_shutdown_on_idle=settings.worker_soft_shutdown_s > 0,
         # Inspects every queue item before kombu reads it; refused ones are dead-lettered.
-        broker_transport="worker.transport:InspectingTransport",
+        broker_transport="worker.broker.transport:InspectingTransport",
         # Reports messages Celery still cannot turn into a request as rejected jobs.
-        worker_consumer="worker.consumer:JobConsumer",
+        worker_consumer="worker.broker.consumer:JobConsumer",
         task_soft_time_limit=settings.task_soft_time_limit_s,
         task_time_limit=settings.task_hard_time_limit_s,
         task_default_queue=settings.queue_name,

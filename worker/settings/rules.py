@@ -1,6 +1,6 @@
 """The checks of settings values that a type alone cannot express: cron expressions, log
 levels and URLs. Each raises ValueError saying what is wrong; ``ALLOWED`` says, per
-setting, what is accepted (the one-line errors of ``worker.settings_errors`` quote it).
+setting, what is accepted (the one-line errors of ``worker.settings.errors`` quote it).
 
 Pure and cheap: every process validates its settings at start, and Celery's own cron
 parser costs a third of a second to import, so the cron rule is written out here (a

@@ -1,5 +1,5 @@
 """Celery's consumer, hardened: a message that passed the transport's inspection
-(``worker/transport.py``) but still never becomes a task (headers Celery cannot read)
+(``worker/broker/transport.py``) but still never becomes a task (headers Celery cannot read)
 ends as a ``rejected`` ``compaction.job`` event instead of a loop or a dead worker.
 """
 
@@ -13,8 +13,8 @@ from celery.exceptions import InvalidTaskError
 from celery.worker.consumer import Consumer
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from worker.broker.queue_items import ItemRejected
 from worker.logging import get_logger
-from worker.queue_items import ItemRejected
 
 # Raised by Celery while it builds a request from a message whose headers are broken.
 BAD_HEADER_ERRORS = (KeyError, ValueError, TypeError)

@@ -2,7 +2,7 @@
 
 A small, stable face over the store for an agent platform in Python::
 
-    from worker.sessions import SessionStore
+    from worker.platform.sessions import SessionStore
 
     with SessionStore.open("postgresql://app@db/compactor") as sessions:
         sessions.create("chat-42", metadata={"user": "u1"})
@@ -47,7 +47,7 @@ from worker.compaction import (
     load_encoding,
 )
 from worker.errors import MessagesRejected
-from worker.ingest import AppendReport, append_checked
+from worker.platform.ingest import AppendReport, append_checked
 
 if TYPE_CHECKING:
     from db import Store

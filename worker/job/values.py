@@ -16,8 +16,8 @@ from typing import Any
 from db import NewRun
 from worker.compaction import Breaker, StrategyConfig, SummaryBudget, TokenCounter, TriggerPolicy
 from worker.errors import CompactionError, Outcome
-from worker.figures import JobFigures
-from worker.ports import JobStore, ProviderBreakerPort
+from worker.job.figures import JobFigures
+from worker.job.ports import JobStore, ProviderBreakerPort
 from worker.summarizers import Summarizer
 
 

@@ -4,9 +4,10 @@ an agent's history lives here, and each turn it is sent the compacted projection
 
 ``CompactorSession`` implements the SDK's ``Session`` protocol (``get_items``,
 ``add_items``, ``pop_item``, ``clear_session``). Items are converted exactly, or refused
-with :class:`~worker.agents_items.UnsupportedItem` (``worker/agents_items.py``); appends
-pass the same intake check as any other append. Store calls block, so each runs in a
-thread. It reaches the store only through the platform's API, ``worker.sessions``.
+with :class:`~worker.platform.agents_items.UnsupportedItem`
+(``worker/platform/agents_items.py``); appends pass the same intake check as any other
+append. Store calls block, so each runs in a thread. It reaches the store only through
+the platform's API, ``worker.platform.sessions``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.agents_items import UnsupportedItem, items_to_messages, messages_to_items
-from worker.sessions import MessagePinned, SessionLeased, SessionNotFound, SessionStore
+from worker.platform.agents_items import UnsupportedItem, items_to_messages, messages_to_items
+from worker.platform.sessions import MessagePinned, SessionLeased, SessionNotFound, SessionStore
 
 if TYPE_CHECKING:
     from agents import TResponseInputItem

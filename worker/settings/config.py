@@ -15,8 +15,8 @@ from typing import Self
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker import setting_rules
 from worker.compaction import StrategyName
+from worker.settings import rules as setting_rules
 
 
 class SummarizerKind(StrEnum):

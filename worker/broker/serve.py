@@ -1,5 +1,5 @@
 """`compactor worker`'s process: Celery's worker command on the service's app. The CLI
-parses the options, then execs ``python -P -m worker.serve <Celery's worker options>``, so
+parses the options, then execs ``python -P -m worker.broker.serve <Celery's worker options>``, so
 that the pool's children inherit none of the command line's modules (typer, rich, every
 command's imports) with the rest of their parent's memory."""
 
@@ -28,7 +28,7 @@ def serve_worker(argv: list[str]) -> None:
     from celery.bin.base import CLIContext
     from celery.bin.worker import worker as celery_worker
 
-    from worker.celery_app import app
+    from worker.broker.celery_app import app
 
     celery_worker.main(argv, prog_name="compactor worker", standalone_mode=False,
                        obj=CLIContext(app=app, no_color=None, workdir=None, quiet=False))

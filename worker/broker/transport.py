@@ -1,5 +1,5 @@
 """kombu's Redis transport with every popped queue item inspected before kombu or Celery
-reads it (``worker/queue_items.py``): a refused item ends as a ``rejected``
+reads it (``worker/broker/queue_items.py``): a refused item ends as a ``rejected``
 ``compaction.job`` event and moves to the dead-letter list; it is never delivered.
 
 Inspecting here, before kombu's ``loads``, is what keeps any item from stopping a worker:
@@ -19,12 +19,12 @@ import redis
 from celery import current_app
 from kombu.transport import redis as kombu_redis
 
-from worker.dead_letters import DeadLetters, build_dead_letter
-from worker.keys import RedisKeys
+from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item, item_limits
+from worker.job.outcome import emit_rejected_message
 from worker.logging import get_logger
-from worker.outcome import emit_rejected_message
-from worker.queue_items import ItemLimits, ItemRejected, admit_item, item_limits
-from worker.settings import Settings
+from worker.settings.config import Settings
+from worker.shared_state.dead_letters import DeadLetters, build_dead_letter
+from worker.shared_state.keys import RedisKeys
 
 # The transport option (``broker_transport_options``) that carries the ItemPolicy.
 ITEM_POLICY_OPTION = "compactor_item_policy"

@@ -1,4 +1,5 @@
-"""Translation of OpenAI SDK errors into the job error tree, once, for ``worker.llm``.
+"""Translation of OpenAI SDK errors into the job error tree, once, for the SDK client
+(``worker.summarizers.openai_client``).
 
 Provider-wide trouble (timeouts, connection, 5xx, 429, a missing model) becomes
 ``ProviderError``; refused credentials or permissions ``ProviderAuthFailed``; a prompt

@@ -9,7 +9,8 @@ connection errors, 408/409/429 and 5xx with jittered exponential backoff, honour
 ``Retry-After`` up to two minutes. Owning them here too would multiply attempts; this
 module only counts them (``retries_taken`` on a success, the ``x-stainless-retry-count``
 header the SDK stamps on each attempt on a failure). SDK errors are translated once, by
-``worker.llm_errors``, into ``worker.errors``; nothing above this module sees ``openai.*``.
+``worker.summarizers.openai_errors``, into ``worker.errors``; nothing above this
+module sees ``openai.*``.
 
 JSON is not parsed here: ``LLMReply.content`` is the model's reply verbatim, and
 ``worker.compaction.validation.parse_summary`` reads it (a JSON object in prose
@@ -34,7 +35,11 @@ from openai.types.chat.completion_create_params import ResponseFormat
 
 from worker.compaction import TokenCounter, load_encoding, parse_message
 from worker.errors import CompactionError, ProviderError, SummaryInvalid
-from worker.llm_errors import count_retries_taken, is_format_rejection, translate_error
+from worker.summarizers.openai_errors import (
+    count_retries_taken,
+    is_format_rejection,
+    translate_error,
+)
 
 KEYLESS_PLACEHOLDER = "unused"  # local servers want no key, the SDK insists on one
 SCHEMA_NAME = "summary"

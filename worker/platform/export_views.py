@@ -1,5 +1,5 @@
 """The views of a stored session an export writes: a plain enum in a module of its own,
-so the command line can offer its choices without loading intake (``worker/ingest.py``)."""
+so the command line can offer its choices without loading intake (``worker/platform/ingest.py``)."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from worker.compaction import (
     breaker_after_failure,
     breaker_after_success,
 )
-from worker.fleet import log_redis_unavailable
-from worker.keys import RedisKeys
+from worker.shared_state.deliveries import log_redis_unavailable
+from worker.shared_state.keys import RedisKeys
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

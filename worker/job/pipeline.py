@@ -65,8 +65,8 @@ from worker.errors import (
     StoredMessageInvalid,
     to_job_error,
 )
-from worker.heartbeat import LeaseHeartbeat
-from worker.job import JobDeps, JobPolicy, JobRequest, JobResult, JobTrace, Skip
+from worker.job.heartbeat import LeaseHeartbeat
+from worker.job.values import JobDeps, JobPolicy, JobRequest, JobResult, JobTrace, Skip
 from worker.summarizers import Summarizer, SummaryDraft, SummaryWork
 
 # How many of the newest revisions the trigger weighs (their savings guard re-compaction).
@@ -300,7 +300,7 @@ def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
              snapshot: JobSnapshot[SnapshotMessage]) -> JobPlan:
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
-    (``worker.preview`` runs it without the rest of the job)."""
+    (``worker.job.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
     stored = [m.stored for m in snapshot.messages]
     prior_tokens = revision.summary_tokens if revision else 0

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from db import IndexedMessage
     from worker.compaction import TokenCounter
-    from worker.ingest import IngestStore
+    from worker.platform.ingest import IngestStore
 
     class BackfillStore(IngestStore, Protocol):
         """The store as the backfill uses it (``db.Store``)."""
@@ -40,7 +40,7 @@ def backfill(store: BackfillStore, counter: TokenCounter, *,
     """Index every unindexed message of every session, one batch per transaction, with
     ``counter`` counting its identifiers' summary lines as ingest does; ``on_batch``
     hears how many each batch wrote (a progress display)."""
-    from worker.ingest import iter_session_ids
+    from worker.platform.ingest import iter_session_ids
 
     sessions = messages = 0
     for session_id in iter_session_ids(store):

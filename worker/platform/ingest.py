@@ -25,6 +25,7 @@ from db import (
     StoreUnavailable,
     ToolCallState,
 )
+from worker.broker.contract import MAX_SESSION_ID_CHARS
 from worker.compaction import (
     MAX_NESTING_DEPTH,
     Action,
@@ -41,9 +42,8 @@ from worker.compaction import (
     measure_depth,
     search_text,
 )
-from worker.contract import MAX_SESSION_ID_CHARS
 from worker.errors import MessagesRejected
-from worker.views import ExportView
+from worker.platform.export_views import ExportView
 
 RECORD_KEYS = ("session_id", "messages")
 T = TypeVar("T")

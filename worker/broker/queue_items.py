@@ -2,7 +2,7 @@
 producer can put on the list ends as a named ``ItemRejected`` (the transport dead-letters
 it), and the scheduling headers producers may not set are neutralized.
 
-Plain data in, plain data out: the transport (``worker/transport.py``) and
+Plain data in, plain data out: the transport (``worker/broker/transport.py``) and
 ``compactor dead retry`` both call ``admit_item``.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from worker.contract import MAX_HEADERS_CHARS, MAX_TASK_ID_CHARS, SERVICE_TASK_NAMES
-from worker.settings import Settings
+from worker.broker.contract import MAX_HEADERS_CHARS, MAX_TASK_ID_CHARS, SERVICE_TASK_NAMES
+from worker.settings.config import Settings
 
 MAX_NESTING_DEPTH = 32  # a task message nests 4 deep; Celery's decoder recurses per level
 JSON_CONTENT_TYPE = "application/json"

@@ -1,6 +1,6 @@
 """State shared by every worker of the fleet, kept in Redis: the delivery counter behind
 the redelivery cap and the fleet-wide LLM rate limit (the provider-wide breaker has its
-own module, ``worker/provider_breaker.py``).
+own module, ``worker/shared_state/provider_breaker.py``).
 
 Celery's own ``rate_limit`` is per worker, and Celery no longer caps the redeliveries of
 a task whose worker died; both need a view across workers, which only Redis has here.
@@ -17,8 +17,8 @@ from collections.abc import Callable
 import redis
 
 from worker.errors import ProviderError
-from worker.keys import RedisKeys
 from worker.logging import get_logger
+from worker.shared_state.keys import RedisKeys
 
 # Reserve the next free slot on a fleet-wide schedule spaced `interval_us` apart, using
 # Redis' clock so that workers on different hosts agree; returns how long to wait (us).

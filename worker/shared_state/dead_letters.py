@@ -14,9 +14,9 @@ from datetime import datetime
 
 import redis
 
-from worker.contract import queue_list_key
-from worker.keys import RedisKeys
-from worker.queue_items import ItemLimits, ItemRejected, admit_item
+from worker.broker.contract import queue_list_key
+from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item
+from worker.shared_state.keys import RedisKeys
 
 MAX_KEPT_ITEM_BYTES = 65_536
 

@@ -2,12 +2,12 @@
 
 It parses the message, counts the delivery, runs the pipeline, emits the one outcome
 event, and maps a transient failure to a Celery retry (within ``retry_window_s`` of the
-first attempt, at most ``max_transient_retries``; ``worker/retries.py``); whatever ends
+first attempt, at most ``max_transient_retries``; ``worker/job/retries.py``); whatever ends
 the job clears the session's queue marker (when the database is down the reconciler
 repairs it). A failed or rejected job then ends in Celery's FAILURE state
 (``JobEndedInFailure``), so Flower and Celery's events count it. Queue items that cannot
 even be read (pickle, garbage, forged task names) never become a task: the transport
-(``worker/transport.py``) and the consumer (``worker/consumer.py``) report them as a
+(``worker/broker/transport.py``) and the consumer (``worker/broker/consumer.py``) report them as a
 ``rejected`` event and dead-letter them.
 """
 
@@ -22,16 +22,16 @@ from celery import Task
 from pydantic import ValidationError
 
 from db import StoreError
-from worker import pipeline
-from worker.celery_app import app
-from worker.contract import MAX_SESSION_ID_CHARS, TASK_NAME, JobMessage
+from worker.broker.celery_app import app
+from worker.broker.contract import MAX_SESSION_ID_CHARS, TASK_NAME, JobMessage
 from worker.errors import DeliveryCapExceeded, JobRejected, Outcome
-from worker.job import JobRequest, JobResult
+from worker.job import pipeline
+from worker.job.outcome import emit_job_event
+from worker.job.retries import RetryPolicy, backoff_max_for, next_retry_s
+from worker.job.values import JobRequest, JobResult
 from worker.logging import get_logger
-from worker.outcome import emit_job_event
-from worker.retries import RetryPolicy, backoff_max_for, next_retry_s
 from worker.runtime import Runtime, get_runtime
-from worker.settings import get_settings
+from worker.settings.config import get_settings
 
 # Outcomes Celery records as failures; the others (compacted, skipped, ...) succeed.
 FAILURE_OUTCOMES = frozenset({Outcome.FAILED, Outcome.REJECTED})

@@ -25,8 +25,8 @@ from pydantic.fields import FieldInfo
 
 from worker.logging import configure_logging, get_logger, is_json_format
 from worker.scrub import mask_url
-from worker.setting_rules import ALLOWED
-from worker.settings import Settings, get_settings
+from worker.settings.config import Settings, get_settings
+from worker.settings.rules import ALLOWED
 
 ENV_PREFIX = "COMPACTOR_"
 # sysexits' EX_CONFIG: process managers can be told not to restart on it (a restart
