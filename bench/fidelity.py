@@ -41,12 +41,13 @@ from bench.fidelity_sessions import SHAPES, PlantedSession, generate_session
 from bench.report import bench_parser, describe_machine, print_header, print_load, print_table
 from db import Store, upgrade_database
 from tests.support.openai_server import OpenAIServer
-from worker.compaction import SummaryBudget, TokenCounter, load_encoding, parse_message
+from worker.compaction import SummaryBudget, TokenCounter, parse_message
 from worker.job import pipeline
 from worker.job.values import JobRequest
 from worker.platform.ingest import count_messages
 from worker.runtime import Runtime, build_runtime
 from worker.settings.config import Settings
+from worker.tokenizer.offline import load_encoding
 
 DEFAULT_SIZES = (10_000, 50_000, 200_000)
 FULL_SIZES = (*DEFAULT_SIZES, 1_000_000)

@@ -31,7 +31,8 @@ from worker.compaction.grouping import group_messages
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.plan import TriggerPolicy, plan_boundary
 from worker.compaction.pruning import prune_groups
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
+from worker.tokenizer.offline import load_encoding
 
 CORPUS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 SUMMARY_TOKENS = 4_096

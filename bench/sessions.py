@@ -14,8 +14,9 @@ from db import NewMessage, Store
 from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.corpus import corpus_path, load_corpus
 from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.platform.ingest import count_messages
+from worker.tokenizer.offline import load_encoding
 
 # Imported sessions were last appended to long ago: no quiet-period effects.
 IMPORTED_AGO = timedelta(days=1)

@@ -45,7 +45,7 @@ PACKAGES = ("scheduler", "worker", "db")
 COMPACTOR = str(Path(sys.executable).with_name("compactor"))
 # Prints the seconds load_encoding took in this process; the import is not counted.
 LOAD_ENCODING = (
-    "import time; from worker.compaction import load_encoding; t = time.perf_counter(); "
+    "import time; from worker.tokenizer.offline import load_encoding; t = time.perf_counter(); "
     "load_encoding('o200k_base'); print(time.perf_counter() - t)"
 )
 # Prints the seconds load_encoding spent past reading tiktoken's arguments (import,
@@ -53,11 +53,12 @@ LOAD_ENCODING = (
 # inside load_encoding's own call (a build timed alone, from ranks read at module level,
 # measured 30-60 ms slower in the same runs).
 TABLE_BUILD = (
-    "import time; from worker.compaction import tokens; read = tokens.read_encoding_args\n"
+    "import time; from worker.tokenizer import offline\n"
+    "read = offline.read_encoding_args\n"
     "def timed(*args):\n"
     "    global built_from\n"
     "    result = read(*args); built_from = time.perf_counter(); return result\n"
-    "tokens.read_encoding_args = timed; tokens.load_encoding('o200k_base')\n"
+    "offline.read_encoding_args = timed; offline.load_encoding('o200k_base')\n"
     "print(time.perf_counter() - built_from)"
 )
 # The console script's entry point, for a source tree put first on the path.

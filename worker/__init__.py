@@ -1,9 +1,9 @@
 """The worker, by role: ``compaction/`` (the pure core), ``job/`` (one job over its ports),
 ``summarizers/`` (extractive and LLM, with the OpenAI client), ``platform/`` (what an agent
 platform calls), ``shared_state/`` (what the fleet keeps in Redis), ``broker/`` (the Celery
-entrypoints), ``settings/``; at the root, the process-wide pieces: the error tree, logging,
-secret scrubbing, metrics, the allocator, start checks and the runtime that builds a
-process's dependencies.
+entrypoints), ``settings/``, ``tokenizer/`` (tiktoken loaded offline); at the root, the
+process-wide pieces: the error tree, logging, secret scrubbing, metrics, the allocator,
+start checks and the runtime that builds a process's dependencies.
 
 ``__all__`` names the parts other packages (the scheduler, the command line) may import;
 ``tests/unit/test_import_boundaries.py`` holds that and which part may import which.
@@ -23,4 +23,5 @@ __all__ = [
     "scrub",
     "settings",
     "shared_state",
+    "tokenizer",
 ]

@@ -17,7 +17,6 @@ from enum import StrEnum
 import redis
 
 from db import SchemaMissing, StoreError, StoreUnavailable, current_revision, head_revision
-from worker.compaction import load_encoding
 from worker.errors import (
     CompactionError,
     ProviderAuthFailed,
@@ -28,6 +27,7 @@ from worker.errors import (
 from worker.scrub import mask_url, mask_urls
 from worker.settings.config import Settings, SummarizerKind
 from worker.settings.errors import unknown_variables
+from worker.tokenizer.offline import load_encoding
 
 REDIS_TIMEOUT_S = 5.0
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"  # the SDK's, when none is configured

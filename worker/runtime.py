@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from db import Store
-from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy, load_encoding
+from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy
 from worker.job.ports import JobStore
 from worker.job.values import JobDeps, JobPolicy
 from worker.settings.config import BreakerOpenPolicy, Settings, SummarizerKind
@@ -26,6 +26,7 @@ from worker.shared_state.provider_breaker import (
     ProviderBreakerStore,
 )
 from worker.summarizers import ExtractiveSummarizer, Summarizer
+from worker.tokenizer.offline import load_encoding
 
 if TYPE_CHECKING:
     from worker.summarizers.openai_client import LLMConfig

@@ -214,6 +214,7 @@ def load_counter(settings: Settings) -> TokenCounter:
 @functools.cache
 def _load_counter(encoding: str, cache_dir: Path | None) -> TokenCounter:
     # An encoding is immutable and takes a while to build: once per process is enough.
-    from worker.compaction import TokenCounter, load_encoding
+    from worker.compaction import TokenCounter
+    from worker.tokenizer.offline import load_encoding
 
     return TokenCounter(load_encoding(encoding, cache_dir))

@@ -33,8 +33,9 @@ from tests.chaos.services import Services, admin_engine, start_services
 from tests.chaos.traffic import Appender, Ledger, import_run_sessions, scan_once
 from tests.support.e2e import JobEnv, build_job_env
 from worker.broker.celery_app import create_app
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.shared_state.keys import RedisKeys
+from worker.tokenizer.offline import load_encoding
 
 MODEL_CONTEXT_TOKENS = 4_000  # trigger 2,800 tokens; sessions start at 3,400-4,300
 TAIL_BUDGET_TOKENS = 500

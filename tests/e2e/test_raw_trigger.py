@@ -36,8 +36,9 @@ from worker.broker.contract import (
     queue_list_key,
 )
 from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.platform.ingest import count_messages
+from worker.tokenizer.offline import load_encoding
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -13,10 +13,11 @@ from tests.support.openai_server import OpenAIServer
 from worker.compaction.grouping import group_messages
 from worker.compaction.messages import StoredMessage, parse_message
 from worker.compaction.schema import summary_text
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.summarizers import SummaryWork
 from worker.summarizers.llm import LLMSummarizer
 from worker.summarizers.openai_client import LLMClient, LLMConfig
+from worker.tokenizer.offline import load_encoding
 
 WINDOW_TOKENS = 32_000
 EXCHANGES = 64

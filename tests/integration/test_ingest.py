@@ -14,7 +14,7 @@ from db.models import MessageRow
 from worker.compaction.identifiers import collect_artifacts
 from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.errors import MessagesRejected
 from worker.platform.export_views import ExportView
 from worker.platform.ingest import (
@@ -24,6 +24,7 @@ from worker.platform.ingest import (
     export_session,
     import_sessions,
 )
+from worker.tokenizer.offline import load_encoding
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.openai_server import OpenAIServer
 from worker.compaction.schema import LIST_SECTIONS, summary_json_schema
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import parse_summary
 from worker.errors import (
     ContextOverflow,
@@ -26,6 +26,7 @@ from worker.errors import (
     SummaryInvalid,
 )
 from worker.summarizers.openai_client import LLMClient, LLMConfig, LLMReply, LLMUsage, OutputMode
+from worker.tokenizer.offline import load_encoding
 
 SCHEMA = summary_json_schema()
 IDENTIFIERS = ("HAT170", "mia_li_3668", "/etc/app.conf", "E1234", "v1.2.3")

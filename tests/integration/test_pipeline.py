@@ -32,7 +32,7 @@ from tests.support.openai_server import OpenAIServer
 from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.errors import Outcome
 from worker.job import pipeline
 from worker.job.outcome import emit_job_event, event_field_docs
@@ -43,6 +43,7 @@ from worker.settings.config import Settings
 from worker.shared_state.keys import RedisKeys
 from worker.shared_state.provider_breaker import InMemoryBreakerState, ProviderBreaker
 from worker.summarizers import ExtractiveSummarizer, Summarizer, SummaryDraft, SummaryWork
+from worker.tokenizer.offline import load_encoding
 
 pytestmark = pytest.mark.integration
 

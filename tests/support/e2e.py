@@ -23,9 +23,10 @@ from worker.broker.celery_app import create_app
 from worker.broker.contract import TASK_NAME, job_kwargs
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
 from worker.platform.ingest import ImportStatus, append_messages, import_sessions
 from worker.settings.config import Settings
+from worker.tokenizer.offline import load_encoding
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 # A small model window puts ordinary sessions over the trigger (0.7 x 6,000 =

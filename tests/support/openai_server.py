@@ -41,7 +41,8 @@ from tests.support.openai_behaviours import (
     error_reply,
 )
 from worker.compaction.messages import parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
+from worker.tokenizer.offline import load_encoding
 
 HANG_S = 600.0  # past any sane client timeout; cut short when the server stops
 BEHAVIOUR_HEADER = "X-Test-Behaviour"

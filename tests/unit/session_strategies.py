@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from worker.compaction.grouping import Group
 from worker.compaction.messages import StoredMessage, parse_message
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
+from worker.tokenizer.offline import load_encoding
 
 Message = dict[str, Any]
 

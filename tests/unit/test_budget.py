@@ -30,7 +30,8 @@ from worker.compaction.schema import (
     item_line,
     render_summary_block,
 )
-from worker.compaction.tokens import TokenCounter, load_encoding
+from worker.compaction.tokens import TokenCounter
+from worker.tokenizer.offline import load_encoding
 
 
 @settings(max_examples=40, deadline=None)

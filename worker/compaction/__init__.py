@@ -1,5 +1,6 @@
 """The pure compaction core: plain data in, plain data out. It imports no Celery, Redis,
-SQLAlchemy, OpenAI SDK, logging, settings, environment or clock (callers pass ``now``).
+SQLAlchemy, OpenAI SDK, logging, settings, environment, files or clock (callers pass
+``now``; the tokenizer's encoding is loaded outside, by ``worker.tokenizer``).
 
 This module is the core's public face: code outside ``worker/compaction/`` imports from
 ``worker.compaction`` only, never from its modules; a test walks the imports.
@@ -101,7 +102,7 @@ if TYPE_CHECKING:
     )
     from worker.compaction.strategies import StrategyConfig, StrategyName, apply_strategy
     from worker.compaction.substrings import TextGrams
-    from worker.compaction.tokens import TokenCounter, load_encoding
+    from worker.compaction.tokens import TokenCounter
     from worker.compaction.validation import parse_summary, validate_summary
 
 _DEFINED_IN = {
@@ -181,7 +182,6 @@ _DEFINED_IN = {
     "apply_strategy": "worker.compaction.strategies",
     "TextGrams": "worker.compaction.substrings",
     "TokenCounter": "worker.compaction.tokens",
-    "load_encoding": "worker.compaction.tokens",
     "parse_summary": "worker.compaction.validation",
     "validate_summary": "worker.compaction.validation",
 }
@@ -256,7 +256,6 @@ __all__ = [
     "fit_summary",
     "group_messages",
     "identify_message",
-    "load_encoding",
     "measure_depth",
     "measure_json_depth",
     "merge_summaries",

@@ -44,10 +44,10 @@ from worker.compaction import (
     Problem,
     ProblemKind,
     TokenCounter,
-    load_encoding,
 )
 from worker.errors import MessagesRejected
 from worker.platform.ingest import AppendReport, append_checked
+from worker.tokenizer.offline import load_encoding
 
 if TYPE_CHECKING:
     from db import Store

@@ -33,13 +33,14 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 
-from worker.compaction import TokenCounter, load_encoding, parse_message
+from worker.compaction import TokenCounter, parse_message
 from worker.errors import CompactionError, ProviderError, SummaryInvalid
 from worker.summarizers.openai_errors import (
     count_retries_taken,
     is_format_rejection,
     translate_error,
 )
+from worker.tokenizer.offline import load_encoding
 
 KEYLESS_PLACEHOLDER = "unused"  # local servers want no key, the SDK insists on one
 SCHEMA_NAME = "summary"
