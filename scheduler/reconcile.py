@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from db import DueCriteria, DueWhy, HeldSession, Store, StoreError
-from scheduler.attempt_records import (
+from scheduler.journal_replay import (
     AttemptRecords,
     report_missing_events,
     write_unrecorded_runs,

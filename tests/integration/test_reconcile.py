@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from db import MarkStatus, NewRun, Store
 from db.models import SessionRow
-from scheduler.attempt_records import write_unrecorded_runs
+from scheduler.journal_replay import write_unrecorded_runs
 from scheduler.enqueue import run_scan, trigger_sessions
 from scheduler.publisher import RedisPublisher
 from scheduler.reconcile import (
