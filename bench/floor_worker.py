@@ -7,7 +7,8 @@ pygments kept out), with ``COMPACTOR_REDIS_URL`` as its broker.
 
 Its stderr carries one JSON object per line, as the service's does, so that
 ``bench.common.BenchWorker`` reads it: Celery's records, and ``worker.ready``.
-``bench.memory_bench`` sets the pool child's memory against the service's.
+``bench.memory_bench`` sets the pool child's memory against the service's, and
+``bench.task_overhead`` its no-op task against the service's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
@@ -94,6 +96,13 @@ class JsonLines(logging.Formatter):
 app = Celery("floor", broker=os.environ.get("COMPACTOR_REDIS_URL", "redis://127.0.0.1:6379/0"))
 app.conf.update(worker_hijack_root_logger=False, worker_redirect_stdouts=False,
                 broker_connection_retry_on_startup=True)
+
+
+@app.task(name="bench.noop", bind=True)
+def noop(self: Any) -> None:
+    """One JSON line per task, as the service's no-op writes one event (bench.task_overhead)."""
+    print(json.dumps({"event": "bench.noop", "task_id": self.request.id,
+                      "timestamp": datetime.now(UTC).isoformat()}), file=sys.stderr, flush=True)
 
 
 @worker_init.connect

@@ -36,6 +36,7 @@ FIGURES = {
     "projection_bench": ("min ms", "median ms", "p95 ms"),
     "metrics_bench": ("CPU us per event median", "scrape CPU ms median"),
     "startup_bench": ("wall min", "wall median"),
+    "task_overhead": ("per-task ms median", "median"),
 }
 
 
