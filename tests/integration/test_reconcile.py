@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 
 from db import MarkStatus, NewRun, Store
 from db.models import SessionRow
-from scheduler.journal_replay import write_unrecorded_runs
 from scheduler.enqueue import run_scan, trigger_sessions
+from scheduler.journal_replay import write_unrecorded_runs
 from scheduler.publisher import RedisPublisher
 from scheduler.reconcile import (
     RECONCILE_EVENT,
