@@ -85,9 +85,9 @@ _IS_INSTRUCTION = _MESSAGES.c.role.in_(
     [literal_column(f"'{role}'") for role in INSTRUCTION_ROLES])
 
 
-# PostgreSQL only: the lease's commit does not wait for its WAL flush (~0.2-0.4 ms, an
-# fdatasync). Losing a lease in a server crash costs no correctness: the crash also breaks
-# the job's connection, and the swap re-checks the lease under the row lock (LeaseLost:
+# PostgreSQL only: the lease's commit does not wait for its WAL flush (an fdatasync).
+# Losing a lease in a server crash costs no correctness: the crash also breaks the job's
+# connection, and the swap re-checks the lease under the row lock (LeaseLost:
 # nothing written) besides comparing-and-swapping the active revision; a later durable
 # commit (the swap's) flushes the WAL up to its own record, the lease's with it. Set for
 # the statement's own transaction only (``set_config(..., true)``): the pooled connection,

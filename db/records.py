@@ -46,8 +46,8 @@ class MessageText:
     """An active message as a job reads it: the body as the JSON text stored, never
     decoded into dicts, so the job parses it straight into its own model; and its
     identifiers as their JSON text too, decoded (``decode_mention_lists``) only for the
-    messages a job summarizes, as it tallies them (a 1M-token session's ~30k mentions
-    are ~2.3 MiB of tuples and strings decoded, ~1 MiB as text)."""
+    messages a job summarizes, as it tallies them (decoded, a long session's mentions
+    take over twice the memory of their text; docs/BENCHMARKS.md)."""
 
     seq: int
     body_json: str
@@ -63,8 +63,8 @@ MENTION_TEXTS_PER_DECODE = 256
 def decode_mention_lists(identifiers_json: Sequence[str]) -> Iterator[list[list[Any]]]:
     """Each text's mentions as the JSON decodes them (a list ``[value, kind, source,
     count, line_tokens]`` each, without ``line_tokens`` where stored before it was kept),
-    decoded a batch of texts at a time: ~30% less CPU than a ``json.loads`` per message
-    (a span's ~4.6k messages at 1M tokens), and no tuples."""
+    decoded a batch of texts at a time: one call's overhead spread over many messages
+    instead of paid per message, and no tuples."""
     for start in range(0, len(identifiers_json), MENTION_TEXTS_PER_DECODE):
         batch = identifiers_json[start:start + MENTION_TEXTS_PER_DECODE]
         yield from json.loads(f"[{','.join(batch)}]")

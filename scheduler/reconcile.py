@@ -34,13 +34,13 @@ from typing import Any
 import redis
 
 from db import DueCriteria, DueWhy, HeldSession, Store, StoreError
+from scheduler.beat import REDIS_TIMEOUT_S, scan_policy
+from scheduler.enqueue import Publisher, QueuedJob, publish_or_release
 from scheduler.journal_replay import (
     AttemptRecords,
     report_missing_events,
     write_unrecorded_runs,
 )
-from scheduler.beat import REDIS_TIMEOUT_S, scan_policy
-from scheduler.enqueue import Publisher, QueuedJob, publish_or_release
 from scheduler.publisher import RedisPublisher
 from worker.broker.contract import job_kwargs, queue_list_key
 from worker.errors import CompactionError, Outcome

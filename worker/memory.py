@@ -28,7 +28,7 @@ def use_one_malloc_arena() -> bool:
 
     glibc gives each new thread its own arena: the summarizer's concurrent calls then build
     their prompts and parse their replies in arenas whose freed pages no other thread
-    reuses (a 1M-token job's peak: 43.1 against 38.0 MiB over the child's baseline). The
+    reuses, and a long job's peak grows (``bench.memory_bench``). The
     threads hold the GIL while they allocate, so one arena costs them no waiting."""
     libc = _libc()
     return libc is not None and bool(libc.mallopt(_M_ARENA_MAX, 1))
@@ -42,8 +42,7 @@ def map_large_blocks() -> bool:
     By default glibc raises the threshold to the size of each mapped block freed (up to
     32 MiB): after a job's first large free, its later large blocks (prompts, request
     bodies, the swap's artifacts JSON) come from the heap, where freed small objects left
-    holes too small for them, so the heap grows instead (a 1M-token job's peak: 34.1-34.2
-    against 34.7-35.3 MiB over the child's baseline, ``bench.memory_bench``)."""
+    holes too small for them, so the heap grows instead (``bench.memory_bench``)."""
     libc = _libc()
     return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES))
 

@@ -123,15 +123,15 @@ def share_before_fork(settings: Settings) -> None:
     from sqlalchemy.orm import configure_mappers
 
     load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir)
-    # The dialect and its driver (psycopg: ~9 MiB) load when a child creates its engine.
+    # The dialect and its driver (psycopg) load when a child creates its engine.
     make_url(settings.effective_database_url).get_dialect().import_dbapi()
     configure_mappers()  # else each child configures the ORM's mappers in its first job
     if settings.effective_summarizer is SummarizerKind.LLM:
         importlib.import_module("worker.summarizers.llm")
         from worker.summarizers.openai_client import LLMClient
 
-        # The SDK imports its HTTP stack (httpcore, anyio, truststore: ~3 MiB) and chat
-        # resources (~1.4 MiB) only when a client is created: create one here so that the
+        # The SDK imports its HTTP stack (httpcore, anyio, truststore) and chat
+        # resources only when a client is created: create one here so that the
         # children share those modules.
         LLMClient(llm_config(settings)).close()
 

@@ -63,7 +63,7 @@ def _configure_logging(
     # Every command logs on stderr as the workers do (alembic's records included);
     # stdout keeps the command's own answer. Invalid settings end every command but help
     # here: one line per problem, exit status 78. Help logs nothing and reads no
-    # settings: it loads neither pydantic-settings nor structlog (issue 14's 0.3 s).
+    # settings: it loads neither pydantic-settings nor structlog (bench.startup_bench times it).
     if ctx.meta.get("help_requested"):
         return
     from worker.settings.errors import settings_or_exit

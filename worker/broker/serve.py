@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 
 # Optional imports that only dress output for a terminal, which a worker never writes to:
-# structlog's console tracebacks (rich, with pygments and attrs: ~3 MiB in every child) and
-# the highlighted results of Celery's inspection commands (``celery.bin.base``: pygments,
-# ~1.3 MiB). Both libraries import them in ``try: ... except ImportError``, and a name
-# bound to None in ``sys.modules`` makes its import raise ImportError.
+# structlog's console tracebacks (rich, with pygments and attrs, in every child) and
+# the highlighted results of Celery's inspection commands (``celery.bin.base``: pygments).
+# Both libraries import them in ``try: ... except ImportError``, and a name bound to None
+# in ``sys.modules`` makes its import raise ImportError.
 TERMINAL_ONLY_MODULES = ("rich", "pygments")
 
 
@@ -23,7 +23,7 @@ def keep_out_terminal_only_modules() -> None:
 
 def serve_worker(argv: list[str]) -> None:
     """Run Celery's worker command alone (not its whole command group: `repl` imports
-    prompt_toolkit and pygments, ~6 MiB) with ``argv``, as ``app.worker_main`` runs it."""
+    prompt_toolkit and pygments into every child) with ``argv``, as ``app.worker_main`` runs it."""
     keep_out_terminal_only_modules()
     from celery.bin.base import CLIContext
     from celery.bin.worker import worker as celery_worker

@@ -43,8 +43,7 @@ GOAL_CAP_TOKENS = 160
 # At a merge, the new span's items get this share of each section before prior items:
 # otherwise a full prior summary outranks every new fact, round after round. A quarter,
 # not a half: a 20% growth's values fit in it, and a larger reserve spends the prior's
-# room on the new span's least salient values (fidelity benchmark: the initial session's
-# facts one round later, 77% at a half, 99% at a quarter).
+# room on the new span's least salient values (bench.fidelity compares the shares).
 FRESH_SHARE = 0.25
 
 

@@ -96,9 +96,9 @@ _NO_EXTRAS: dict[str, Any] = {}
 
 def share_bookkeeping(model: BaseModel) -> None:
     """Point a frozen model's set of the fields it was given, and its extras when it has
-    none, at one shared object each. pydantic gives every instance a set (216 bytes) and
-    a dict (64) of its own: with a tool call's two models, most of a stored message's
-    memory besides its strings (a 1M-token job's RSS peak: -4.2 MiB). Safe for frozen
+    none, at one shared object each. pydantic gives every instance a set and a dict of
+    its own: with a tool call's two models, most of a stored message's memory besides
+    its strings (bench.memory_bench measures a long job's peak). Safe for frozen
     models only: nothing changes them in place (``model_copy`` and ``copy`` copy both
     before an update; setting or deleting an attribute is refused)."""
     fields_set = model.__pydantic_fields_set__

@@ -41,7 +41,7 @@ def _first_meaningful(lines: Sequence[str], max_chars: int) -> str:
 
 def digest_tool_output(tool_name: str, content_text: str) -> str:
     """Return a one-line digest of one tool output: its size and first meaningful line."""
-    lines = content_text.splitlines()  # split once: a 1M-token span holds ~3 MB of output
+    lines = content_text.splitlines()  # split once: a long span holds megabytes of output
     first = _first_meaningful(lines, DIGEST_LINE_CHARS) or "(none)"
     return (
         f"{DIGEST_MARKER} {tool_name}: {len(content_text):,} chars, "
@@ -109,7 +109,7 @@ def _prune_exchange(group: Group, counter: TokenCounter) -> Group:
 class _DigestMessage(StoredMessage):
     """A pruned tool message whose count is taken on first use: a summarizer that reads
     the pruned span as text (the LLM prompt, the extractive draft) never asks it, and a
-    100k-token span has ~200 digests to encode (~3 ms a job)."""
+    long span has hundreds of digests to encode."""
 
     __slots__ = ("_counter", "_tokens")
     _counter: TokenCounter

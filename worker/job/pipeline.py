@@ -136,7 +136,7 @@ def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
 def _collector_paused() -> Iterator[None]:
     """Hold the cyclic garbage collector off for one job. A job's objects die by reference
     count when it ends; its allocations would otherwise set off collections that walk
-    everything it holds (2-3 full ones on a 1M-token snapshot, ~25 ms, up to 10% of the
+    everything it holds (several full ones on a long snapshot, a noticeable share of the
     job's CPU). The first collection after the job takes any cycles it left."""
     if not gc.isenabled():  # someone else holds it off: leave it to them
         yield

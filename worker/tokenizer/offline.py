@@ -80,7 +80,7 @@ def _offline_encoding_class() -> type[_OfflineEncoding]:
     import tiktoken
 
     class OfflineEncoding(tiktoken.Encoding):
-        """An encoding that keeps only tiktoken's Rust tables, not the ~23 MiB Python dict
+        """An encoding that keeps only tiktoken's Rust tables, not the large Python dict
         of ranks they were built from (tiktoken reads that dict again only to pickle the
         encoding); it pickles as the offline load that rebuilds it."""
 
@@ -100,11 +100,11 @@ def load_encoding(name: str = "o200k_base", cache_dir: Path | None = None) -> ti
     return _build_encoding(name, cache_dir)
 
 
-# Building an encoding takes ~50 MiB (tiktoken's Rust tables; the Python ranks are freed
-# once they are built) and, even with the ranks cached, ~0.1 s of CPU on a quiet core, over
-# half of it tiktoken's Rust table build (holding the GIL); an encoding is read-only, so a
-# process builds each one once, and a worker builds it before the pool forks, so that
-# every child shares its pages.
+# Building an encoding takes tens of MiB (tiktoken's Rust tables; the Python ranks are
+# freed once they are built) and, even with the ranks cached, a noticeable pause of CPU,
+# most of it tiktoken's Rust table build (holding the GIL; bench.startup_bench); an
+# encoding is read-only, so a process builds each one once, and a worker builds it before
+# the pool forks, so that every child shares its pages.
 @functools.cache
 def _build_encoding(name: str, cache_dir: Path | None) -> tiktoken.Encoding:
     encoding = _offline_encoding_class()(**read_encoding_args(name, cache_dir))
@@ -140,8 +140,8 @@ def read_encoding_args(name: str, cache_dir: Path | None = None) -> dict[str, An
 def _parse_bpe(data: bytes) -> dict[bytes, int]:
     """Parse tiktoken's file format: one ``base64(token) rank`` pair per line.
 
-    C functions mapped over the split fields, no Python loop: 0.11 s instead of 0.19 s
-    for o200k_base's 200,000 lines (base64 tokens hold no whitespace).
+    C functions mapped over the split fields, no Python loop per line (base64 tokens hold
+    no whitespace).
     """
     fields = data.split()
     return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]),
