@@ -94,7 +94,8 @@ def test_unknown_variables_are_named_with_the_closest_setting() -> None:
     "0 2 * * *", "*/15 * * * *", "0 0-6/2 * * mon-fri", "30 1 1,15 * *", "0 3 * jan-mar sun",
     "5 4 * * 0", "0 0 31 12 6", "0 2 * * * *", "0 2 * *", "60 2 * * *", "0 24 * * *",
     "0 2 0 * *", "0 2 * 13 *", "0 2 * * 7", "0 2 * * funday", "0  2 * * *", "x 2 * * *",
-    "0 2 * * */0", "", "@daily",
+    "0 2 * * */0", "", "@daily", "0 0 30 2 *", "0 0 31 4,6 *", "0 0 L * *", "0 0 * * 1#2",
+    "0 0 ? * *", "0 0 * * monday", "0 0 * January *", "0 0 5-1 * *",
 ])
 def test_the_cron_rule_accepts_what_celery_beat_reads_and_nothing_else(expression: str) -> None:
     assert _accepted(check_cron, expression) == _accepted(crontab.from_string, expression)
