@@ -3,12 +3,14 @@ levels and URLs. Each raises ValueError saying what is wrong; ``ALLOWED`` says, 
 setting, what is accepted (the one-line errors of ``worker.settings.errors`` quote it).
 
 A cron expression is read by Celery's own parser, the one beat reads it with (croniter
-reads other dialects: six fields, ``@daily``, ``L``, ``#``, 7 for Sunday).
+reads other dialects: six fields, ``@daily``, ``L``, ``#``, 7 for Sunday), a database URL
+by SQLAlchemy's. Redis and HTTP URLs keep ``urlsplit``: pydantic's URL types parse as
+browsers do (``http:///v1`` gets the host ``v1``, which the SDK reads as no host), and
+redis-py's reader ignores a missing host or a path that is no database number.
 """
 
 from __future__ import annotations
 
-import re
 from urllib.parse import urlsplit
 
 from celery.schedules import crontab
@@ -28,9 +30,6 @@ ALLOWED = {
     "redis_url": REDIS_URL_ALLOWED,
     "llm_base_url": HTTP_URL_ALLOWED,
 }
-
-_SUPPORTED_DATABASE = re.compile(r"^(sqlite|postgresql|postgres)(\+\w+)?://")
-
 
 def check_log_level(value: str) -> str:
     """The level's standard name, upper-cased."""
@@ -53,14 +52,23 @@ def check_cron(expression: str) -> str:
 
 
 def check_database_url(url: str) -> str:
-    """A SQLite or PostgreSQL URL the driver reads as written."""
-    if not _SUPPORTED_DATABASE.match(url):
+    """A SQLite or PostgreSQL URL as SQLAlchemy's ``make_url``, the store's reader, reads it."""
+    # Loaded only where a database URL is set, by processes that connect with SQLAlchemy.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError("not a sqlite:/// or postgresql:// URL") from None
+    except ValueError:
+        raise ValueError("the port is not a number") from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
         raise ValueError("not a sqlite:/// or postgresql:// URL")
-    authority_and_path = url.partition("://")[2].partition("?")[0]
-    if "@" in authority_and_path.rpartition("@")[0]:
+    if "@" in (parsed.host or ""):
         # The driver would read the host from inside the password and fail obscurely.
         raise ValueError("an @ in the user name or password must be percent-encoded (%40)")
-    return url  # SQLAlchemy reads the rest (a password may hold / and :)
+    return url
 
 
 def check_redis_url(url: str) -> str:
