@@ -2,7 +2,8 @@
 fleet of sessions (one INSERT ... SELECT over generate_series), then times every keyset
 page of the scan, prints the EXPLAIN (ANALYZE) plan of its first and second page, and
 times enqueueing (marking alone; marking and publishing to Redis pipelined, as the scan
-does; and with one ``send_task`` per job, for comparison).
+does, or through kombu's ``Producer.batch``; and with one ``send_task`` per job, for
+comparison).
 
     .venv/bin/python bench/scan_bench.py --sessions 1000000
 
@@ -19,10 +20,12 @@ import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from celery import Celery
 from sqlalchemy import Connection, Engine, Select, create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -32,7 +35,7 @@ from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob, run_scan
 from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
 from worker.broker.celery_app import create_app
-from worker.broker.contract import queue_list_key
+from worker.broker.contract import TASK_NAME, queue_list_key
 from worker.settings.config import Settings
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -204,10 +207,26 @@ class CountingPublisher:
         self.sent += len(jobs)
 
 
+@dataclass(frozen=True)
+class KombuBatchPublisher:
+    """``send_task`` per job inside kombu's ``Producer.batch``: Celery builds each message,
+    kombu writes the page as one pipeline (the alternative to RedisPublisher's template)."""
+
+    app: Celery
+    queue: str
+
+    def publish(self, jobs: Sequence[QueuedJob]) -> None:
+        with self.app.producer_or_acquire() as producer, producer.batch(len(jobs) + 1):
+            for job in jobs:
+                self.app.send_task(TASK_NAME, kwargs=dict(job.kwargs), task_id=job.job_id,
+                                   queue=self.queue, producer=producer)
+
+
 def time_enqueueing(store: Store, policy: ScanPolicy, now: datetime, jobs: int) -> None:
     """Time scans of ``jobs`` sessions each: marking alone, then marking and publishing
-    pipelined (the scan's publisher), then with one ``send_task`` per job. An untimed
-    scan of 1,000 first: the first statements of a run compile and warm caches."""
+    pipelined (the scan's publisher; kombu's batch of ``send_task`` messages), then with
+    one ``send_task`` per job. An untimed scan of 1,000 first: the first statements of a
+    run compile and warm caches."""
     run_scan(store, CountingPublisher(), policy, now, limit=WARMUP_JOBS)
     began = time.perf_counter()
     report = run_scan(store, CountingPublisher(), policy, now, limit=jobs)
@@ -219,6 +238,8 @@ def time_enqueueing(store: Store, policy: ScanPolicy, now: datetime, jobs: int) 
     publishers: list[tuple[str, Publisher]] = [
         ("marked and published to Redis, pipelined (RedisPublisher)",
          RedisPublisher(client, settings.redis_key_prefix, settings.queue_name)),
+        ("marked and published to Redis, pipelined (kombu Producer.batch)",
+         KombuBatchPublisher(app, settings.queue_name)),
         ("marked and published to Redis, send_task per job (CeleryPublisher)",
          CeleryPublisher(app, settings.queue_name)),
     ]

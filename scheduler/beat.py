@@ -9,15 +9,16 @@ first run.
 
 from __future__ import annotations
 
-import uuid
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
 from celery import Celery
 from celery.schedules import crontab
+from redis.exceptions import LockNotOwnedError
+from redis.lock import Lock
 
 from db import Store
 from scheduler.enqueue import Publisher, ScanReport, run_scan
@@ -38,16 +39,6 @@ BEAT_SCHEDULE_FILENAME = "beat-schedule"
 SCAN_LOCK_TTL_S = 600
 # Each lock command is one round trip: a Redis that does not answer in this is down.
 REDIS_TIMEOUT_S = 10.0
-
-# Delete or extend the lock only while it still holds our token (never another's).
-_RELEASE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-_REFRESH_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
 
 
 def scan_policy(settings: Settings) -> ScanPolicy:
@@ -111,54 +102,36 @@ def start_beat(celery_app: Celery, settings: Settings) -> None:
                     scheduler="scheduler.catch_up:CatchUpScheduler").run()
 
 
-@dataclass(frozen=True)
-class ScanLock:
-    """A Redis lock (SET NX PX) owned by ``token``; only its owner extends or frees it."""
-
-    client: redis.Redis
-    key: str
-    token: str
-    ttl_s: float = SCAN_LOCK_TTL_S
-
-    @classmethod
-    def create(cls, client: redis.Redis, keys: RedisKeys,
-               ttl_s: float = SCAN_LOCK_TTL_S) -> ScanLock:
-        return cls(client, keys.scan_lock(), uuid.uuid4().hex, ttl_s)
-
-    def acquire(self) -> bool:
-        return bool(self.client.set(self.key, self.token, nx=True, px=self._ttl_ms))
-
-    def refresh(self) -> bool:
-        return bool(self.client.eval(_REFRESH_SCRIPT, 1, self.key, self.token, self._ttl_ms))
-
-    def release(self) -> bool:
-        return bool(self.client.eval(_RELEASE_SCRIPT, 1, self.key, self.token))
-
-    @property
-    def _ttl_ms(self) -> int:
-        return int(self.ttl_s * 1000)
+def scan_lock(client: redis.Redis, keys: RedisKeys, ttl_s: float = SCAN_LOCK_TTL_S) -> Lock:
+    """The scan's lock: redis-py's token lock (SET NX PX, freed and extended only by its
+    owner), taken without waiting, and expiring ``ttl_s`` after its last refresh."""
+    return Lock(client, keys.scan_lock(), timeout=ttl_s, blocking=False)
 
 
 def run_locked_scan(
-    store: Store, publisher: Publisher, policy: ScanPolicy, now: datetime, lock: ScanLock,
+    store: Store, publisher: Publisher, policy: ScanPolicy, now: datetime, lock: Lock,
     *, limit: int | None = None, on_progress: Callable[[ScanReport], None] | None = None,
 ) -> ScanReport | None:
     """Run one scan under ``lock``; None when another scan holds it."""
     if not lock.acquire():
-        get_logger().info("scan.skipped", reason="scan_lock_held", lock_key=lock.key)
+        get_logger().info("scan.skipped", reason="scan_lock_held", lock_key=lock.name)
         return None
 
     def after_page(report: ScanReport) -> None:
-        if not lock.refresh():
+        try:
+            lock.reacquire()
+        except LockNotOwnedError:
             # The markers still dedup; a second scanner now only repeats reads.
-            get_logger().warning("scan.lock_lost", lock_key=lock.key)
+            get_logger().warning("scan.lock_lost", lock_key=lock.name)
         if on_progress is not None:
             on_progress(report)
 
     try:
         return run_scan(store, publisher, policy, now, limit=limit, on_progress=after_page)
     finally:
-        lock.release()
+        # A lock lost mid-scan is another scanner's now (or nobody's): leave it.
+        with contextlib.suppress(LockNotOwnedError):
+            lock.release()
 
 
 def run_scheduled_scan(
@@ -175,7 +148,7 @@ def run_scheduled_scan(
                                   socket_connect_timeout=REDIS_TIMEOUT_S)
     try:
         store.check_schema()
-        lock = ScanLock.create(client, RedisKeys(settings.redis_key_prefix))
+        lock = scan_lock(client, RedisKeys(settings.redis_key_prefix))
         publisher = RedisPublisher(client, settings.redis_key_prefix, settings.queue_name)
         return run_locked_scan(store, publisher, scan_policy(settings), now, lock,
                                limit=limit, on_progress=on_progress)

@@ -3,6 +3,8 @@ one the envelope Celery's client would write for it (docs/TRIGGER.md).
 
 ``send_task`` costs a Redis round trip and Celery's message building per job; a scan
 publishes whole pages, so it writes the documented envelopes itself, in one command.
+kombu's ``Producer.batch`` saves the round trips but not the building (docs/BENCHMARKS.md
+section 6), and its pipeline, unlike one LPUSH, can be applied in part.
 """
 
 from __future__ import annotations

@@ -18,13 +18,14 @@ from worker.job.ports import JobStore
 from worker.job.values import JobDeps, JobPolicy
 from worker.settings.config import BreakerOpenPolicy, Settings, SummarizerKind
 from worker.shared_state.attempt_journal import AttemptJournal
-from worker.shared_state.deliveries import DeliveryCounter, FleetRateLimiter
+from worker.shared_state.deliveries import DeliveryCounter
 from worker.shared_state.keys import RedisKeys
 from worker.shared_state.provider_breaker import (
     InMemoryBreakerState,
     ProviderBreaker,
     ProviderBreakerStore,
 )
+from worker.shared_state.rate_limit import FleetRateLimiter
 from worker.summarizers import ExtractiveSummarizer, Summarizer
 from worker.tokenizer.offline import load_encoding
 

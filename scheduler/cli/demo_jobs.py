@@ -13,7 +13,7 @@ import redis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from db import RunRecord, Store
-from scheduler.beat import ScanLock, run_locked_scan, scan_policy
+from scheduler.beat import run_locked_scan, scan_lock, scan_policy
 from scheduler.cli.common import stdout_console
 from scheduler.cli.demo_services import DemoServiceError, WorkerProcess
 from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob
@@ -50,7 +50,7 @@ def scan_and_enqueue(settings: Settings, now: datetime) -> list[QueuedJob] | Non
     publisher = RecordingPublisher(CeleryPublisher(app, settings.queue_name))
     try:
         store.check_schema()
-        lock = ScanLock.create(client, RedisKeys(settings.redis_key_prefix))
+        lock = scan_lock(client, RedisKeys(settings.redis_key_prefix))
         report = run_locked_scan(store, publisher, scan_policy(settings), now, lock)
     finally:
         app.close()

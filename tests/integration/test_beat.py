@@ -17,6 +17,7 @@ import pydantic
 import pytest
 from celery.schedules import crontab
 from sqlalchemy import Engine
+from structlog.testing import capture_logs
 
 from db import Store
 from scheduler.beat import (
@@ -26,6 +27,7 @@ from scheduler.beat import (
     beat_schedule,
     run_scheduled_scan,
     scan_crontab,
+    scan_lock,
 )
 from scheduler.enqueue import ScanReport
 from tests.support.raw_producer import read_queue
@@ -95,6 +97,40 @@ def test_a_scan_while_another_holds_the_lock_enqueues_nothing_and_leaves_its_loc
     broker.client.delete(lock_key)
     report = run_scheduled_scan(broker.settings, NOW)
     assert report is not None and report.enqueued == len(fleet)
+
+
+def test_a_killed_scanners_lock_expires_after_its_ttl_and_the_next_scan_runs(
+    broker: Broker, fleet: list[str]
+) -> None:
+    keys = RedisKeys(broker.prefix)
+    # A scanner killed after taking the lock never frees it.
+    assert scan_lock(broker.client, keys, ttl_s=3.0).acquire()
+    assert 0 < broker.client.pttl(keys.scan_lock()) <= 3_000
+
+    assert run_scheduled_scan(broker.settings, NOW) is None
+    deadline = time.monotonic() + 10
+    while broker.client.exists(keys.scan_lock()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    report = run_scheduled_scan(broker.settings, NOW)
+
+    assert report is not None and report.enqueued == len(fleet)
+
+
+def test_a_scan_whose_lock_was_taken_over_warns_and_leaves_the_new_owners_lock(
+    broker: Broker, fleet: list[str]
+) -> None:
+    lock_key = RedisKeys(broker.prefix).scan_lock()
+
+    def take_over(report: ScanReport) -> None:  # as if ours expired and another took it
+        broker.client.set(lock_key, "another-scanner", px=60_000)
+
+    with capture_logs() as logs:
+        report = run_scheduled_scan(broker.settings, NOW, on_progress=take_over)
+
+    assert report is not None and report.enqueued == len(fleet)
+    lost = [log for log in logs if log["event"] == "scan.lock_lost"]
+    assert len(lost) == len(fleet) - 1  # after every page but the first
+    assert broker.client.get(lock_key) == b"another-scanner"
 
 
 @pytest.mark.e2e

@@ -3,14 +3,20 @@ unknown COMPACTOR_* variables are named with the closest real one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 
 import pytest
 from celery.schedules import crontab
 
 from worker.settings.config import get_settings
 from worker.settings.errors import InvalidSettings, load_settings, unknown_variables
-from worker.settings.rules import check_cron
+from worker.settings.rules import (
+    check_cron,
+    check_database_url,
+    check_http_url,
+    check_redis_url,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -94,10 +100,55 @@ def test_unknown_variables_are_named_with_the_closest_setting() -> None:
     "0 2 * * *", "*/15 * * * *", "0 0-6/2 * * mon-fri", "30 1 1,15 * *", "0 3 * jan-mar sun",
     "5 4 * * 0", "0 0 31 12 6", "0 2 * * * *", "0 2 * *", "60 2 * * *", "0 24 * * *",
     "0 2 0 * *", "0 2 * 13 *", "0 2 * * 7", "0 2 * * funday", "0  2 * * *", "x 2 * * *",
-    "0 2 * * */0", "", "@daily",
+    "0 2 * * */0", "", "@daily", "0 0 30 2 *", "0 0 31 4,6 *", "0 0 L * *", "0 0 * * 1#2",
+    "0 0 ? * *", "0 0 * * monday", "0 0 * January *", "0 0 5-1 * *",
 ])
 def test_the_cron_rule_accepts_what_celery_beat_reads_and_nothing_else(expression: str) -> None:
     assert _accepted(check_cron, expression) == _accepted(crontab.from_string, expression)
+
+
+@pytest.mark.parametrize(("check", "url"), [
+    (check_database_url, "sqlite:///data/compactor.db"),
+    (check_database_url, "sqlite:////var/lib/compactor/compactor.db"),
+    (check_database_url, "sqlite+pysqlite:///compactor.db"),
+    (check_database_url, "postgresql+psycopg://app@db/compactor"),
+    (check_database_url, "postgresql://app:s3cret@db:5432/compactor?sslmode=require"),
+    (check_database_url, "postgres://app:s3cret@db/compactor"),
+    (check_database_url, "postgresql+psycopg://app:pa/ss:w@db/compactor"),
+    (check_database_url, "postgresql+psycopg://app:p%40ss@db/compactor"),
+    (check_database_url, "postgresql+psycopg:///compactor?host=/run/postgresql"),
+    (check_database_url, "postgresql+psycopg://app@[::1]:5432/compactor"),
+    (check_redis_url, "redis://localhost:6379/0"),
+    (check_redis_url, "rediss://user:s3cret@cache:6380/1"),
+    (check_redis_url, "redis://cache"),
+    (check_redis_url, "unix:///run/redis/redis.sock?db=1"),
+    (check_http_url, "https://api.openai.com/v1"),
+    (check_http_url, "http://user:secret@127.0.0.1:8000/v1?api-key=k"),
+    (check_http_url, "https://[::1]:8443/openai/deployments/gpt"),
+])
+def test_every_url_form_accepted_before_is_accepted(check: Callable[[str], str],
+                                                    url: str) -> None:
+    assert check(url) == url
+
+
+@pytest.mark.parametrize(("check", "url", "problem"), [
+    (check_database_url, "mysql://app@db/compactor", "not a sqlite:/// or postgresql:// URL"),
+    (check_database_url, "localhost:5432", "not a sqlite:/// or postgresql:// URL"),
+    (check_database_url, "postgresql+psycopg://app@db:port/compactor",
+     "the port is not a number"),
+    (check_database_url, "postgresql+psycopg://app:p@ss@db/compactor",
+     "an @ in the user name or password must be percent-encoded (%40)"),
+    (check_redis_url, "redis:///0", "the URL names no host"),
+    (check_redis_url, "redis://cache/zero", "the path must be the database number, e.g. /0"),
+    (check_redis_url, "redis://cache:70000/0", "the port is not a number from 0 to 65535"),
+    (check_http_url, "http:///v1", "the URL names no host"),
+    (check_http_url, "ftp://host/v1", "not an http:// or https:// URL"),
+])
+def test_a_url_its_reader_would_misread_is_refused_saying_why(
+    check: Callable[[str], str], url: str, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(problem)}$"):
+        check(url)
 
 
 def _accepted(parse: object, expression: str) -> bool:

@@ -33,8 +33,16 @@ class RetryPolicy:
 
 
 def backoff_s(retries: int, backoff_max_s: float, rng: random.Random | None = None) -> float:
-    """Exponential backoff with equal jitter: between half and all of the step."""
-    step = min(backoff_max_s, FIRST_BACKOFF_S * 2 ** retries)
+    """Exponential backoff with equal jitter: between half and all of the step.
+
+    The step is Celery's ``retry_backoff`` step; Celery's own jitter is full (from 0 s),
+    which would let the jobs of one outage retry at once.
+    """
+    # Imported here: worker.errors imports this module, and the commands that only need
+    # the error tree would otherwise load Celery.
+    from celery.utils.time import get_exponential_backoff_interval
+
+    step = get_exponential_backoff_interval(FIRST_BACKOFF_S, retries, backoff_max_s)
     return (rng or random).uniform(step / 2, step)
 
 

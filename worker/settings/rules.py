@@ -2,15 +2,18 @@
 levels and URLs. Each raises ValueError saying what is wrong; ``ALLOWED`` says, per
 setting, what is accepted (the one-line errors of ``worker.settings.errors`` quote it).
 
-Pure and cheap: every process validates its settings at start, and Celery's own cron
-parser costs a third of a second to import, so the cron rule is written out here (a
-unit test holds it to Celery's parser, which beat uses).
+A cron expression is read by Celery's own parser, the one beat reads it with (croniter
+reads other dialects: six fields, ``@daily``, ``L``, ``#``, 7 for Sunday), a database URL
+by SQLAlchemy's. Redis and HTTP URLs keep ``urlsplit``: pydantic's URL types parse as
+browsers do (``http:///v1`` gets the host ``v1``, which the SDK reads as no host), and
+redis-py's reader ignores a missing host or a path that is no database number.
 """
 
 from __future__ import annotations
 
-import re
 from urllib.parse import urlsplit
+
+from celery.schedules import crontab
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 CRON_ALLOWED = ("five fields 'minute hour day-of-month month day-of-week' separated by "
@@ -28,20 +31,6 @@ ALLOWED = {
     "llm_base_url": HTTP_URL_ALLOWED,
 }
 
-# (name, lowest, highest, names of the values) per field, in cron order.
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-_CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
-    ("minute", 0, 59, ()),
-    ("hour", 0, 23, ()),
-    ("day of month", 1, 31, ()),
-    ("month", 1, 12, _MONTHS),
-    ("day of week", 0, 6, _DAYS),
-)
-_CRON_PART = re.compile(r"^(?:\*|(?P<low>\w+)(?:-(?P<high>\w+))?)(?:/(?P<step>\d+))?$")
-_SUPPORTED_DATABASE = re.compile(r"^(sqlite|postgresql|postgres)(\+\w+)?://")
-
-
 def check_log_level(value: str) -> str:
     """The level's standard name, upper-cased."""
     level = value.strip().upper()
@@ -51,48 +40,35 @@ def check_log_level(value: str) -> str:
 
 
 def check_cron(expression: str) -> str:
-    """The expression, when Celery's ``crontab.from_string`` reads it as meant."""
-    fields = expression.split(" ")
-    if len(fields) != len(_CRON_FIELDS):
-        raise ValueError(f"a cron expression has 5 fields, {expression!r} has {len(fields)}")
-    for text, (name, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
-        for part in text.split(","):
-            _check_cron_part(part, name, low, high, names)
+    """The expression, when Celery's ``crontab.from_string`` reads it."""
+    fields = len(expression.split(" "))
+    if fields != 5:
+        raise ValueError(f"a cron expression has 5 fields, {expression!r} has {fields}")
+    try:
+        crontab.from_string(expression)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(str(exc)) from None
     return expression
 
 
-def _check_cron_part(part: str, name: str, low: int, high: int, names: tuple[str, ...]) -> None:
-    match = _CRON_PART.match(part)
-    if match is None:
-        raise ValueError(f"the {name} field has {part!r}, not *, N, N-M or one with /STEP")
-    if match["step"] is not None and int(match["step"]) < 1:
-        raise ValueError(f"the {name} field's step in {part!r} must be at least 1")
-    for bound in (match["low"], match["high"]):
-        if bound is not None:
-            _cron_value(bound, name, low, high, names)
-
-
-def _cron_value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
-    if text.isdigit():
-        value = int(text)
-    elif text[:3].lower() in names:
-        value = names.index(text[:3].lower()) + low
-    else:
-        raise ValueError(f"the {name} field has {text!r}, not a number")
-    if not low <= value <= high:
-        raise ValueError(f"the {name} field has {value}, outside {low}-{high}")
-    return value
-
-
 def check_database_url(url: str) -> str:
-    """A SQLite or PostgreSQL URL the driver reads as written."""
-    if not _SUPPORTED_DATABASE.match(url):
+    """A SQLite or PostgreSQL URL as SQLAlchemy's ``make_url``, the store's reader, reads it."""
+    # Loaded only where a database URL is set, by processes that connect with SQLAlchemy.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError("not a sqlite:/// or postgresql:// URL") from None
+    except ValueError:
+        raise ValueError("the port is not a number") from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
         raise ValueError("not a sqlite:/// or postgresql:// URL")
-    authority_and_path = url.partition("://")[2].partition("?")[0]
-    if "@" in authority_and_path.rpartition("@")[0]:
+    if "@" in (parsed.host or ""):
         # The driver would read the host from inside the password and fail obscurely.
         raise ValueError("an @ in the user name or password must be percent-encoded (%40)")
-    return url  # SQLAlchemy reads the rest (a password may hold / and :)
+    return url
 
 
 def check_redis_url(url: str) -> str:

@@ -29,7 +29,7 @@ from worker.compaction import (
     summary_json_schema,
 )
 from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
-from worker.shared_state.deliveries import FleetRateLimiter
+from worker.shared_state.rate_limit import FleetRateLimiter
 from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
 from worker.summarizers.openai_client import LLMClient, LLMUsage
 
