@@ -105,8 +105,10 @@ MATRIX: dict[Behaviour, Expected] = {
     Behaviour.PLAIN_TEXT_FENCED: COMPACTED,
     # A 200 that is no chat completion is the provider's fault, never the session's.
     **{garbage: provider_fault("invalid_response") for garbage in GARBAGE},
-    # A connection closed mid-body is no reply: the SDK retries it as a connection error.
+    # A connection closed mid-body is no reply, nor is a body whose encoding lies: the
+    # SDK retries both as connection errors (the HTTP client raises them while reading).
     Behaviour.CUT_CONNECTION: provider_fault("connection"),
+    Behaviour.BAD_ENCODING: provider_fault("connection"),
 }
 # Where the point changes the outcome.
 EXCEPTIONS: dict[tuple[Behaviour, Point], Expected] = {

@@ -206,10 +206,11 @@ def test_a_200_that_is_no_completion_is_a_provider_invalid_response_naming_no_bo
     assert usage.as_dict()["failed_calls"] == 1
 
 
-def test_a_body_cut_by_the_connection_is_retried_by_the_sdk_as_a_connection_error(
-    server: OpenAIServer, make_client: MakeClient
+@pytest.mark.parametrize("garbage", ["cut_connection", "bad_encoding"])
+def test_a_body_the_http_client_cannot_read_is_retried_by_the_sdk_as_a_connection_error(
+    server: OpenAIServer, make_client: MakeClient, garbage: str
 ) -> None:
-    server.set_behaviour("cut_connection")
+    server.set_behaviour(garbage)
 
     with pytest.raises(ProviderError) as raised:
         complete(make_client(max_retries=1))

@@ -46,6 +46,7 @@ class Behaviour(StrEnum):
     EMPTY_BODY = "empty_body"  # application/json, zero bytes
     TRUNCATED_BODY = "truncated_body"  # a completion's JSON cut in half, length to match
     CUT_CONNECTION = "cut_connection"  # the body promised, half sent, connection closed
+    BAD_ENCODING = "bad_encoding"  # a completion labelled Content-Encoding: gzip, plain
 
 
 _ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429,
@@ -147,6 +148,8 @@ def answer_chat(behaviour: Behaviour, request: ChatRequest, config: ServerConfig
     if behaviour is Behaviour.CUT_CONNECTION:  # half the promised body, then a hang-up
         whole = json.dumps(reply.payload).encode()
         return Reply(200, {}, body=whole, cut_after=len(whole) // 2)
+    if behaviour is Behaviour.BAD_ENCODING:
+        return Reply(200, reply.payload, headers={"Content-Encoding": "gzip"})
     if behaviour is Behaviour.LATENCY:
         return Reply(reply.status, reply.payload, delay_s=config.latency_ms / 1000)
     return reply
@@ -164,7 +167,8 @@ _RAW_BODIES: dict[Behaviour, tuple[bytes, str]] = {
     Behaviour.NOT_AN_OBJECT: (b"null", "application/json"),
     Behaviour.EMPTY_BODY: (b"", "application/json"),
 }
-# Whole HTTP replies whose body is no chat completion (CUT_CONNECTION is no whole reply).
+# Whole HTTP replies whose body is no chat completion (CUT_CONNECTION is no whole reply;
+# BAD_ENCODING's body the HTTP client cannot even decode).
 GARBAGE = frozenset({*_RAW_BODIES, Behaviour.NOT_A_COMPLETION, Behaviour.WRONG_TYPES,
                      Behaviour.TRUNCATED_BODY})
 
