@@ -87,7 +87,8 @@ class ProviderBreakerOpen(TransientError):
 
 
 class ProviderError(TransientError):
-    """Raised when the LLM endpoint fails: timeout, connection, 5xx, 429 after retries."""
+    """Raised when the LLM endpoint fails: timeout, connection, 5xx, 429 after retries, or
+    a 2xx reply that is no chat completion (``invalid_response``)."""
 
     counts_on = BreakerScope.PROVIDER
 

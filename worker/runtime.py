@@ -95,6 +95,7 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
     state = ProviderBreakerStore(client, keys) if client else InMemoryBreakerState()
     provider_breaker = ProviderBreaker(state, threshold=settings.provider_breaker_threshold,
                                        cooldown_s=settings.provider_breaker_cooldown_s,
+                                       trial_s=settings.worst_case_llm_call_s,
                                        clock=utc_now)
     job_store: JobStore = store  # mypy proves the store implements the job's port
     deps = JobDeps(

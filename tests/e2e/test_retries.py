@@ -27,6 +27,7 @@ from tests.support.e2e import (
     import_generated_sessions,
     wait_until,
 )
+from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
 from worker.shared_state.keys import RedisKeys
@@ -120,6 +121,31 @@ def test_a_refused_key_fails_at_once_as_auth_failed_on_neither_breaker(
     assert server.request_count == 1
     wait_until(lambda: pg_store.get_session(LONG_SESSION_ID).queued_job_id is None)
     assert len(worker.events("compaction.job")) == 1  # and no retry comes later
+
+
+# Three of the garbage kinds (the fault matrix runs them all, in process): a page, bytes
+# that are no text, and JSON that is no completion.
+@pytest.mark.parametrize("garbage", [Behaviour.HTML_PAGE, Behaviour.RANDOM_BYTES,
+                                     Behaviour.WRONG_TYPES], ids=str)
+def test_garbage_from_the_endpoint_is_retried_and_counted_on_the_provider_breaker_alone(
+    garbage: Behaviour, pg_store: Store, start_worker: StartWorker, server: OpenAIServer,
+    compactor: Compactor, job_env: JobEnv, redis_client: redis.Redis,
+) -> None:
+    import_generated_sessions(pg_store, LONG_SESSION_ID)
+    server.set_behaviour(garbage)
+    worker = start_worker()
+
+    queued = trigger(compactor, LONG_SESSION_ID)
+    attempts = attempts_of(worker, queued["job_id"], RETRIES + 1)
+
+    assert {(e["outcome"], e["reason"], e["failure_class"]) for e in attempts} == {
+        ("failed", "invalid_response", "ProviderError")}
+    assert [e["will_retry"] for e in attempts] == [True] * RETRIES + [False]
+    session = pg_store.get_session(LONG_SESSION_ID)
+    assert (session.breaker_state, session.breaker_failures) == ("closed", 0)
+    breaker = json.loads(redis_client.get(RedisKeys(job_env.prefix).provider_breaker()) or "{}")
+    assert (breaker["state"], breaker["failures"]) == ("closed", RETRIES + 1)
+    assert "Traceback" not in worker.log_text()
 
 
 def test_every_terminal_outcome_clears_the_queue_marker(

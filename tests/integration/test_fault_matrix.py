@@ -29,7 +29,7 @@ from tests.support.chaos import (
     runtime_for_case,
 )
 from tests.support.databases import open_store, sqlite_url
-from tests.support.openai_behaviours import Behaviour
+from tests.support.openai_behaviours import GARBAGE, Behaviour
 from tests.support.openai_server import OpenAIServer, RecordedRequest
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
@@ -103,6 +103,12 @@ MATRIX: dict[Behaviour, Expected] = {
     Behaviour.CONTEXT_LENGTH: session_fault("context_length_exceeded"),
     Behaviour.JSON_MODE_ONLY: COMPACTED,
     Behaviour.PLAIN_TEXT_FENCED: COMPACTED,
+    # A 200 that is no chat completion is the provider's fault, never the session's.
+    **{garbage: provider_fault("invalid_response") for garbage in GARBAGE},
+    # A connection closed mid-body is no reply, nor is a body whose encoding lies: the
+    # SDK retries both as connection errors (the HTTP client raises them while reading).
+    Behaviour.CUT_CONNECTION: provider_fault("connection"),
+    Behaviour.BAD_ENCODING: provider_fault("connection"),
 }
 # Where the point changes the outcome.
 EXCEPTIONS: dict[tuple[Behaviour, Point], Expected] = {

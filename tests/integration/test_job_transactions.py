@@ -98,7 +98,7 @@ def deps_for(store: Store, summarizer: ExtractiveSummarizer | None) -> JobDeps:
     return JobDeps(store=store, summarizer=summarizer or extractive,
                    fallback=ExtractiveSummarizer(counter, kind="fallback"), counter=counter,
                    provider_breaker=ProviderBreaker(InMemoryBreakerState(), threshold=3,
-                                                    cooldown_s=60, clock=clock),
+                                                    cooldown_s=60, trial_s=60, clock=clock),
                    clock=clock, worker_id="host:1")
 
 

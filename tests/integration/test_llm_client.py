@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
 from worker.compaction.schema import LIST_SECTIONS, summary_json_schema
 from worker.compaction.tokens import TokenCounter
@@ -170,6 +171,53 @@ def test_a_429_past_the_retries_raises_rate_limited_with_the_requested_delay(
     assert raised.value.retry_after_s == 1.0
     assert raised.value.reason == "rate_limited"
     assert server.request_count == 1
+
+
+# What each garbage reply's error names: where its body first fails to be a completion.
+GARBAGE_PROBLEMS = {
+    Behaviour.HTML_PAGE: "json_invalid at body",
+    Behaviour.RANDOM_BYTES: "json_invalid at body",
+    Behaviour.NOT_JSON: "json_invalid at body",
+    Behaviour.WRONG_CONTENT_TYPE: "json_invalid at body",
+    Behaviour.NOT_A_COMPLETION: "missing at choices",
+    Behaviour.WRONG_TYPES: "model_type at choices.0.message",
+    Behaviour.NOT_AN_OBJECT: "model_type at body",
+    Behaviour.EMPTY_BODY: "json_invalid at body",
+    Behaviour.TRUNCATED_BODY: "json_invalid at body",
+}
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE_PROBLEMS), ids=str)
+def test_a_200_that_is_no_completion_is_a_provider_invalid_response_naming_no_body_text(
+    server: OpenAIServer, make_client: MakeClient, garbage: Behaviour
+) -> None:
+    server.set_behaviour(garbage)
+    usage = LLMUsage()
+
+    with pytest.raises(ProviderError) as raised:
+        complete(make_client(max_retries=1), usage=usage)
+
+    assert raised.value.reason == "invalid_response"
+    assert str(raised.value).endswith(GARBAGE_PROBLEMS[garbage])
+    for quoted in ("Sign in", "upstream", "overloaded", "Booking", "HAT170"):
+        assert quoted not in str(raised.value)
+    assert raised.value.__cause__ is None  # pydantic's error would quote the body
+    # A 200 is no failure to the SDK: it is not retried there, but by the task.
+    assert server.request_count == 1
+    assert usage.as_dict()["failed_calls"] == 1
+
+
+@pytest.mark.parametrize("garbage", ["cut_connection", "bad_encoding"])
+def test_a_body_the_http_client_cannot_read_is_retried_by_the_sdk_as_a_connection_error(
+    server: OpenAIServer, make_client: MakeClient, garbage: str
+) -> None:
+    server.set_behaviour(garbage)
+
+    with pytest.raises(ProviderError) as raised:
+        complete(make_client(max_retries=1))
+
+    assert raised.value.reason == "connection"
+    assert server.request_count == 2
 
 
 def test_malformed_json_comes_back_verbatim_and_fails_parsing_as_malformed(

@@ -104,7 +104,7 @@ def build_deps(settings: Settings, store: Store, clock: FakeClock) -> JobDeps:
     provider_breaker = ProviderBreaker(InMemoryBreakerState(),
                                        threshold=settings.provider_breaker_threshold,
                                        cooldown_s=settings.provider_breaker_cooldown_s,
-                                       clock=clock)
+                                       trial_s=settings.worst_case_llm_call_s, clock=clock)
     summarizer = build_summarizer(settings, counter, None, RedisKeys(settings.redis_key_prefix))
     return JobDeps(store=store, summarizer=summarizer,
                    fallback=ExtractiveSummarizer(counter, kind="fallback"), counter=counter,

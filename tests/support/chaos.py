@@ -101,7 +101,8 @@ def runtime_for_case(base: Runtime, store: Store, llm_base_url: str,
     summarizer = build_summarizer(case_settings, base.deps.counter, None,
                                   RedisKeys(case_settings.redis_key_prefix))
     state = InMemoryBreakerState()
-    breaker = ProviderBreaker(state, threshold=5, cooldown_s=60, clock=utc_now)
+    breaker = ProviderBreaker(state, threshold=5, cooldown_s=60,
+                              trial_s=case_settings.worst_case_llm_call_s, clock=utc_now)
     deps = dataclasses.replace(base.deps, store=store, summarizer=summarizer,
                                provider_breaker=breaker)
     runtime = dataclasses.replace(base, settings=case_settings, store=store, deps=deps)

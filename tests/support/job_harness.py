@@ -90,7 +90,8 @@ class JobHarness:
         self.summarizer = ScriptedSummarizer(self.counter)
         self.provider_state = InMemoryBreakerState()
         self.provider = ProviderBreaker(self.provider_state, threshold=PROVIDER_THRESHOLD,
-                                        cooldown_s=COOLDOWN_S, clock=self.clock)
+                                        cooldown_s=COOLDOWN_S, trial_s=COOLDOWN_S,
+                                        clock=self.clock)
         self.deps = JobDeps(store=self.store, summarizer=self.summarizer,
                             fallback=ExtractiveSummarizer(self.counter, kind="fallback"),
                             counter=self.counter, provider_breaker=self.provider,

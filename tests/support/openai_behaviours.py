@@ -1,7 +1,9 @@
 """The test OpenAI server's behaviours, and the reply each one gives a chat request.
 
 Replies are shaped like OpenAI's: a ``chat.completion`` object with ``usage``, or an
-``{"error": {message, type, param, code}}`` body with the matching status.
+``{"error": {message, type, param, code}}`` body with the matching status; the garbage
+behaviours (``GARBAGE``) answer 200 with a body that is no chat completion, as a proxy,
+a captive portal or a broken gateway does.
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ class Behaviour(StrEnum):
     CONTEXT_LENGTH = "context_length"
     JSON_MODE_ONLY = "json_mode_only"
     PLAIN_TEXT_FENCED = "plain_text_fenced"
+    HTML_PAGE = "html_page"  # text/html: a login or error page
+    RANDOM_BYTES = "random_bytes"  # application/json, bytes that are no UTF-8
+    NOT_JSON = "not_json"  # application/json, plain words
+    WRONG_CONTENT_TYPE = "wrong_content_type"  # text/plain, a gateway's one-liner
+    NOT_A_COMPLETION = "not_a_completion"  # JSON without choices (an error envelope)
+    WRONG_TYPES = "wrong_types"  # a completion whose choice's message is a string
+    NOT_AN_OBJECT = "not_an_object"  # JSON null
+    EMPTY_BODY = "empty_body"  # application/json, zero bytes
+    TRUNCATED_BODY = "truncated_body"  # a completion's JSON cut in half, length to match
+    CUT_CONNECTION = "cut_connection"  # the body promised, half sent, connection closed
+    BAD_ENCODING = "bad_encoding"  # a completion labelled Content-Encoding: gzip, plain
 
 
 _ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429,
@@ -94,6 +107,9 @@ class Reply:
     payload: dict[str, Any] | None
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    body: bytes | None = None  # sent verbatim in place of the payload's JSON
+    content_type: str = "application/json"
+    cut_after: int | None = None  # close the connection after this many body bytes
 
 
 def answer_chat(behaviour: Behaviour, request: ChatRequest, config: ServerConfig,
@@ -127,9 +143,51 @@ def answer_chat(behaviour: Behaviour, request: ChatRequest, config: ServerConfig
     if behaviour is Behaviour.PLAIN_TEXT_FENCED and request.format_type is not None:
         return _format_error("'response_format' is not supported by this model")
     reply = _completion(behaviour, request, config, counter)
+    if behaviour in GARBAGE:
+        return garbage_reply(behaviour, reply)
+    if behaviour is Behaviour.CUT_CONNECTION:  # half the promised body, then a hang-up
+        whole = json.dumps(reply.payload).encode()
+        return Reply(200, {}, body=whole, cut_after=len(whole) // 2)
+    if behaviour is Behaviour.BAD_ENCODING:
+        return Reply(200, reply.payload, headers={"Content-Encoding": "gzip"})
     if behaviour is Behaviour.LATENCY:
         return Reply(reply.status, reply.payload, delay_s=config.latency_ms / 1000)
     return reply
+
+
+_HTML = (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body><h1>Session "
+         b"expired</h1><p>Please sign in to continue.</p></body></html>\n")
+# Latin-1 text, a UTF-16 mark and stray continuation bytes: no UTF-8 decoder takes them.
+_RANDOM_BYTES = b"\xff\xfe\x00\x81\x9c\xc3\x28caf\xe9 \xa0\xa1" + bytes(range(0x80, 0xc0))
+_RAW_BODIES: dict[Behaviour, tuple[bytes, str]] = {
+    Behaviour.HTML_PAGE: (_HTML, "text/html; charset=utf-8"),
+    Behaviour.RANDOM_BYTES: (_RANDOM_BYTES, "application/json"),
+    Behaviour.NOT_JSON: (b"upstream request timeout", "application/json"),
+    Behaviour.WRONG_CONTENT_TYPE: (b"OK", "text/plain"),
+    Behaviour.NOT_AN_OBJECT: (b"null", "application/json"),
+    Behaviour.EMPTY_BODY: (b"", "application/json"),
+}
+# Whole HTTP replies whose body is no chat completion (CUT_CONNECTION is no whole reply;
+# BAD_ENCODING's body the HTTP client cannot even decode).
+GARBAGE = frozenset({*_RAW_BODIES, Behaviour.NOT_A_COMPLETION, Behaviour.WRONG_TYPES,
+                     Behaviour.TRUNCATED_BODY})
+
+
+def garbage_reply(behaviour: Behaviour, completion: Reply) -> Reply:
+    """A 200 reply that is no chat completion; ``completion`` is the one it spoils."""
+    if behaviour in _RAW_BODIES:
+        body, content_type = _RAW_BODIES[behaviour]
+        return Reply(200, {}, body=body, content_type=content_type)
+    if behaviour is Behaviour.NOT_A_COMPLETION:
+        return Reply(200, {"error": {"message": "The upstream model is overloaded.",
+                                     "type": "server_error", "param": None, "code": None}})
+    payload = completion.payload or {}
+    if behaviour is Behaviour.WRONG_TYPES:
+        spoilt = [{**choice, "message": choice["message"]["content"]}
+                  for choice in payload["choices"]]
+        return Reply(200, {**payload, "choices": spoilt})
+    whole = json.dumps(payload).encode()  # TRUNCATED_BODY: a whole reply of half the JSON
+    return Reply(200, {}, body=whole[: len(whole) // 2])
 
 
 def error_reply(status: int, message: str, error_type: str, *, param: str | None = None,

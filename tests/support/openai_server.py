@@ -316,14 +316,19 @@ class _Handler(BaseHTTPRequestHandler):
         return state.resolve("run", spec)
 
     def _send(self, reply: Reply) -> None:
-        data = json.dumps(reply.payload).encode()
+        data = reply.body if reply.body is not None else json.dumps(reply.payload).encode()
         self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(data)))
         for name, value in reply.headers.items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        if reply.cut_after is None:
+            self.wfile.write(data)
+            return
+        self.wfile.write(data[: reply.cut_after])
+        self.wfile.flush()
+        self.close_connection = True  # the rest of the promised body never comes
 
 
 

@@ -14,11 +14,13 @@ from worker.compaction.breaker import (
     BreakerState,
     admit,
     breaker_after_failure,
+    breaker_after_stray_failure,
     breaker_after_success,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 COOLDOWN_S = 60
+TRIAL_S = 195  # longer than a cooldown, as one LLM call's worst case is by default
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 
@@ -67,6 +69,34 @@ def test_admission_lets_one_trial_through_after_the_cooldown(
     before: Breaker, now_s: float, expected: Admission
 ) -> None:
     assert admit(before, at(now_s), COOLDOWN_S) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "now_s", "expected"),
+    [
+        (Breaker(OPEN, 3, at(0)), 60, Admission(True, Breaker(HALF_OPEN, 3, at(60)))),
+        (Breaker(HALF_OPEN, 3, at(60)), 120, Admission(False, Breaker(HALF_OPEN, 3, at(60)))),
+        (Breaker(HALF_OPEN, 3, at(60)), 254, Admission(False, Breaker(HALF_OPEN, 3, at(60)))),
+        (Breaker(HALF_OPEN, 3, at(60)), 255, Admission(True, Breaker(HALF_OPEN, 3, at(255)))),
+    ],
+)
+def test_a_trial_holds_the_half_open_breaker_for_its_longest_run_not_a_cooldown(
+    before: Breaker, now_s: float, expected: Admission
+) -> None:
+    assert admit(before, at(now_s), COOLDOWN_S, trial_s=TRIAL_S) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (Breaker(HALF_OPEN, 5, at(0)), Breaker(HALF_OPEN, 6, at(0))),
+        (Breaker(OPEN, 5, at(0)), Breaker(OPEN, 6, at(10))),
+        (Breaker(CLOSED, 4, None), Breaker(OPEN, 5, at(10))),
+    ],
+)
+def test_a_stray_failure_counts_but_leaves_a_trial_its_hold(before: Breaker,
+                                                           after: Breaker) -> None:
+    assert breaker_after_stray_failure(before, at(10), 5) == after
 
 
 def test_a_zero_cooldown_half_opens_at_once() -> None:

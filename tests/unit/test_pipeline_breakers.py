@@ -207,3 +207,20 @@ def test_a_provider_trial_ending_in_an_invalid_summary_reopens_both_breakers(
     assert (provider.state, provider.failures, provider.opened_at) == \
         (BreakerState.OPEN, PROVIDER_THRESHOLD + 1, harness.clock())
     assert not harness.provider.admit()
+
+
+def test_a_job_the_plan_skips_leaves_the_provider_trial_to_one_that_calls_it(
+    harness: JobHarness,
+) -> None:
+    short = harness.add_session("s-short", SHORT_TURNS)
+    harness.add_session(SESSION, LONG_TURNS)
+    for _ in range(PROVIDER_THRESHOLD):
+        harness.provider.record_failure()
+    harness.clock.advance(COOLDOWN_S)
+
+    skipped = harness.run(short)  # under the trigger: no LLM call to try the provider with
+
+    assert (skipped.outcome, skipped.reason) == (Outcome.SKIPPED, "under_trigger")
+    assert harness.provider_state.load().state is BreakerState.OPEN
+    assert harness.run(SESSION).outcome is Outcome.COMPACTED  # the trial, which closes it
+    assert harness.provider_state.load().state is BreakerState.CLOSED

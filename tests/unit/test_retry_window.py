@@ -97,7 +97,7 @@ def test_the_earliest_retry_is_respected_but_capped_at_the_longest_backoff() -> 
 
 def test_a_job_the_open_provider_breaker_refused_retries_when_it_reopens() -> None:
     now = [datetime(2025, 6, 1, tzinfo=UTC)]
-    breaker = ProviderBreaker(InMemoryBreakerState(), threshold=1, cooldown_s=60,
+    breaker = ProviderBreaker(InMemoryBreakerState(), threshold=1, cooldown_s=60, trial_s=60,
                               clock=lambda: now[0])
     assert breaker.reopens_in_s() is None
     breaker.record_failure()

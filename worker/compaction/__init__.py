@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         BreakerState,
         admit,
         breaker_after_failure,
+        breaker_after_stray_failure,
         breaker_after_success,
     )
     from worker.compaction.budget import FittedSummary, SummaryBudget, fit_summary
@@ -110,6 +111,7 @@ _DEFINED_IN = {
     "BreakerState": "worker.compaction.breaker",
     "admit": "worker.compaction.breaker",
     "breaker_after_failure": "worker.compaction.breaker",
+    "breaker_after_stray_failure": "worker.compaction.breaker",
     "breaker_after_success": "worker.compaction.breaker",
     "FittedSummary": "worker.compaction.budget",
     "SummaryBudget": "worker.compaction.budget",
@@ -237,6 +239,7 @@ __all__ = [
     "admit",
     "apply_strategy",
     "breaker_after_failure",
+    "breaker_after_stray_failure",
     "breaker_after_success",
     "build_merge_messages",
     "build_summarize_messages",

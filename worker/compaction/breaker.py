@@ -21,8 +21,9 @@ class BreakerState(StrEnum):
 class Breaker:
     """Consecutive ``failures``; ``opened_at`` is when it last opened or half-opened.
 
-    Half-opening restamps ``opened_at`` so a trial whose worker died is not waited on
-    forever: after another cooldown the next job becomes the trial.
+    Half-opening restamps ``opened_at``: the trial holds the breaker from then until it
+    reports or its longest run has passed (``admit``'s ``trial_s``), so a trial whose
+    worker died is not waited on forever: the next job then becomes the trial.
     """
 
     state: BreakerState = BreakerState.CLOSED
@@ -55,14 +56,27 @@ def breaker_after_success(breaker: Breaker) -> Breaker:
     return Breaker()
 
 
-def admit(breaker: Breaker, now: datetime, cooldown_s: float) -> Admission:
+def breaker_after_stray_failure(breaker: Breaker, now: datetime, threshold: int) -> Breaker:
+    """Count the failure of a job that is not the half-open trial (one admitted before
+    the breaker opened): it proves nothing the trial will not, so the trial keeps the
+    breaker; in any other state as ``breaker_after_failure``."""
+    if breaker.state is BreakerState.HALF_OPEN:
+        return Breaker(BreakerState.HALF_OPEN, breaker.failures + 1, breaker.opened_at)
+    return breaker_after_failure(breaker, now, threshold)
+
+
+def admit(breaker: Breaker, now: datetime, cooldown_s: float, *,
+          trial_s: float = 0.0) -> Admission:
     """Decide whether a job may run; after the cooldown, one trial runs half-open.
 
-    While a trial is out, others are refused until it reports or a cooldown passes.
+    While a trial is out, others are refused until it reports (a success closes the
+    breaker, a failure reopens it) or the longer of a cooldown and ``trial_s`` (the
+    longest the trial can run) has passed since it was admitted: one trial at a time.
     """
     if breaker.state is BreakerState.CLOSED:
         return Admission(True, breaker)
-    if breaker.opened_at is None or now - breaker.opened_at >= timedelta(seconds=cooldown_s):
+    wait_s = cooldown_s if breaker.state is BreakerState.OPEN else max(cooldown_s, trial_s)
+    if breaker.opened_at is None or now - breaker.opened_at >= timedelta(seconds=wait_s):
         # No stamp means no known opening time: take the trial rather than wedge.
         return Admission(True, Breaker(BreakerState.HALF_OPEN, breaker.failures, now))
     return Admission(False, breaker)

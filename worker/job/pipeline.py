@@ -172,8 +172,9 @@ def _renew_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> bool:
 
 
 def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted, JobPlan]:
-    """Take the lease with the snapshot, pass the breakers and plan; only the plan
-    outlives this call (the snapshot's list of messages is freed with it)."""
+    """Take the lease with the snapshot, pass the session's breaker, plan, then pass the
+    provider's; only the plan outlives this call (the snapshot's list of messages is
+    freed with it). A job the plan skips never takes the provider breaker's one trial."""
     with trace.step("lease"):  # the snapshot too: on PostgreSQL the same statement
         # Set first: a snapshot that fails to read may leave the lease taken.
         trace.lease_tried = True
@@ -181,7 +182,10 @@ def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted,
     admitted = _admit(trace, deps, policy, snapshot.session,
                       breaker_refused=snapshot.breaker_refused)
     with trace.step("plan"):
-        return admitted, plan_job(trace, deps, policy, snapshot)
+        plan = plan_job(trace, deps, policy, snapshot)
+    if admitted.outcome is Outcome.COMPACTED:
+        admitted = _admit_provider(deps, policy)
+    return admitted, plan
 
 
 def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
@@ -267,7 +271,7 @@ def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
             deps.store.set_breaker(trace.request.session_id, _breaker_update(admission.breaker))
             trace.breaker = admission.breaker
             trace.breaker_state = admission.breaker.state.value
-        return _admit_provider(deps, policy)
+        return Admitted(deps.summarizer, Outcome.COMPACTED, None)
 
 
 def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:

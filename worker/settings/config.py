@@ -422,11 +422,17 @@ class Settings(BaseSettings):
         return self.lease_heartbeat_s or self.lease_ttl_s / 3
 
     @property
+    def worst_case_llm_call_s(self) -> float:
+        """Longest one LLM call can take, its SDK retries included (s): how long the
+        provider breaker's half-open trial holds it."""
+        per_request_s = self.llm_connect_timeout_s + self.llm_read_timeout_s
+        return per_request_s * (self.llm_max_retries + 1)
+
+    @property
     def worst_case_llm_s(self) -> float:
         """Longest a job can spend waiting on the LLM (s)."""
         sequential_calls = -(-self.llm_max_calls_per_job // self.llm_concurrency)
-        per_call_s = self.llm_connect_timeout_s + self.llm_read_timeout_s
-        return per_call_s * (self.llm_max_retries + 1) * sequential_calls
+        return self.worst_case_llm_call_s * sequential_calls
 
     @property
     def configured_database_url(self) -> str:

@@ -1,6 +1,9 @@
 """The provider-wide breaker: the pure transitions of ``worker/compaction/breaker.py``
 over state shared by every worker in Redis (one script per transition, so concurrent
-workers never lose a failure or admit two trials), or kept in memory inline.
+workers never lose a failure or admit two trials), or kept in memory inline. The
+half-open trial holds the breaker until it reports or its longest run has passed
+(``trial_s``: one LLM call's timeouts times its attempts), never just a cooldown: a
+slow trial does not let a second one in.
 
 Like the rest of the fleet state it fails open while Redis is unreachable: a breaker
 read as closed wrongs no session.
@@ -22,6 +25,7 @@ from worker.compaction import (
     BreakerState,
     admit,
     breaker_after_failure,
+    breaker_after_stray_failure,
     breaker_after_success,
 )
 from worker.shared_state.deliveries import log_redis_unavailable
@@ -30,15 +34,18 @@ from worker.shared_state.keys import RedisKeys
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The provider breaker's transitions (worker/compaction/breaker.py: admit,
-# breaker_after_failure), one script each so that concurrent workers never lose a count
-# or admit two trials. ARGV carry the caller's clock: now_us (string), now_iso.
+# breaker_after_stray_failure), one script each so that concurrent workers never lose a
+# count or admit two trials. ARGV carry the caller's clock: now_us (string), now_iso;
+# then admit's cooldown and trial time (us), or the failure threshold.
 _ADMIT = """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 'closed' end
 local b = cjson.decode(raw)
 if b.state == 'closed' then return 'closed' end
+local wait = tonumber(ARGV[3])
+if b.state == 'half_open' then wait = math.max(wait, tonumber(ARGV[4])) end
 local opened = tonumber(b.opened_at_us)
-if opened ~= nil and tonumber(ARGV[1]) - opened < tonumber(ARGV[3]) then return 'refused' end
+if opened ~= nil and tonumber(ARGV[1]) - opened < wait then return 'refused' end
 b.state = 'half_open'
 b.opened_at = ARGV[2]
 b.opened_at_us = ARGV[1]
@@ -51,6 +58,11 @@ local state, failures = 'closed', 0
 if raw then
   local b = cjson.decode(raw)
   state, failures = b.state, tonumber(b.failures) or 0
+  if state == 'half_open' then
+    b.failures = failures + 1
+    redis.call('SET', KEYS[1], cjson.encode(b))
+    return b.failures
+  end
 end
 failures = failures + 1
 local b = {state = 'closed', failures = failures, opened_at = cjson.null, opened_at_us = cjson.null}
@@ -83,10 +95,13 @@ class BreakerStateStore(Protocol):
     """Where the provider breaker lives; each call is one atomic transition."""
 
     def load(self) -> Breaker: ...
-    def admit(self, now: datetime, cooldown_s: int) -> ProviderAdmission: ...
+    def admit(self, now: datetime, cooldown_s: float, trial_s: float) -> ProviderAdmission: ...
     def record_success(self) -> None: ...
     def record_failure(self, now: datetime, threshold: int) -> None: ...
-    def fail_trial(self, trial_at: datetime, now: datetime, threshold: int) -> None: ...
+    def fail_trial(self, trial_at: datetime, now: datetime, threshold: int) -> bool:
+        """Reopen the breaker if the trial admitted at ``trial_at`` is still out; False
+        when it is not (then the caller's failure is a stray one)."""
+        ...
 
 
 class ProviderBreakerStore:
@@ -119,9 +134,10 @@ class ProviderBreakerStore:
             opened_at=datetime.fromisoformat(opened_at) if opened_at else None,
         )
 
-    def admit(self, now: datetime, cooldown_s: int) -> ProviderAdmission:
+    def admit(self, now: datetime, cooldown_s: float, trial_s: float) -> ProviderAdmission:
         try:
-            answer = self._admit(keys=[self._key], args=[*_stamp(now), cooldown_s * 1_000_000])
+            answer = self._admit(keys=[self._key],
+                                 args=[*_stamp(now), _micros(cooldown_s), _micros(trial_s)])
         except redis.RedisError as exc:
             log_redis_unavailable("provider_breaker", exc)
             return ProviderAdmission.CLOSED
@@ -139,11 +155,13 @@ class ProviderBreakerStore:
         except redis.RedisError as exc:
             log_redis_unavailable("provider_breaker", exc)
 
-    def fail_trial(self, trial_at: datetime, now: datetime, threshold: int) -> None:
+    def fail_trial(self, trial_at: datetime, now: datetime, threshold: int) -> bool:
         try:
-            self._fail_trial(keys=[self._key], args=[_stamp(trial_at)[0], *_stamp(now)])
+            failed = self._fail_trial(keys=[self._key], args=[_stamp(trial_at)[0], *_stamp(now)])
         except redis.RedisError as exc:
             log_redis_unavailable("provider_breaker", exc)
+            return True  # nothing more can be recorded
+        return bool(failed)
 
 
 class InMemoryBreakerState:
@@ -156,9 +174,9 @@ class InMemoryBreakerState:
     def load(self) -> Breaker:
         return self._breaker
 
-    def admit(self, now: datetime, cooldown_s: int) -> ProviderAdmission:
+    def admit(self, now: datetime, cooldown_s: float, trial_s: float) -> ProviderAdmission:
         with self._lock:
-            admission = admit(self._breaker, now, cooldown_s)
+            admission = admit(self._breaker, now, cooldown_s, trial_s=trial_s)
             trial = admission.breaker != self._breaker
             self._breaker = admission.breaker
         if not admission.allowed:
@@ -171,12 +189,14 @@ class InMemoryBreakerState:
 
     def record_failure(self, now: datetime, threshold: int) -> None:
         with self._lock:
-            self._breaker = breaker_after_failure(self._breaker, now, threshold)
+            self._breaker = breaker_after_stray_failure(self._breaker, now, threshold)
 
-    def fail_trial(self, trial_at: datetime, now: datetime, threshold: int) -> None:
+    def fail_trial(self, trial_at: datetime, now: datetime, threshold: int) -> bool:
         with self._lock:
-            if is_trial_out(self._breaker, trial_at):
-                self._breaker = breaker_after_failure(self._breaker, now, threshold)
+            if not is_trial_out(self._breaker, trial_at):
+                return False
+            self._breaker = breaker_after_failure(self._breaker, now, threshold)
+            return True
 
 
 def is_trial_out(breaker: Breaker, trial_at: datetime) -> bool:
@@ -187,8 +207,11 @@ def is_trial_out(breaker: Breaker, trial_at: datetime) -> bool:
 class ProviderBreaker:
     """The provider breaker's policy over its shared state (Redis, or memory inline).
 
-    It remembers the trial it admitted, so that a job whose trial ended in anything but
-    a provider answer or failure (an invalid summary) closes that trial as failed.
+    It remembers the trial it admitted, so that the trial's end, whatever it is, ends its
+    hold on the breaker: a success closes it; a provider failure, or anything but a
+    provider answer (an invalid summary), reopens it. ``trial_s`` is the longest a trial
+    can run (one LLM call's timeouts times its attempts): a trial that has not reported
+    by then is taken for lost, and the next job becomes the trial.
     """
 
     def __init__(
@@ -196,18 +219,20 @@ class ProviderBreaker:
         state: BreakerStateStore,
         *,
         threshold: int,
-        cooldown_s: int,
+        cooldown_s: float,
+        trial_s: float,
         clock: Callable[[], datetime],
     ) -> None:
         self._state = state
         self._threshold = threshold
         self._cooldown_s = cooldown_s
+        self._trial_s = trial_s
         self._clock = clock
         self._trial_at: datetime | None = None
 
     def admit(self) -> bool:
         now = self._clock()
-        admission = self._state.admit(now, self._cooldown_s)
+        admission = self._state.admit(now, self._cooldown_s, self._trial_s)
         self._trial_at = now if admission is ProviderAdmission.TRIAL else None
         return admission is not ProviderAdmission.REFUSED
 
@@ -216,8 +241,12 @@ class ProviderBreaker:
         self._state.record_success()
 
     def record_failure(self) -> None:
-        self._trial_at = None
-        self._state.record_failure(self._clock(), self._threshold)
+        """Count a provider failure: this process's trial's (which reopens the breaker), or
+        a stray one, which leaves another process's trial its hold."""
+        trial_at, self._trial_at = self._trial_at, None
+        now = self._clock()
+        if trial_at is None or not self._state.fail_trial(trial_at, now, self._threshold):
+            self._state.record_failure(now, self._threshold)
 
     def reopens_in_s(self) -> float | None:
         """Seconds until the open breaker admits its trial (None: not open): the earliest
@@ -233,6 +262,10 @@ class ProviderBreaker:
         trial_at, self._trial_at = self._trial_at, None
         if trial_at is not None:
             self._state.fail_trial(trial_at, self._clock(), self._threshold)
+
+
+def _micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
 
 
 def _stamp(moment: datetime) -> tuple[str, str]:

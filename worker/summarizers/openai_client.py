@@ -12,7 +12,10 @@ header the SDK stamps on each attempt on a failure). SDK errors are translated o
 ``worker.summarizers.openai_errors``, into ``worker.errors``; nothing above this
 module sees ``openai.*``.
 
-JSON is not parsed here: ``LLMReply.content`` is the model's reply verbatim, and
+A reply that is no chat completion at all (HTML, undecodable or cut JSON, no choices)
+is the endpoint's fault: ``worker.summarizers.openai_reply`` reads the body and raises
+``ProviderError`` (``invalid_response``). The model's JSON is not parsed here:
+``LLMReply.content`` is its reply verbatim, and
 ``worker.compaction.validation.parse_summary`` reads it (a JSON object in prose
 included) and names what is wrong (``malformed_json``, schema).
 """
@@ -30,16 +33,17 @@ from typing import Any, Self, cast
 
 import openai
 import structlog
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 
 from worker.compaction import TokenCounter, parse_message
-from worker.errors import CompactionError, ProviderError, SummaryInvalid
+from worker.errors import CompactionError, SummaryInvalid
 from worker.summarizers.openai_errors import (
     count_retries_taken,
     is_format_rejection,
     translate_error,
 )
+from worker.summarizers.openai_reply import CompletionReply, read_completion
 from worker.tokenizer.offline import load_encoding
 
 KEYLESS_PLACEHOLDER = "unused"  # local servers want no key, the SDK insists on one
@@ -205,7 +209,8 @@ class LLMClient:
         """Ask for a JSON object matching ``schema``; count the call into ``usage``.
 
         Raises:
-            ProviderError, ProviderRateLimited: the endpoint failed (after SDK retries).
+            ProviderError, ProviderRateLimited: the endpoint failed (after SDK retries), or
+                answered with something that is no chat completion (``invalid_response``).
             ProviderAuthFailed: the endpoint refused the key or its permissions (401/403).
             ContextOverflow: the prompt does not fit the model's context window.
             SessionFailure: the endpoint refused this request (4xx not about the endpoint).
@@ -239,7 +244,7 @@ class LLMClient:
     def _create_in_working_mode(
         self, messages: list[dict[str, Any]], schema: dict[str, Any], max_output_tokens: int,
         tally: _Tally,
-    ) -> tuple[ChatCompletion, OutputMode]:
+    ) -> tuple[CompletionReply, OutputMode]:
         key = self.endpoint_key
         mode = self._modes.get(key)
         while True:
@@ -264,18 +269,15 @@ class LLMClient:
                 continue
             tally.retries += raw.retries_taken
             self._modes.remember(key, mode)
-            return raw.parse(), mode
+            return read_completion(raw.content, raw.headers.get("content-type", "")), mode
 
     def _local_counter(self) -> TokenCounter:
         if self._counter is None:
             self._counter = TokenCounter(load_encoding())
         return self._counter
 
-    def _read_reply(self, completion: ChatCompletion, mode: OutputMode,
+    def _read_reply(self, completion: CompletionReply, mode: OutputMode,
                     messages: list[dict[str, Any]], retries: int, latency_s: float) -> LLMReply:
-        if not completion.choices:
-            raise ProviderError("the LLM endpoint answered without a choice",
-                                reason="invalid_response")
         choice = completion.choices[0]
         if choice.message.content is None and choice.message.refusal:
             raise SummaryInvalid("the model refused to summarize", reason="refused")
