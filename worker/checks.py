@@ -173,7 +173,7 @@ def check_summarizer_without_request(settings: Settings) -> str:
     if settings.effective_summarizer is not SummarizerKind.LLM:
         return EXTRACTIVE_READY
     shown = mask_url(settings.llm_base_url or DEFAULT_LLM_BASE_URL)
-    return f"llm: {shown}, model {settings.llm_model} (not called: COMPACTOR_WORKER_CHECK_LLM)"
+    return f"llm: {shown}, model {settings.llm_model} (settings only: endpoint not called)"
 
 
 def check_llm_endpoint(settings: Settings) -> str:

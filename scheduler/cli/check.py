@@ -21,6 +21,9 @@ def register(app: typer.Typer) -> None:
 def check_command(
     as_json: Annotated[bool, typer.Option(
         "--json", help="One JSON object: ok, and every check's result.")] = False,
+    probe_llm: Annotated[bool, typer.Option(
+        "--llm/--no-llm", help="Call the LLM endpoint with one tiny request (--no-llm: "
+        "check its settings only, as the worker's readiness probe does).")] = True,
 ) -> None:
     """Check the settings, the database (reachable, migrated), Redis, the tokenizer and
     the summarizer (the LLM endpoint with one tiny request); say what to fix.
@@ -32,7 +35,7 @@ def check_command(
     from worker.checks import run_checks  # database, Redis and LLM clients: not for --help
     from worker.logging import get_logger
 
-    results = run_checks(get_settings())
+    results = run_checks(get_settings(), probe_llm=probe_llm)
     healthy = all(result.ok for result in results)
     for result in results:  # the log says it too, one line per finding, as a worker does
         if not result.ok:

@@ -60,6 +60,18 @@ def test_a_ready_configuration_passes_every_check_with_one_tiny_llm_request(
     assert probe.body["model"] == "summarizer-x" and probe.body["max_completion_tokens"] == 16
 
 
+def test_without_the_llm_request_the_summarizer_settings_alone_are_checked(
+    migrated_postgres_url: str, server: OpenAIServer, tmp_path: Path
+) -> None:
+    env = llm_env(migrated_postgres_url, tmp_path, server.base_url, GOOD_KEY)
+
+    exit_code, stdout, _ = check(env, "--no-llm", "--json")
+
+    assert exit_code == 0, stdout
+    assert [c["status"] for c in json.loads(stdout)["checks"]] == ["ok"] * 5
+    assert server.requests == []  # the readiness probe's form spends nothing
+
+
 def test_a_wrong_api_key_is_a_problem_saying_which_variable_to_set(
     migrated_postgres_url: str, server: OpenAIServer, tmp_path: Path
 ) -> None:

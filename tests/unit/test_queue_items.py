@@ -1,20 +1,15 @@
 """The inspection of raw queue items: each defect is named, a valid message passes with
 the scheduling headers producers may not set dropped, the service's task names are
-exactly the tasks the app registers, and the kombu method the transport re-implements is
-the one it was copied from."""
+exactly the tasks the app registers."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import inspect
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import kombu
 import pytest
-from kombu.transport import redis as kombu_redis
 
 from tests.support.raw_producer import build_raw_message
 from worker.broker.contract import SERVICE_TASK_NAMES, job_kwargs
@@ -27,7 +22,6 @@ from worker.broker.queue_items import (
 )
 from worker.broker.transport import registered_task_names
 
-KOMBU_BRPOP_READ_SHA256 = "c42518699709f2df90f55a048fe6346612ae5527e5c4a6819f2c0920dc62088f"
 LIMITS = ItemLimits(max_item_bytes=100_000, max_eta_s=60)
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -159,10 +153,3 @@ def test_an_item_naming_a_task_outside_the_limits_names_is_refused() -> None:
         admit_item(item, limits, NOW)
     assert refused.value.reason == "unknown_task"
 
-
-def test_the_transport_overrides_the_brpop_read_of_the_kombu_it_was_copied_from() -> None:
-    """worker/broker/transport.py re-implements kombu's private ``Channel._brpop_read`` (5.7.0)
-    to inspect the item before ``loads``; a kombu that changes it must be read again."""
-    source = inspect.getsource(kombu_redis.Channel._brpop_read)
-    assert hashlib.sha256(source.encode()).hexdigest() == KOMBU_BRPOP_READ_SHA256, \
-        f"kombu {kombu.__version__} changed Channel._brpop_read: update worker/broker/transport.py"

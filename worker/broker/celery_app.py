@@ -32,7 +32,7 @@ from celery.signals import (
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
 from worker.broker.contract import RECONCILE_TASK_NAME, SCAN_TASK_NAME, TASK_NAME
-from worker.broker.transport import ITEM_POLICY_OPTION, item_policy
+from worker.broker.transport import ITEM_POLICY_OPTION, item_policy_option
 from worker.logging import get_logger
 from worker.memory import map_large_blocks, return_free_heap, use_one_malloc_arena
 from worker.settings.config import Settings, get_settings
@@ -75,7 +75,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # the messages it holds, retries waiting on their countdown too (on idle as well).
         worker_soft_shutdown_timeout=settings.worker_soft_shutdown_s,
         worker_enable_soft_shutdown_on_idle=settings.worker_soft_shutdown_s > 0,
-        # Inspects every queue item before kombu reads it; refused ones are dead-lettered.
+        # Inspects every item of the service's queues before kombu reads it; refused ones
+        # are dead-lettered.
         broker_transport="worker.broker.transport:InspectingTransport",
         # Reports messages Celery still cannot turn into a request as rejected jobs.
         worker_consumer="worker.broker.consumer:JobConsumer",
@@ -92,7 +93,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "socket_timeout": settings.redis_socket_timeout_s,
             "socket_connect_timeout": settings.redis_socket_timeout_s,
             "socket_keepalive": True,
-            ITEM_POLICY_OPTION: item_policy(settings),
+            ITEM_POLICY_OPTION: item_policy_option(settings),
         },
         broker_connection_retry_on_startup=True,
         # configure_process_logging owns logging; these two are moot while it is connected

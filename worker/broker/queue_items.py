@@ -15,24 +15,54 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from worker.broker.contract import MAX_HEADERS_CHARS, MAX_TASK_ID_CHARS, SERVICE_TASK_NAMES
 from worker.settings.config import Settings
 
 MAX_NESTING_DEPTH = 32  # a task message nests 4 deep; Celery's decoder recurses per level
 JSON_CONTENT_TYPE = "application/json"
-# The types kombu and Celery assume when they read these fields (null always allowed):
-# another type raises inside the consumer, where an AttributeError or KeyError reads as a
-# lost connection and the message goes back on the queue for ever.
-HEADER_TYPES: dict[str, type | tuple[type, ...]] = {
-    "lang": str, "shadow": str, "group": str, "group_index": int, "retries": int,
-    "root_id": str, "parent_id": str, "argsrepr": str, "kwargsrepr": str, "origin": str,
-    "ignore_result": bool, "replaced_task_nesting": int, "stamped_headers": list,
-    "stamps": dict,
-}
-PROPERTY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "correlation_id": str, "reply_to": str, "delivery_mode": int, "delivery_info": dict,
-    "priority": int, "body_encoding": str,
-}
+
+
+class _EnvelopeFields(BaseModel):
+    """Fields of the envelope with the types kombu and Celery assume when they read them
+    (null always allowed; other fields pass as they are). Another type raises inside the
+    consumer, where an AttributeError or KeyError reads as a lost connection and the
+    message goes back on the queue for ever."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class TaskHeaders(_EnvelopeFields):
+    """The headers Celery reads from a task message, besides its id and task name (each
+    checked on its own)."""
+
+    lang: str | None = None
+    shadow: str | None = None
+    group: str | None = None
+    group_index: int | None = None
+    retries: int | None = None
+    root_id: str | None = None
+    parent_id: str | None = None
+    argsrepr: str | None = None
+    kwargsrepr: str | None = None
+    origin: str | None = None
+    ignore_result: bool | None = None
+    replaced_task_nesting: int | None = None
+    stamped_headers: list[Any] | None = None
+    stamps: dict[str, Any] | None = None
+
+
+class EnvelopeProperties(_EnvelopeFields):
+    """The properties kombu reads: the delivery tag it acknowledges by, and the rest."""
+
+    delivery_tag: str = Field(min_length=1, max_length=MAX_TASK_ID_CHARS)
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    delivery_mode: int | None = None
+    delivery_info: dict[str, Any] | None = None
+    priority: int | None = None
+    body_encoding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +111,7 @@ def admit_item(raw: bytes, limits: ItemLimits, now: datetime) -> dict[str, Any]:
         raise ItemRejected("invalid_headers", f"headers are a {type(headers).__name__}, "
                            "not an object")
     task_id = _read_task_id(headers)
-    _check_types(headers, HEADER_TYPES, "invalid_headers", task_id)
+    _check_fields(TaskHeaders, headers, "invalid_headers", task_id)
     _check_properties(envelope["properties"], task_id)
     _check_task_name(headers, task_id, limits.task_names)
     _check_body(envelope, task_id)
@@ -126,22 +156,18 @@ def _read_task_id(headers: dict[str, Any]) -> str:
     return task_id
 
 
-def _check_types(fields: dict[str, Any], types: dict[str, type | tuple[type, ...]],
-                 reason: str, task_id: str) -> None:
-    for name, expected in types.items():
-        value = fields.get(name)
-        # bool is an int to isinstance; no field here takes one for the other.
-        if value is not None and (not isinstance(value, expected)
-                                  or isinstance(value, bool) is not (expected is bool)):
-            raise ItemRejected(reason, f"{name} is a {type(value).__name__}", task_id)
+def _check_fields(model: type[_EnvelopeFields], fields: dict[str, Any], reason: str,
+                  task_id: str) -> None:
+    try:
+        model.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]  # the first, in the order the model lists the fields
+        name = ".".join(str(part) for part in error["loc"])
+        raise ItemRejected(reason, f"{name}: {error['msg']}"[:300], task_id) from None
 
 
 def _check_properties(properties: dict[str, Any], task_id: str) -> None:
-    tag = properties.get("delivery_tag")
-    if not isinstance(tag, str) or not tag or len(tag) > MAX_TASK_ID_CHARS:
-        raise ItemRejected("invalid_properties", "delivery_tag is missing, not a string or "
-                           f"over {MAX_TASK_ID_CHARS} characters", task_id)
-    _check_types(properties, PROPERTY_TYPES, "invalid_properties", task_id)
+    _check_fields(EnvelopeProperties, properties, "invalid_properties", task_id)
     size = len(json.dumps(properties))
     if size > MAX_HEADERS_CHARS:
         raise ItemRejected("oversized_header", f"the properties are {size} characters of "

@@ -1,42 +1,54 @@
-"""kombu's Redis transport with every popped queue item inspected before kombu or Celery
-reads it (``worker/broker/queue_items.py``): a refused item ends as a ``rejected``
-``compaction.job`` event and moves to the dead-letter list; it is never delivered.
+"""kombu's Redis transport with every item popped from the service's own queues inspected
+before kombu or Celery reads it (``worker/broker/queue_items.py``): a refused item ends as
+a ``rejected`` ``compaction.job`` event and moves to the dead-letter list; it is never
+delivered. Celery's own lists (the replies of ``celery inspect``, Flower's and the probes'
+pings) pass untouched.
 
-Inspecting here, before kombu's ``loads``, is what keeps any item from stopping a worker:
-past this point a null body loops (Celery's ``TypeError`` reads as a lost connection),
-and bad base64 or deep nesting raise where nothing catches them.
+The hook is redis-py's response callback for ``BRPOP`` on the channel's client
+(``Redis.set_response_callback``, public API): it sees the popped item before kombu's
+``loads``. Any later hook (a consumer step, a task strategy) is too late: bytes that are
+not JSON, bad base64 or deep nesting raise inside kombu, in the worker's event loop, where
+nothing catches them and the worker stops; and a null body loops (Celery's ``TypeError``
+reads as a lost connection).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+import json
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from queue import Empty
 from typing import Any
 
 import redis
 from celery import current_app
 from kombu.transport import redis as kombu_redis
 
-from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item, item_limits
+from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item
 from worker.job.outcome import emit_rejected_message
 from worker.logging import get_logger
 from worker.settings.config import Settings
 from worker.shared_state.dead_letters import DeadLetters, build_dead_letter
 from worker.shared_state.keys import RedisKeys
 
-# The transport option (``broker_transport_options``) that carries the ItemPolicy.
+# The transport option (``broker_transport_options``) that carries the ItemPolicy's values.
 ITEM_POLICY_OPTION = "compactor_item_policy"
 
 
 @dataclass(frozen=True)
 class ItemPolicy:
-    """What the transport admits, and where and how many refused items it keeps."""
+    """Which queues the transport inspects, what it admits from them, and where and how
+    many refused items it keeps."""
 
-    limits: ItemLimits
+    queues: tuple[str, ...]
+    max_item_bytes: int
+    max_eta_s: int
     key_prefix: str
     dead_letter_max_items: int
+
+    @property
+    def limits(self) -> ItemLimits:
+        return ItemLimits(self.max_item_bytes, self.max_eta_s)
 
 
 @functools.cache
@@ -46,40 +58,51 @@ def registered_task_names() -> frozenset[str]:
     return frozenset(name for name in current_app.tasks if not name.startswith("celery."))
 
 
-def item_policy(settings: Settings) -> ItemPolicy:
-    """What the worker's transport admits from its queue, and how many refusals it keeps."""
-    return ItemPolicy(item_limits(settings), settings.redis_key_prefix,
-                      settings.dead_letter_max_items)
+def item_policy_option(settings: Settings) -> dict[str, Any]:
+    """The worker's ``ITEM_POLICY_OPTION``, as JSON values: Celery reports its
+    configuration as JSON (``celery inspect conf``, Flower's Config tab)."""
+    policy = asdict(ItemPolicy(
+        queues=(settings.queue_name,), max_item_bytes=settings.max_queue_item_bytes,
+        max_eta_s=settings.retry_backoff_max_s, key_prefix=settings.redis_key_prefix,
+        dead_letter_max_items=settings.dead_letter_max_items))
+    return {**policy, "queues": list(policy["queues"])}
+
+
+def read_item_policy(option: dict[str, Any]) -> ItemPolicy:
+    """The ItemPolicy an ``item_policy_option`` holds."""
+    return ItemPolicy(**{**option, "queues": tuple(option["queues"])})
 
 
 class InspectingChannel(kombu_redis.Channel):
-    """kombu's Redis channel, admitting each item it pops through ``admit_item``."""
+    """kombu's Redis channel, admitting each item popped from the service's queues through
+    ``admit_item``."""
 
-    def _brpop_read(self, **options: Any) -> bool:
-        # kombu 5.7's own, but for the delivery: the item is inspected before loads().
-        try:
-            try:
-                dest__item = self.client.parse_response(self.client.connection, "BRPOP",
-                                                        **options)
-            except self.connection_errors:
-                # Disconnected, the next poll reconnects (as kombu does).
-                self.client.connection.disconnect()
-                raise
-            if not dest__item:
-                raise Empty()
-            dest, item = dest__item
-            dest = (dest.decode() if isinstance(dest, bytes) else dest).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            envelope = self._admit(item if isinstance(item, bytes) else item.encode(), dest)
-            if envelope is not None:
-                self.connection._deliver(envelope, dest)
-            return True
-        finally:
-            self._in_poll = None  # type: ignore[assignment]  # kombu's own reset, as it does
-            self._flush_brpop_reauth()  # type: ignore[no-untyped-call]  # kombu's, unannotated
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # kombu: unannotated
+        self._policy = read_item_policy(self.connection.client.transport_options[
+            ITEM_POLICY_OPTION])
+        self.client.set_response_callback("BRPOP", self._admit_popped)
+
+    def _admit_popped(self, response: list[bytes] | None, **_: Any) -> tuple[bytes, bytes] | None:
+        """Answer kombu's ``BRPOP`` with the admitted item, or with nothing (kombu then
+        reads an empty poll) when the item was refused."""
+        if not response:
+            return None
+        key, item = response
+        queue = self._service_queue(key)
+        if queue is None:
+            return key, item
+        envelope = self._admit(item, queue)
+        return None if envelope is None else (key, json.dumps(envelope).encode())
+
+    def _service_queue(self, key: bytes) -> str | None:
+        """The service queue ``key`` (a list of one of its priorities) belongs to, if any."""
+        name = key.decode(errors="replace").removeprefix(self._policy.key_prefix)
+        queue = name.rsplit(self.sep, 1)[0]
+        return queue if queue in self._policy.queues else None
 
     def _admit(self, raw: bytes, queue: str) -> dict[str, Any] | None:
-        limits = replace(self._item_policy().limits, task_names=registered_task_names())
+        limits = replace(self._policy.limits, task_names=registered_task_names())
         try:
             return admit_item(raw, limits, datetime.now(UTC))
         except ItemRejected as rejected:
@@ -90,10 +113,10 @@ class InspectingChannel(kombu_redis.Channel):
         """Log the item's ``rejected`` event and move it to the dead-letter list."""
         emit_rejected_message(get_logger(), rejected.task_id, rejected.reason, "ItemRejected",
                               rejected.detail)
-        policy = self._item_policy()
         letter = build_dead_letter(raw, queue, rejected, datetime.now(UTC))
         dead = DeadLetters(redis.Redis(connection_pool=self.pool),
-                           RedisKeys(policy.key_prefix), policy.dead_letter_max_items)
+                           RedisKeys(self._policy.key_prefix),
+                           self._policy.dead_letter_max_items)
         try:
             dead.add(letter)
         except redis.RedisError as exc:
@@ -102,10 +125,6 @@ class InspectingChannel(kombu_redis.Channel):
             return
         get_logger().warning("broker.dead_lettered", entry_id=letter.entry_id,
                              reason=letter.reason, queue=queue, task_id=letter.task_id)
-
-    def _item_policy(self) -> ItemPolicy:
-        policy: ItemPolicy = self.connection.client.transport_options[ITEM_POLICY_OPTION]
-        return policy
 
 
 class InspectingTransport(kombu_redis.Transport):
