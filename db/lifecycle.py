@@ -9,7 +9,6 @@ take, so none of them can interleave with a running job's writes.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -56,14 +55,18 @@ def delete_session(session: Session, session_id: str, *, force: bool,
     if leased and not force:
         raise SessionLeased(f"session {session_id!r}: a job ({row.lease_owner!r}) holds its "
                             f"lease until {row.lease_expires_at}")
-    pk, marker = row.id, row.queued_job_id
-    owner = row.lease_owner if leased else None
+    removed = _erase_session(session, row.id, session_id)
+    return DeletedSession(session_id, removed, row.queued_job_id,
+                          row.lease_owner if leased else None)
+
+
+def _erase_session(session: Session, pk: int, session_id: str) -> dict[str, int]:
+    """Delete the rows of a session whose row lock this transaction holds."""
     # The session points at its active revision: unhook it before the revisions go.
     session.execute(update(SessionRow).where(SessionRow.id == pk)
                     .values(active_revision_id=None), execution_options=q.NO_SYNC)
-    removed = {table.name: _count(session, table.delete_rows(pk, session_id))
-               for table in SESSION_TABLES}
-    return DeletedSession(session_id, removed, marker, owner)
+    return {table.name: _count(session, table.delete_rows(pk, session_id))
+            for table in SESSION_TABLES}
 
 
 def pop_newest_message(session: Session, session_id: str, seq: int,
@@ -114,26 +117,29 @@ def collect_sessions(session: Session, policy: GcPolicy, now: datetime, *,
                      after: int, apply: bool) -> GcBatch:
     """Erase the next ``batch_size`` sessions (by key, after ``after``) idle for longer
     than the session retention, as ``delete_session`` does; a session a job holds the
-    lease of is left for the next run."""
+    lease of is left for the next run.
+
+    Sessions are chosen and locked by one statement, so each is idle when it is erased:
+    an append that committed first keeps its session, and one that comes later waits for
+    this transaction and finds no session."""
     if policy.session_retention_s is None:
         return GcBatch("sessions", 0, None)
     cutoff = now - timedelta(seconds=policy.session_retention_s)
     last_active = func.coalesce(SessionRow.last_appended_at, SessionRow.created_at)
+    # PostgreSQL re-evaluates the WHERE clause on the newest version of a row FOR UPDATE
+    # had to wait for, so a session an append touched meanwhile drops out (and the LIMIT
+    # takes the next one); SQLite's BEGIN IMMEDIATE already keeps every writer out.
     rows = session.execute(
         select(SessionRow.id, SessionRow.session_id)
         .where(last_active < cutoff, SessionRow.id > after,
                or_(SessionRow.lease_expires_at.is_(None), SessionRow.lease_expires_at <= now))
-        .order_by(SessionRow.id).limit(policy.batch_size)).all()
+        .order_by(SessionRow.id).limit(policy.batch_size).with_for_update()).all()
     if not rows:
         return GcBatch("sessions", 0, None)
-    removed = 0
-    for _, session_id in rows:
-        # A job may have taken the lease since the read: that session waits for next time.
-        with contextlib.suppress(SessionLeased):
-            if apply:
-                delete_session(session, session_id, force=False, now=now)
-            removed += 1
-    return GcBatch("sessions", removed, rows[-1].id)
+    if apply:
+        for pk, session_id in rows:
+            _erase_session(session, pk, session_id)
+    return GcBatch("sessions", len(rows), rows[-1].id)
 
 
 def collect_revisions(session: Session, policy: GcPolicy, now: datetime, *,
