@@ -18,6 +18,7 @@ from sqlalchemy import Delete, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from db import queries as q
+from db.artifacts import recount_artifacts
 from db.errors import MessagePinned, SessionLeased
 from db.models import ArtifactRow, MessageRow, RevisionRow, RunRow, SessionRow
 from db.records import DeletedSession, GcBatch, GcPolicy, MessageRecord
@@ -71,21 +72,25 @@ def _erase_session(session: Session, pk: int, session_id: str) -> dict[str, int]
 
 def pop_newest_message(session: Session, session_id: str, seq: int,
                        now: datetime) -> MessageRecord:
-    """Erase message ``seq`` if it is the session's newest and no compaction has read it;
-    the session's head and token figures step back with it."""
+    """Erase message ``seq`` if it is the session's newest and no compaction has read it,
+    with what was derived from it: its search text goes with its row, its identifiers
+    leave the artifact index. The head and token figures step back, so the next append
+    takes ``seq`` again: nothing that names ``seq`` outlives the message."""
     row = q.find_session(session, session_id, lock=True)
-    if _holds_lease(row, now):
-        raise SessionLeased(f"session {session_id!r}: a job holds its lease")
-    frozen_seq = 0
-    if row.active_revision_id is not None:
-        frozen_seq = q.find_revision(session, row.active_revision_id).snapshot_head_seq
+    if row.lease_owner is not None:
+        # Expired too: its job may still be alive, renew it and swap what it read.
+        raise SessionLeased(f"session {session_id!r}: a job ({row.lease_owner!r}) holds "
+                            f"its lease")
+    frozen_seq = session.scalar(select(func.max(RevisionRow.snapshot_head_seq))
+                                .where(RevisionRow.session_id == row.id)) or 0
     if seq != row.head_seq or seq <= frozen_seq:
         raise MessagePinned(f"session {session_id!r}: message {seq} is not erasable (newest "
-                            f"{row.head_seq}, compacted through snapshot {frozen_seq})")
+                            f"{row.head_seq}, read by a compaction through {frozen_seq})")
     [record] = q.select_history(session, row.id, after_seq=seq - 1)
     session.execute(delete(MessageRow).where(MessageRow.session_id == row.id,
                                              MessageRow.seq == seq),
                     execution_options=q.NO_SYNC)
+    recount_artifacts(session, row.id, {value for value, *_ in record.identifiers or ()})
     row.head_seq -= 1
     row.total_tokens -= record.tokens
     row.projection_tokens -= record.tokens
