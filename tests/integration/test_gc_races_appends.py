@@ -16,13 +16,14 @@ from tests.integration.test_store import message
 
 pytestmark = pytest.mark.integration
 
-SESSIONS = 1_200
-APPENDERS = 8
-BATCH_SIZE = 10
+SESSIONS = 600
+APPENDERS = 6
+BATCH_SIZE = 5
 LEAST_RACED = 400
 # gc waits after each batch until this many more appends were acknowledged, so that on
 # either database hundreds of appends land while it runs (SQLite serializes them).
 APPENDS_PER_BATCH = 5
+AIM_BATCHES = 4  # appends aim at gc's current batch and the ones after it
 DAY = timedelta(days=1)
 
 
@@ -48,13 +49,13 @@ def idle_sessions(store: Store, count: int, *, at: datetime) -> list[str]:
 
 
 def append_beside_gc(store: Store, ids: list[str], appends: Appends, seed: int) -> None:
-    """Append one message at a time to sessions of the batch gc is working through (or
-    the next), until gc is done."""
+    """Append one message at a time to sessions of the batch gc is working through or
+    of the next few, until gc is done."""
     rng = random.Random(seed)
     turn = 0
     while not appends.gc_done:
         after = appends.gc_after
-        index = min(after + rng.randrange(2 * BATCH_SIZE), len(ids) - 1)
+        index = min(after + rng.randrange(AIM_BATCHES * BATCH_SIZE), len(ids) - 1)
         session_id, turn = ids[index], turn + 1
         text = f"{session_id} turn {seed}-{turn}"
         try:
