@@ -1,5 +1,5 @@
 """The data lifecycle's SQL: erasing a session, erasing its newest message, and
-collecting superseded revisions and old runs in batches.
+collecting idle sessions, superseded revisions and old runs in batches.
 
 Each function runs inside a write transaction that ``db/store.py`` opens (garbage
 collection opens one per batch through the store's own ``write``); none commits. Each
@@ -102,8 +102,8 @@ def collect_garbage(
     write: Callable[[], AbstractContextManager[Session]], policy: GcPolicy, now: datetime,
     *, dry_run: bool, on_batch: Callable[[GcBatch], None] | None,
 ) -> list[GcBatch]:
-    """Run the revision batches, then the run batches, each in its own ``write()``
-    transaction, so no lock is held for longer than one batch."""
+    """Run the session batches, then the revision batches, then the run batches, each in
+    its own ``write()`` transaction, so no lock is held for longer than one batch."""
     batches: list[GcBatch] = []
     for collect in (collect_sessions, collect_revisions, collect_runs):
         after: int | None = 0
