@@ -1,13 +1,14 @@
 """The per-session artifact index: one row per identifier, upserted in the transaction
-that stores (or backfills) the messages mentioning it, and read back as
-``ArtifactRecord`` values; and the backfill's reads and writes of unindexed messages."""
+that stores (or backfills) the messages mentioning it, recounted in the one that erases a
+message, and read back as ``ArtifactRecord`` values; and the backfill's reads and writes
+of unindexed messages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import Table, bindparam, case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -20,18 +21,7 @@ def upsert_artifacts(
 ) -> None:
     """Fold ``(seq, mentions)`` of messages just indexed, in seq order, into the
     session's rows (called under the session's row lock)."""
-    rows: dict[str, dict[str, Any]] = {}
-    for seq, found in mentions:
-        for value, kind, source, count, *_ in found:
-            row = rows.get(value)
-            if row is None:
-                rows[value] = {"session_id": session_pk, "value": value, "kind": kind,
-                               "first_seq": seq, "last_seq": seq, "count": count,
-                               "sources": SOURCE_BITS.get(source, 0)}
-                continue
-            row["last_seq"] = seq
-            row["count"] += count
-            row["sources"] |= SOURCE_BITS.get(source, 0)
+    rows = [{"session_id": session_pk, **row} for row in fold_mentions(mentions).values()]
     if not rows:
         return
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
@@ -49,8 +39,63 @@ def upsert_artifacts(
                   "count": table.count + new.count,
                   "sources": table.sources.op("|")(new.sources)},
         ),
-        list(rows.values()),
+        rows,
     )
+
+
+def fold_mentions(mentions: Iterable[tuple[int, Sequence[StoredMention]]],
+                  only: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each value's artifact row, by value, folded from ``(seq, mentions)`` in seq order
+    (only the values in ``only`` when given)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for seq, found in mentions:
+        for value, kind, source, count, *_ in found:
+            if only is not None and value not in only:
+                continue
+            row = rows.get(value)
+            if row is None:
+                rows[value] = {"value": value, "kind": kind, "first_seq": seq,
+                               "last_seq": seq, "count": count,
+                               "sources": SOURCE_BITS.get(source, 0)}
+                continue
+            row["last_seq"] = seq
+            row["count"] += count
+            row["sources"] |= SOURCE_BITS.get(source, 0)
+    return rows
+
+
+_ARTIFACTS: Table = ArtifactRow.__table__  # type: ignore[assignment]  # a Table at runtime
+_RECOUNT = (update(_ARTIFACTS)
+            .where(_ARTIFACTS.c.session_id == bindparam("pk"),
+                   _ARTIFACTS.c.value == bindparam("old_value"))
+            .values(first_seq=bindparam("first_seq"), last_seq=bindparam("last_seq"),
+                    count=bindparam("count"), sources=bindparam("sources")))
+
+
+def recount_artifacts(session: Session, session_pk: int, values: Collection[str]) -> None:
+    """Recount the rows of ``values`` from the session's stored messages, after a message
+    mentioning them was erased (under the session's row lock): a value no stored message
+    mentions leaves the index, the others keep only what the stored messages say. It
+    reads the identifiers of every message of the session: erasing is rare, and a row
+    kept from the erased message would point at a seq the next append takes."""
+    wanted = set(values)
+    if not wanted:
+        return
+    stored = session.execute(
+        select(MessageRow.seq, MessageRow.identifiers)
+        .where(MessageRow.session_id == session_pk, MessageRow.identifiers.is_not(None))
+        .order_by(MessageRow.seq))
+    rows = fold_mentions(((seq, found) for seq, found in stored), only=wanted)
+    gone = sorted(wanted - rows.keys())
+    if gone:
+        session.execute(delete(ArtifactRow).where(ArtifactRow.session_id == session_pk,
+                                                  ArtifactRow.value.in_(gone)),
+                        execution_options={"synchronize_session": False})
+    if rows:
+        session.connection().execute(_RECOUNT, [
+            {"pk": session_pk, "old_value": row["value"], "first_seq": row["first_seq"],
+             "last_seq": row["last_seq"], "count": row["count"], "sources": row["sources"]}
+            for row in rows.values()])
 
 
 def select_artifacts(session: Session, session_pk: int, *, limit: int) -> list[ArtifactRecord]:

@@ -1,5 +1,5 @@
 """The data lifecycle's SQL: erasing a session, erasing its newest message, and
-collecting superseded revisions and old runs in batches.
+collecting idle sessions, superseded revisions and old runs in batches.
 
 Each function runs inside a write transaction that ``db/store.py`` opens (garbage
 collection opens one per batch through the store's own ``write``); none commits. Each
@@ -9,7 +9,6 @@ take, so none of them can interleave with a running job's writes.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from sqlalchemy import Delete, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from db import queries as q
+from db.artifacts import recount_artifacts
 from db.errors import MessagePinned, SessionLeased
 from db.models import ArtifactRow, MessageRow, RevisionRow, RunRow, SessionRow
 from db.records import DeletedSession, GcBatch, GcPolicy, MessageRecord
@@ -56,33 +56,41 @@ def delete_session(session: Session, session_id: str, *, force: bool,
     if leased and not force:
         raise SessionLeased(f"session {session_id!r}: a job ({row.lease_owner!r}) holds its "
                             f"lease until {row.lease_expires_at}")
-    pk, marker = row.id, row.queued_job_id
-    owner = row.lease_owner if leased else None
+    removed = _erase_session(session, row.id, session_id)
+    return DeletedSession(session_id, removed, row.queued_job_id,
+                          row.lease_owner if leased else None)
+
+
+def _erase_session(session: Session, pk: int, session_id: str) -> dict[str, int]:
+    """Delete the rows of a session whose row lock this transaction holds."""
     # The session points at its active revision: unhook it before the revisions go.
     session.execute(update(SessionRow).where(SessionRow.id == pk)
                     .values(active_revision_id=None), execution_options=q.NO_SYNC)
-    removed = {table.name: _count(session, table.delete_rows(pk, session_id))
-               for table in SESSION_TABLES}
-    return DeletedSession(session_id, removed, marker, owner)
+    return {table.name: _count(session, table.delete_rows(pk, session_id))
+            for table in SESSION_TABLES}
 
 
 def pop_newest_message(session: Session, session_id: str, seq: int,
                        now: datetime) -> MessageRecord:
-    """Erase message ``seq`` if it is the session's newest and no compaction has read it;
-    the session's head and token figures step back with it."""
+    """Erase message ``seq`` if it is the session's newest and no compaction has read it,
+    with what was derived from it: its search text goes with its row, its identifiers
+    leave the artifact index. The head and token figures step back, so the next append
+    takes ``seq`` again: nothing that names ``seq`` outlives the message."""
     row = q.find_session(session, session_id, lock=True)
-    if _holds_lease(row, now):
-        raise SessionLeased(f"session {session_id!r}: a job holds its lease")
-    frozen_seq = 0
-    if row.active_revision_id is not None:
-        frozen_seq = q.find_revision(session, row.active_revision_id).snapshot_head_seq
+    if row.lease_owner is not None:
+        # Expired too: its job may still be alive, renew it and swap what it read.
+        raise SessionLeased(f"session {session_id!r}: a job ({row.lease_owner!r}) holds "
+                            f"its lease")
+    frozen_seq = session.scalar(select(func.max(RevisionRow.snapshot_head_seq))
+                                .where(RevisionRow.session_id == row.id)) or 0
     if seq != row.head_seq or seq <= frozen_seq:
         raise MessagePinned(f"session {session_id!r}: message {seq} is not erasable (newest "
-                            f"{row.head_seq}, compacted through snapshot {frozen_seq})")
+                            f"{row.head_seq}, read by a compaction through {frozen_seq})")
     [record] = q.select_history(session, row.id, after_seq=seq - 1)
     session.execute(delete(MessageRow).where(MessageRow.session_id == row.id,
                                              MessageRow.seq == seq),
                     execution_options=q.NO_SYNC)
+    recount_artifacts(session, row.id, {value for value, *_ in record.identifiers or ()})
     row.head_seq -= 1
     row.total_tokens -= record.tokens
     row.projection_tokens -= record.tokens
@@ -94,8 +102,8 @@ def collect_garbage(
     write: Callable[[], AbstractContextManager[Session]], policy: GcPolicy, now: datetime,
     *, dry_run: bool, on_batch: Callable[[GcBatch], None] | None,
 ) -> list[GcBatch]:
-    """Run the revision batches, then the run batches, each in its own ``write()``
-    transaction, so no lock is held for longer than one batch."""
+    """Run the session batches, then the revision batches, then the run batches, each in
+    its own ``write()`` transaction, so no lock is held for longer than one batch."""
     batches: list[GcBatch] = []
     for collect in (collect_sessions, collect_revisions, collect_runs):
         after: int | None = 0
@@ -114,26 +122,29 @@ def collect_sessions(session: Session, policy: GcPolicy, now: datetime, *,
                      after: int, apply: bool) -> GcBatch:
     """Erase the next ``batch_size`` sessions (by key, after ``after``) idle for longer
     than the session retention, as ``delete_session`` does; a session a job holds the
-    lease of is left for the next run."""
+    lease of is left for the next run.
+
+    Sessions are chosen and locked by one statement, so each is idle when it is erased:
+    an append that committed first keeps its session, and one that comes later waits for
+    this transaction and finds no session."""
     if policy.session_retention_s is None:
         return GcBatch("sessions", 0, None)
     cutoff = now - timedelta(seconds=policy.session_retention_s)
     last_active = func.coalesce(SessionRow.last_appended_at, SessionRow.created_at)
+    # PostgreSQL re-evaluates the WHERE clause on the newest version of a row FOR UPDATE
+    # had to wait for, so a session an append touched meanwhile drops out (and the LIMIT
+    # takes the next one); SQLite's BEGIN IMMEDIATE already keeps every writer out.
     rows = session.execute(
         select(SessionRow.id, SessionRow.session_id)
         .where(last_active < cutoff, SessionRow.id > after,
                or_(SessionRow.lease_expires_at.is_(None), SessionRow.lease_expires_at <= now))
-        .order_by(SessionRow.id).limit(policy.batch_size)).all()
+        .order_by(SessionRow.id).limit(policy.batch_size).with_for_update()).all()
     if not rows:
         return GcBatch("sessions", 0, None)
-    removed = 0
-    for _, session_id in rows:
-        # A job may have taken the lease since the read: that session waits for next time.
-        with contextlib.suppress(SessionLeased):
-            if apply:
-                delete_session(session, session_id, force=False, now=now)
-            removed += 1
-    return GcBatch("sessions", removed, rows[-1].id)
+    if apply:
+        for pk, session_id in rows:
+            _erase_session(session, pk, session_id)
+    return GcBatch("sessions", len(rows), rows[-1].id)
 
 
 def collect_revisions(session: Session, policy: GcPolicy, now: datetime, *,

@@ -526,8 +526,10 @@ class Store:
             return delete_session(session, session_id, force=force, now=now)
 
     def pop_message(self, session_id: str, *, seq: int, now: datetime) -> MessageRecord:
-        """Erase message ``seq`` if it is still the newest and no compaction read it
-        (MessagePinned otherwise; SessionLeased while a job runs); return it."""
+        """Erase message ``seq`` if it is still the newest and no compaction read it, with
+        its search text and its part of the artifact index, in one transaction; return
+        it. MessagePinned otherwise (a rolled-back revision's reading counts);
+        SessionLeased while a job's lease is recorded, expired or not."""
         with self._write() as session:
             return pop_newest_message(session, session_id, seq, now)
 

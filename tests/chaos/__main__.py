@@ -30,6 +30,8 @@ def parse_config(argv: list[str] | None) -> ChaosConfig:
     parser.add_argument("--poison-rounds", type=int, default=2)
     parser.add_argument("--llm-latency-ms", type=int, default=400)
     parser.add_argument("--drain-timeout-s", type=float, default=240.0)
+    parser.add_argument("--idle-sessions", type=int, default=1_500,
+                        help="idle sessions the beat's gc may erase while they are appended to")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="keeps the worker logs (default: a temporary directory)")
@@ -44,6 +46,7 @@ def parse_config(argv: list[str] | None) -> ChaosConfig:
         pg_restarts=args.pg_restarts, pg_hangs=args.pg_hangs, pg_hang_s=args.pg_hang_s,
         poison_rounds=args.poison_rounds,
         llm_latency_ms=args.llm_latency_ms, drain_timeout_s=args.drain_timeout_s,
+        idle_sessions=args.idle_sessions,
         seed=args.seed)
 
 

@@ -19,6 +19,8 @@ class ChaosConfig:
     workers: int = 3
     concurrency: int = 2
     appenders: int = 2
+    idle_sessions: int = 1_500  # one-message sessions the beat's gc may erase
+    idle_appenders: int = 2  # appending to them beside the gc (tests/chaos/retention.py)
     append_pause_s: float = 0.15
     redis_restarts: int = 2
     pg_drops: int = 4

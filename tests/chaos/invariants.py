@@ -35,7 +35,7 @@ VIOLATION_KINDS = ("lost_or_altered_messages", "invalid_projections", "broken_re
                    "attempts_without_run",
                    "runs_not_recorded", "poison_not_refused_once", "hostile_headers_obeyed",
                    "healthy_not_compacted", "cached_token_counts_wrong",
-                   "llm_calls_over_plan")
+                   "llm_calls_over_plan", "acknowledged_appends_erased")
 
 
 @dataclass

@@ -1,9 +1,10 @@
-"""One chaos run: import sessions, start the workers and a real beat (scanning every
-minute); in the chaos phase keep appending while workers are SIGKILLed (pool children,
-whole workers, and processes caught inside a swap transaction), Redis and PostgreSQL are
-restarted, PostgreSQL is hung and its connections dropped, and poison is pushed into the
-queue; in the quiet phase let the queue drain; then check every session and the end
-state of the whole system."""
+"""One chaos run: import sessions, start the workers and a real beat (scanning and
+collecting garbage every minute); in the chaos phase keep appending (to idle sessions
+the gc may erase, too) while workers are SIGKILLed (pool children, whole workers, and
+processes caught inside a swap transaction), Redis and PostgreSQL are restarted,
+PostgreSQL is hung and its connections dropped, and poison is pushed into the queue; in
+the quiet phase let the queue drain; then check every session and the end state of the
+whole system."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ from tests.chaos.fleet import WORKER_APP_NAME, Fleet
 from tests.chaos.invariants import Verdict, check_all_sessions
 from tests.chaos.monkey import Monkey
 from tests.chaos.poison import Poisoner
+from tests.chaos.retention import (
+    GC_BATCH_SIZE,
+    SESSION_RETENTION_S,
+    RetentionLedger,
+    count_gc_runs,
+    count_idle_left,
+    find_erased_appends,
+    import_idle_sessions,
+    start_idle_traffic,
+    wait_for_gc,
+)
 from tests.chaos.services import Services, admin_engine, start_services
 from tests.chaos.traffic import Appender, Ledger, import_run_sessions, scan_once
 from tests.support.e2e import JobEnv, build_job_env
@@ -40,6 +52,7 @@ from worker.tokenizer.offline import load_encoding
 MODEL_CONTEXT_TOKENS = 4_000  # trigger 2,800 tokens; sessions start at 3,400-4,300
 TAIL_BUDGET_TOKENS = 500
 RETRY_WINDOW_S = 120  # retries outlast any one outage of the run (a 20 s hang, a restart)
+GC_WAIT_S = 150.0  # after the quiet phase, for the beat's gc to meet the idle appenders
 
 
 @dataclass
@@ -75,9 +88,9 @@ def job_env_for(services: Services, config: ChaosConfig) -> JobEnv:
     """The workers' and beat's settings: small windows, short leases, database calls
     cut off after 8 s (a PostgreSQL hang fails them), retries spread over two minutes, a
     private Redis and PostgreSQL, a scan every minute that skips no recently appended
-    session, the reconciler every ``reconcile_interval_s``, and the production
-    queue-marker TTL (a lost job's marker strands its session unless the reconciler
-    repairs it)."""
+    session, the reconciler every ``reconcile_interval_s``, gc every minute with a
+    session retention (``tests/chaos/retention.py``), and the production queue-marker
+    TTL (a lost job's marker strands its session unless the reconciler repairs it)."""
     return build_job_env(
         services.database_url_as(WORKER_APP_NAME), services.llm_base_url,
         redis_url=services.redis.url, model_context_tokens=MODEL_CONTEXT_TOKENS,
@@ -86,7 +99,9 @@ def job_env_for(services: Services, config: ChaosConfig) -> JobEnv:
         db_statement_timeout_s=5, db_call_timeout_s=8,
         quiet_period_s=0, scan_cron=config.scan_cron,
         reconcile_interval_s=config.reconcile_interval_s,
-        reconcile_grace_s=config.reconcile_grace_s, data_dir=config.work_dir / "beat")
+        reconcile_grace_s=config.reconcile_grace_s, gc_cron=config.scan_cron,
+        gc_session_retention_s=SESSION_RETENTION_S, gc_batch_size=GC_BATCH_SIZE,
+        data_dir=config.work_dir / "beat")
 
 
 def scan_policy(env: JobEnv, *, marker_ttl_s: float) -> ScanPolicy:
@@ -138,6 +153,8 @@ class ChaosRun:
         self.beat = BeatProcess(self.env.env, config.work_dir / "beat.log")
         stack.callback(self.beat.stop)
         self.failing: set[str] = set()  # sessions whose every summary is malformed
+        self.idle_ids: list[str] = []  # sessions the beat's gc may erase
+        self.retention = RetentionLedger()
         self.monkey = Monkey(config, self.fleet, services, sniper, admin, self.poisoner,
                              self.healthy_sessions)
 
@@ -145,15 +162,27 @@ class ChaosRun:
         counter = TokenCounter(load_encoding("o200k_base"))
         failing = self.failing = import_run_sessions(self.store, self.ledger, counter,
                                                      self.config)
+        self.idle_ids = import_idle_sessions(self.store, self.config.idle_sessions)
         self.fleet.start_all()
         self.beat.start()  # its first scan is at the next minute: start with one now
         scan_once(self.store, self.publisher, scan_policy(
             self.env, marker_ttl_s=self.env.settings.enqueue_marker_ttl_s))
         began = time.monotonic()
-        self.chaos_phase(counter)
-        chaos_s = time.monotonic() - began
-        rounds = self.quiet_phase()
-        drain_s = time.monotonic() - began - chaos_s
+        idle_stop = threading.Event()
+        watch, idle_traffic = start_idle_traffic(
+            self.store, self.engine, self.idle_ids, self.retention, idle_stop,
+            appenders=self.config.idle_appenders, seed=self.config.seed)
+        try:
+            self.chaos_phase(counter)
+            chaos_s = time.monotonic() - began
+            rounds = self.quiet_phase()
+            drain_s = time.monotonic() - began - chaos_s
+            # The beat's gc waits behind the jobs queued before it: it may come late.
+            wait_for_gc(watch, GC_WAIT_S)
+        finally:
+            idle_stop.set()
+            for thread in idle_traffic:
+                thread.join(120)
         self.beat.stop()
         verdict = self.report.verdict = check_all_sessions(
             self.store, self.ledger, never_compacted=failing,
@@ -162,6 +191,8 @@ class ChaosRun:
             verdict.add("worker_crashes", [f"a worker exited unkilled: {log_path}"])
         verdict.add("beat_crashes", [f"the beat exited unkilled: {self.beat.log_path}"]
                     * self.beat.crashes)
+        verdict.add("acknowledged_appends_erased",
+                    find_erased_appends(self.store, self.retention))
         delays = self.check_end_state(counter, failing)
         self.count(failing, rounds, chaos_s, drain_s, delays)
         (self.config.work_dir / "violations.txt").write_text(
@@ -290,6 +321,11 @@ class ChaosRun:
             "beat's scans by ending": dict(sorted(self.logs.scan_endings.items())) or "none",
             "reconciler repairs": dict(sorted(self.logs.repairs.items())) or "none",
             "torn log lines (killed mid-write)": self.logs.torn,
+            "beat's gc runs (lifecycle.gc events)": count_gc_runs(self.config.work_dir),
+            "idle sessions erased by gc": len(self.idle_ids) - count_idle_left(self.engine),
+            "appends to idle sessions (acknowledged, during gc, refused, unsure)":
+                f"{len(self.retention.acknowledged)} ({self.retention.during_gc}, "
+                f"{self.retention.refused}, {self.retention.unsure})",
             "quiet-phase scan rounds": rounds,
             "chaos phase s": round(chaos_s, 1),
             "quiet phase s": round(drain_s, 1),

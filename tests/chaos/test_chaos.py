@@ -1,9 +1,9 @@
 """The chaos suite's short form, for CI: 40 sessions, at least five SIGKILLs, and each
 other fault once (a Redis restart, a PostgreSQL restart, a PostgreSQL hang, a round of
-dropped PostgreSQL connections, a round of poison) under a real beat, then every
-invariant checked (the full run is ``python -m tests.chaos``; see docs/CHAOS.md). And a
-fault the full run meets only by chance, made certain: jobs that finish while Redis is
-down."""
+dropped PostgreSQL connections, a round of poison) under a real beat (whose gc erases
+idle sessions while they are appended to), then every invariant checked (the full run
+is ``python -m tests.chaos``; see docs/CHAOS.md). And a fault the full run meets only by
+chance, made certain: jobs that finish while Redis is down."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_a_short_chaos_run_loses_nothing_and_settles_every_session(tmp_path: Pat
     assert counts["poison items pushed"] > 0
     assert counts["beat's compactor.scan received by a worker"] >= 1
     assert counts["appends leaving tool calls open"] > 0
+    assert counts["beat's gc runs (lifecycle.gc events)"] >= 1
+    assert counts["idle sessions erased by gc"] > 0
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

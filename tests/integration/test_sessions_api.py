@@ -3,6 +3,7 @@ creates a session, appends turns as its agent loop produces them, and reads what
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ import pytest
 
 from tests.integration.test_store import T0, job_run, summary_revision
 from tests.support.databases import open_store
+from worker.platform.recall_tool import handle_recall
 from worker.platform.sessions import (
     MessagePinned,
     MessagesRejected,
@@ -157,3 +159,21 @@ def test_the_newest_message_can_be_taken_back_until_a_summary_reads_it(
     with pytest.raises(MessagePinned):
         sessions.pop("chat", 2)
     assert sessions.newest("missing") is None
+
+
+def test_an_erased_identifier_is_recalled_nowhere_once_its_seq_is_taken_again(
+    sessions: SessionStore, database_url: str,
+) -> None:
+    sessions.append("chat", [SYSTEM, USER], create=True)
+    sessions.append("chat", [{"role": "user", "content": "Refund ticket PAY-4242 too."}])
+    sessions.pop("chat", 3)
+    sessions.append("chat", [{"role": "user", "content": "Refund ticket ZQ-7781 instead."}])
+
+    with open_store(database_url) as store:
+        erased = json.loads(handle_recall(store, "chat", '{"query": "PAY-4242"}'))
+        kept = json.loads(handle_recall(store, "chat", '{"query": "ZQ-7781"}'))
+    assert erased["hits"] == []
+    assert [(hit["seq"], hit["excerpt"]) for hit in kept["hits"]] == \
+        [(3, "Refund ticket ZQ-7781 instead.")]
+    values = {artifact.value: artifact.first_seq for artifact in sessions.artifacts("chat")}
+    assert "PAY-4242" not in values and values["ZQ-7781"] == 3

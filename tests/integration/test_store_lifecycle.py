@@ -18,7 +18,7 @@ from db import (
     SessionNotFound,
     Store,
 )
-from tests.integration.test_store import T0, conversation, job_run, swap
+from tests.integration.test_store import T0, conversation, job_run, message, swap
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +112,53 @@ def test_a_message_a_compaction_has_read_or_an_older_one_cannot_be_popped(
     with pytest.raises(MessagePinned):
         store.pop_message("s", seq=4, now=T0)
     assert store.pop_message("s", seq=5, now=T0).body["content"] == "n-system"
+
+
+def mentioning(text: str, *values: str, source: str = "user") -> NewMessage:
+    """A user message naming ``values``, indexed as ingest would index it."""
+    return NewMessage({"role": "user", "content": text}, "user", None, len(text),
+                      identifiers=tuple((value, "ticket", source, 1, 6) for value in values),
+                      search_text=text)
+
+
+def test_a_popped_message_leaves_recall_and_the_artifact_index_before_its_seq_is_reused(
+    store: Store,
+) -> None:
+    store.import_session("s", {}, [message("system", "sys"),
+                                   mentioning("first PAY-1111, KEEP-2222", "PAY-1111",
+                                              "KEEP-2222")], T0)
+    store.append_messages("s", [mentioning("erase PAY-4242, KEEP-2222", "PAY-4242",
+                                           "KEEP-2222", source="tool_output")], now=T0)
+    store.pop_message("s", seq=3, now=T0)
+    assert store.append_messages("s", [mentioning("now ZZ-1111", "ZZ-1111")], now=T0) == [3]
+
+    assert store.recall("s", "PAY-4242") == []
+    assert [(hit.seq, hit.excerpt) for hit in store.recall("s", "ZZ-1111")] == \
+        [(3, "now ZZ-1111")]
+    artifacts = {a.value: (a.first_seq, a.last_seq, a.count, a.sources)
+                 for a in store.artifacts("s")}
+    assert artifacts == {"PAY-1111": (2, 2, 1, frozenset({"user"})),
+                         "KEEP-2222": (2, 2, 1, frozenset({"user"})),
+                         "ZZ-1111": (3, 3, 1, frozenset({"user"}))}
+
+
+def test_a_message_a_rolled_back_compaction_read_cannot_be_popped(store: Store) -> None:
+    compacted_session(store, "s", 1)  # the revision's snapshot saw all 4 messages
+    store.rollback("s")
+
+    with pytest.raises(MessagePinned):
+        store.pop_message("s", seq=4, now=T0)
+    assert store.get_session("s").head_seq == 4
+
+
+def test_a_pop_waits_until_an_expired_lease_is_released(store: Store) -> None:
+    store.import_session("s", {}, conversation(4), T0)
+    assert store.acquire_lease("s", "worker:stalled", 60, T0)
+
+    with pytest.raises(SessionLeased):  # its job may wake, renew it and swap what it read
+        store.pop_message("s", seq=4, now=T0 + timedelta(seconds=61))
+    assert store.release_lease("s", "worker:stalled")
+    assert store.pop_message("s", seq=4, now=T0 + timedelta(seconds=61)).seq == 4
 
 
 def test_gc_keeps_the_active_revision_and_n_ancestors_and_removes_older_superseded_ones(

@@ -170,11 +170,14 @@ class SessionStore:
         return newest[-1] if newest else None
 
     def pop(self, session_id: str, seq: int) -> MessageRecord:
-        """Erase message ``seq`` if it is still the newest and no compaction has read it.
+        """Erase message ``seq`` if it is still the newest and no compaction has read it,
+        with its search text and its identifiers' part of the artifact index.
 
         Raises:
-            MessagePinned: it is not the newest, or the active summary covers it.
-            SessionLeased: a job is compacting the session.
+            MessagePinned: it is not the newest, or a summary read it (a rolled-back one
+                too).
+            SessionLeased: a job holds the session's lease, or held it and has not
+                released it yet (the reconciler releases a dead job's).
         """
         return self._store.pop_message(session_id, seq=seq, now=datetime.now(UTC))
 

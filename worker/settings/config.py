@@ -329,7 +329,8 @@ class Settings(BaseSettings):
         "by gc, as `compactor delete` would (s; unset = sessions are kept)."
     )
     gc_batch_size: int = Field(
-        500, gt=0, description="Sessions (for revisions) or runs per gc transaction (count)."
+        500, gt=0, description="Sessions (idle ones to erase, or whose revisions to "
+        "collect) or runs per gc transaction (count)."
     )
     gc_cron: str | None = Field(
         None, description="When beat runs the garbage collection (cron expression, UTC; "
