@@ -103,6 +103,7 @@ def with_postgres_timeouts(url: str, *, connect_timeout_s: int, statement_timeou
     parsed = make_url(url)
     if not parsed.drivername.startswith(("postgresql", "postgres")):
         return url
+    pooler = str(parsed.query.get(POOLER_KEY, pooler))  # the URL's own value wins
     if pooler not in POOLERS:
         raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, not {pooler!r}")
     defaults = {"connect_timeout": str(connect_timeout_s), "keepalives": "1",

@@ -33,6 +33,8 @@ def test_behind_a_transaction_pooler_the_statement_timeout_is_the_engines_not_a_
     assert "options" not in query
     assert (query["compactor_pooler"], query["compactor_statement_timeout_ms"]) == \
         ("transaction", "90000")
+    marked = Settings(database_url="postgresql://u@h:6432/db?compactor_pooler=transaction")
+    assert "options" not in make_url(marked.effective_database_url).query
     with pytest.raises(ValidationError, match="must not set options"):
         Settings(database_url="postgresql://u@h/db?options=-c%20x%3D1", db_pooler="transaction")
 
