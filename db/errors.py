@@ -15,7 +15,9 @@
         │                    or refused, pooler and protocol errors, prepared statements
         │                    lost or colliding, serialization failures and deadlocks,
         │                    shutdowns, timeouts; retrying may succeed
-        └── SchemaLockTimeout   an upgrade gave way to transactions holding its tables
+        ├── SchemaLockTimeout   an upgrade gave way to transactions holding its tables
+        └── PoolerRefusedStartup  a transaction pooler refused the connection's startup
+                                  options: a setting to fix, which start checks refuse
 
 :func:`translate_errors` is the one place ``sqlalchemy.exc`` errors become these. The tree
 itself does not import SQLAlchemy: a command that only reports a store error by name
@@ -84,6 +86,13 @@ class SchemaLockTimeout(StoreUnavailable):
     was changed; run it again once they end."""
 
 
+class PoolerRefusedStartup(StoreUnavailable):
+    """Raised when a pooler in transaction mode refused the connection's startup options
+    (the statement timeout a direct connection sends): COMPACTOR_DB_POOLER is not
+    ``transaction``. Still an infrastructure fault for a job (retried, no breaker); the
+    start checks refuse to start on it."""
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """Re-raise SQLAlchemy errors as store errors (messages carry no bound values)."""
@@ -93,7 +102,10 @@ def translate_errors() -> Iterator[None]:
         yield
     except sa_exc.SQLAlchemyError as error:
         if is_infrastructure_fault(error):
-            raise StoreUnavailable(_describe(error)) from error
+            described = _describe(error)
+            if POOLER_HINT in described:
+                raise PoolerRefusedStartup(described) from error
+            raise StoreUnavailable(described) from error
         raise StoreError(_describe(error)) from error
 
 

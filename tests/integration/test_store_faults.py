@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from db import StoreError, StoreUnavailable, create_db_engine
+from db import PoolerRefusedStartup, StoreError, StoreUnavailable, create_db_engine
 from db.call_deadline import shut_down
 from db.errors import translate_errors
 from tests.support.databases import create_postgres_database, drop_postgres_database
@@ -211,7 +211,7 @@ def test_pgbouncer_refusing_a_startup_option_is_unavailable_and_names_the_settin
 
     assert "unsupported startup parameter" in str(error)
     assert "COMPACTOR_DB_POOLER=transaction" in str(error)
-    assert isinstance(error, StoreUnavailable)
+    assert isinstance(error, PoolerRefusedStartup)  # a StoreUnavailable the checks refuse
 
 
 @pytest.mark.parametrize(("statement", "sqlstate"), [
