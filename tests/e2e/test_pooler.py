@@ -105,14 +105,19 @@ def test_pgbouncer_dropping_every_connection_mid_run_fails_jobs_as_store_unavail
     events, _ = run_jobs(pooled_env, pooled_store, tmp_path, KILLED_SESSIONS,
                          during=kill_twice)
 
-    ended = {(e["outcome"], e["reason"]) for e in events} - {("compacted", "over_trigger")}
-    assert ended <= {("failed", "store_unavailable")}, ended
+    # A retry finds its session under the trigger when the swap it failed on had
+    # committed (its answer lost with the connection).
+    ended = {(e["outcome"], e["reason"]) for e in events}
+    assert ended <= {("compacted", "over_trigger"), ("failed", "store_unavailable"),
+                     ("skipped", "under_trigger")}, ended
+    assert ("failed", "store_unavailable") in ended  # the KILLs did hit running jobs
     states = [pooled_store.get_session(f"pooled-{n}") for n in range(KILLED_SESSIONS)]
     assert all(state.breaker_failures == 0 for state in states)
-    failed = [e for e in events if e["outcome"] == "failed"]
-    compacted = {e["session_id"] for e in events if e["outcome"] == "compacted"}
     # A session whose last attempt failed too is left to the reconciler, as in any outage.
-    assert len(compacted) + len([e for e in failed if not e["will_retry"]]) >= KILLED_SESSIONS
+    given_up = {e["session_id"] for e in events
+                if e["outcome"] == "failed" and not e["will_retry"]}
+    assert all(state.active_revision_id is not None for state in states
+               if state.session_id not in given_up)
     print(f"{KILLED_SESSIONS} sessions, PgBouncer KILLed {KILLS} times: "
           f"{dict(Counter((e['outcome'], e['reason']) for e in events))}")
 
