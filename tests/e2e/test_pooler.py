@@ -1,7 +1,8 @@
 """Two real worker processes whose every database call goes through a PgBouncer in
 transaction mode (``COMPACTOR_DB_POOLER=transaction``), sharing its few server
 connections with each other and with the platform's own store: every job compacts its
-session, none fails."""
+session, none fails; and when PgBouncer drops every connection mid-run, the jobs it hits
+fail only as ``store_unavailable``, are retried, and count on no session's breaker."""
 
 from __future__ import annotations
 
