@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from db.errors import (
     LeaseLost,
     MessagePinned,
+    PoolerRefusedStartup,
     RevisionConflict,
     RevisionNotFound,
     SchemaLockTimeout,
@@ -139,6 +140,7 @@ __all__ = [
     "NewMessage",
     "NewRevision",
     "NewRun",
+    "PoolerRefusedStartup",
     "QueueMarkers",
     "RecallHit",
     "RevisionConflict",

@@ -4,7 +4,8 @@ psycopg's ``execute`` receives the whole result before it returns a row: libpq k
 one block of C memory (a 1M-token session's snapshot: its 3.5 MiB of JSON plus a 16-byte
 slot per column per row, ~7 MiB) beside the objects the rows become. ``Cursor.stream``
 reads it in chunks of rows (libpq's chunked-rows mode): the same one query and one round
-trip, with at most a chunk held at once, of a statement prepared once per connection.
+trip, with at most a chunk held at once, of a statement prepared once per connection
+(none behind a transaction pooler).
 
 The statement still goes through SQLAlchemy where it matters: compiled by its dialect,
 announced to its cursor events (statement counters, tracing), result values processed by
@@ -46,14 +47,18 @@ def stream_rows(connection: Connection, statement: Select[Any] | CompoundSelect[
     prepared ``execute`` costs in all). It is prepared once per connection instead (SQL
     ``PREPARE``: one statement more on a connection's first run) and each run streams an
     ``EXECUTE`` of it, the values quoted as literals (the extended protocol binds no
-    parameters to a utility statement). Where the prepared statement is lost (a pooler
-    that hands each statement to another server connection), the plain statement is
-    streamed, from then on for that connection.
+    parameters to a utility statement). An engine that prepares nothing (behind a
+    transaction pooler, ``db/engine.py``: psycopg's ``prepare_threshold`` is None) streams
+    the plain statement; so does a connection whose prepared statement was lost (a pooler
+    nobody told us of hands each statement to another server connection), from then on.
     """
     from psycopg.errors import InvalidSqlStatementName  # only ever run on psycopg
 
     compiled = _compile(statement, connection.dialect)
     bound = compiled.construct_params(dict(parameters)) or {}
+    if connection.connection.driver_connection.prepare_threshold is None:  # type: ignore[union-attr]  # psycopg's
+        yield from _stream(connection, compiled.string, bound, shown_as=compiled.string)
+        return
     prepared = _prepared(compiled)
     usable: dict[str, bool] = connection.connection.info.setdefault(_PREPARED_INFO, {})
     if prepared.name not in usable:

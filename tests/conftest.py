@@ -24,6 +24,7 @@ from tests.support.databases import (
     sqlite_url,
     truncate_store_tables,
 )
+from tests.support.pgbouncer import PgBouncer, start_pgbouncer
 
 DATABASE_KINDS = ("sqlite", "postgresql")
 
@@ -47,6 +48,23 @@ def migrated_postgres_url() -> Iterator[str]:
         yield url
     finally:
         drop_postgres_database(url)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A PgBouncer in transaction mode for the whole run (fails with directions when the
+    binary is missing)."""
+    running = start_pgbouncer()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(migrated_postgres_url: str, pgbouncer: PgBouncer) -> str:
+    """The run's migrated PostgreSQL database through PgBouncer, marked as pooled."""
+    return pgbouncer.url_for(migrated_postgres_url)
 
 
 @pytest.fixture(params=DATABASE_KINDS)

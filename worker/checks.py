@@ -16,7 +16,14 @@ from enum import StrEnum
 
 import redis
 
-from db import SchemaMissing, StoreError, StoreUnavailable, current_revision, head_revision
+from db import (
+    PoolerRefusedStartup,
+    SchemaMissing,
+    StoreError,
+    StoreUnavailable,
+    current_revision,
+    head_revision,
+)
 from worker.errors import (
     CompactionError,
     ProviderAuthFailed,
@@ -123,6 +130,8 @@ def check_database(settings: Settings) -> str:
                        "run `compactor db upgrade` (or any `compactor` command that uses it)")
     try:
         current, head = current_revision(url), head_revision()
+    except PoolerRefusedStartup as error:
+        raise _Problem(f"{shown}: {error}", "set COMPACTOR_DB_POOLER=transaction") from None
     except StoreUnavailable as error:
         raise _Unreachable(f"cannot reach {shown}: {error}",
                        "start the database or fix COMPACTOR_DATABASE_URL") from None

@@ -13,6 +13,7 @@ import pytest
 from tests.support.cli import Compactor
 from tests.support.e2e import REDIS_URL
 from tests.support.openai_server import OpenAIServer
+from tests.support.pgbouncer import PgBouncer
 
 GOOD_KEY = "sk-check-good-key-0123456789"
 UNREACHABLE_LLM = "http://probe-user:probe-secret@127.0.0.1:9/v1"
@@ -123,6 +124,23 @@ def test_an_unmigrated_database_is_a_problem_and_a_down_redis_unreachable_with_t
         "cannot reach Redis at redis://:***@127.0.0.1:1/0")
     assert checks["redis"]["fix"] == "start Redis or fix COMPACTOR_REDIS_URL"
     assert checks["summarizer"]["detail"].startswith("extractive")
+
+
+def test_pgbouncer_in_transaction_mode_without_the_pooler_setting_is_a_problem_naming_it(
+    pgbouncer: PgBouncer, migrated_postgres_url: str, tmp_path: Path,
+) -> None:
+    through = pgbouncer.url_for(migrated_postgres_url).split("?")[0]
+    env = {"COMPACTOR_DATABASE_URL": through, "COMPACTOR_DATA_DIR": str(tmp_path),
+           "COMPACTOR_REDIS_URL": REDIS_URL, "COMPACTOR_SUMMARIZER": "extractive"}
+
+    exit_code, checks = checks_by_name(env)
+    _, pooled = checks_by_name({**env, "COMPACTOR_DB_POOLER": "transaction"})
+
+    assert exit_code == 1
+    assert checks["database"]["status"] == "problem"
+    assert "unsupported startup parameter: options" in checks["database"]["detail"]
+    assert checks["database"]["fix"] == "set COMPACTOR_DB_POOLER=transaction"
+    assert pooled["database"]["status"] == "ok", pooled["database"]
 
 
 def test_an_unknown_variable_is_warned_and_shown_with_the_closest_name(

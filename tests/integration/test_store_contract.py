@@ -79,7 +79,7 @@ class ContractStore(JobStore, Protocol):
     ) -> tuple[list[int], Any]: ...
 
 
-@pytest.fixture(params=["fake", "sqlite", "postgresql"])
+@pytest.fixture(params=["fake", "sqlite", "postgresql", "postgresql-pgbouncer"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ContractStore]:
     """A store of each kind holding one session: a system prompt and six messages."""
     if request.param == "fake":

@@ -25,6 +25,20 @@ def test_a_postgresql_url_gets_the_timeouts_of_the_settings() -> None:
     assert make_url(settings.effective_database_url).password == "p"
 
 
+def test_behind_a_transaction_pooler_the_statement_timeout_is_the_engines_not_a_startup_option(
+) -> None:
+    settings = Settings(database_url="postgresql+psycopg://u:p@h:6432/db", db_pooler="transaction",
+                        db_statement_timeout_s=90)
+    query = make_url(settings.effective_database_url).query
+    assert "options" not in query
+    assert (query["compactor_pooler"], query["compactor_statement_timeout_ms"]) == \
+        ("transaction", "90000")
+    marked = Settings(database_url="postgresql://u@h:6432/db?compactor_pooler=transaction")
+    assert "options" not in make_url(marked.effective_database_url).query
+    with pytest.raises(ValidationError, match="must not set options"):
+        Settings(database_url="postgresql://u@h/db?options=-c%20x%3D1", db_pooler="transaction")
+
+
 def test_the_operators_own_values_win_and_zero_means_no_statement_timeout() -> None:
     settings = Settings(database_url="postgresql://u@h/db?connect_timeout=3&options=-c%20x%3D1",
                         db_statement_timeout_s=0)

@@ -34,6 +34,13 @@ class BreakerOpenPolicy(StrEnum):
     FALLBACK = "fallback"
 
 
+class DbPooler(StrEnum):
+    """What stands between the service and PostgreSQL (``db/engine.py``)."""
+
+    NONE = "none"  # the server itself, or a pooler in session mode
+    TRANSACTION = "transaction"  # PgBouncer's pool_mode = transaction, or alike
+
+
 class LogFormat(StrEnum):
     AUTO = "auto"  # JSON when stderr is not a TTY, console when it is
     JSON = "json"
@@ -68,6 +75,11 @@ class Settings(BaseSettings):
     db_statement_timeout_s: int = Field(
         300, ge=0, description="Longest PostgreSQL statement of the service; migrations "
         "excepted (s; 0 = none; unless database_url sets options)."
+    )
+    db_pooler: DbPooler = Field(
+        DbPooler.NONE, description="What stands between the service and PostgreSQL: "
+        "none (the server, or a pooler in session mode) or transaction (PgBouncer's "
+        "transaction pooling: timeouts per transaction, no prepared statements)."
     )
     db_keepalives_idle_s: int = Field(
         30, gt=0, description="Idle time before TCP keepalives probe a PostgreSQL "
@@ -380,6 +392,9 @@ class Settings(BaseSettings):
             raise ValueError(
                 "COMPACTOR_DB_CALL_TIMEOUT_S must exceed COMPACTOR_DB_STATEMENT_TIMEOUT_S: a "
                 "live server's own timeout answers first, with its own error")
+        if self.db_pooler is DbPooler.TRANSACTION and "options=" in (self.database_url or ""):
+            raise ValueError("COMPACTOR_DATABASE_URL must not set options when "
+                             "COMPACTOR_DB_POOLER=transaction: the pooler refuses them")
         if 2 * (self.db_call_timeout_s + self.db_connect_timeout_s) >= self.task_soft_time_limit_s:
             raise ValueError(
                 "twice (COMPACTOR_DB_CALL_TIMEOUT_S + COMPACTOR_DB_CONNECT_TIMEOUT_S) must be "
@@ -452,7 +467,7 @@ class Settings(BaseSettings):
         return with_postgres_timeouts(
             self.configured_database_url, connect_timeout_s=self.db_connect_timeout_s,
             statement_timeout_s=self.db_statement_timeout_s,
-            keepalives_idle_s=self.db_keepalives_idle_s)
+            keepalives_idle_s=self.db_keepalives_idle_s, pooler=self.db_pooler.value)
 
     @property
     def effective_summarizer(self) -> SummarizerKind:
