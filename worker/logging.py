@@ -1,7 +1,8 @@
 """Logging configured once per process: structlog rendered through the standard library,
 so our events and the records of Celery, alembic and the HTTP client leave as one JSON
-object per line on stderr (a console renderer on a terminal). Every job ends in one
-``compaction.job`` event (see README, "Outcome events")."""
+object per line on stderr (a console renderer on a terminal), each scrubbed of
+credentials on the way out. Every job ends in one ``compaction.job`` event (see README,
+"Outcome events")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import sys
 from typing import Any
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+from worker.scrub import scrub_value
 
 JOB_EVENT = "compaction.job"
 _HANDLER_NAME = "compactor"
@@ -67,16 +70,21 @@ def _build_formatter(use_json: bool) -> structlog.stdlib.ProcessorFormatter:
     renderer: Processor
     if use_json:
         renderer = structlog.processors.JSONRenderer()
-        # Tracebacks become one string field, so a record stays on one line.
-        finishing: list[Processor] = [structlog.processors.format_exc_info]
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-        finishing = []
+    # Every record, ours or a library's, passes here with its message formatted and its
+    # traceback as text (one string field: a JSON record stays on one line), so the
+    # scrubber sees all of it just before it is rendered.
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=list(_SHARED_PROCESSORS),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    *finishing, renderer],
+                    structlog.processors.format_exc_info, scrub_event, renderer],
     )
+
+
+def scrub_event(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Credentials out of every field of a record (``worker/scrub.py``'s rules)."""
+    return {key: scrub_value(value) for key, value in event_dict.items()}
 
 
 class _CurrentStderr:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from worker.scrub import mask_url, mask_urls
+from worker.scrub import mask_url, scrub_text
 
 if TYPE_CHECKING:
     import pydantic
@@ -74,9 +74,10 @@ def stderr_console() -> Console:
 def fail(message: str, *, exit_code: int = 1) -> NoReturn:
     """Print a one-line error on stderr and exit with ``exit_code``.
 
-    URLs in it have their passwords hidden: a driver's error may quote the URL it got.
+    Credentials in it are hidden (``worker/scrub.py``): a driver's error may quote the
+    URL it got.
     """
-    stderr_console().print(f"[bold red]error:[/] {escape(mask_urls(message))}",
+    stderr_console().print(f"[bold red]error:[/] {escape(scrub_text(message))}",
                            highlight=False)
     raise typer.Exit(exit_code)
 
