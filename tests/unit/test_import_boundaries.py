@@ -61,7 +61,7 @@ WORKER_PARTS_MAY_IMPORT: dict[str, set[str]] = {
     "checks": {"compaction", "db", "errors", "scrub", "settings", "summarizers"},
     "metrics_state": {"db", "logging", "settings", "shared_state"},
     "runtime": {"compaction", "db", "job", "settings", "shared_state", "summarizers"},
-    "broker": {"checks", "db", "errors", "job", "logging", "memory", "metrics",
+    "broker": {"checks", "compaction", "db", "errors", "job", "logging", "memory", "metrics",
                "metrics_state", "runtime", "settings", "shared_state"},
 }
 MAX_WORKER_ROOT_MODULES = 8

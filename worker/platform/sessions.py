@@ -47,7 +47,7 @@ from worker.compaction import (
     load_encoding,
 )
 from worker.errors import MessagesRejected
-from worker.platform.ingest import AppendReport, append_checked
+from worker.platform.ingest import AppendReport, append_checked, check_session_id
 
 if TYPE_CHECKING:
     from db import Store
@@ -120,7 +120,9 @@ class SessionStore:
         self.close()
 
     def create(self, session_id: str, metadata: dict[str, Any] | None = None) -> SessionState:
-        """Create an empty session; SessionExists when the id is taken."""
+        """Create an empty session; SessionExists when the id is taken, MessagesRejected
+        when it holds a control character."""
+        check_session_id(session_id)
         return self._store.create_session(session_id, metadata or {}, datetime.now(UTC))
 
     def append(
