@@ -30,7 +30,8 @@ _NAMED_VALUE = re.compile(
     r"(?<![\w.-])(?P<name>[A-Za-z][\w.-]*)"
     r"(?P<sep>[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token|digest)\s+)?)"
     r"(?P<value>[^\s\"'&#,;)}\]]+)", re.IGNORECASE)
-_QUERY_PAIR = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&#;\s]+)=(?P<value>[^&#;\s]*)")
+_QUERY_PAIR = re.compile(
+    r"(?P<lead>[?&;])(?P<name>[^=&#;\s]+)=(?P<value>[^&#;\s\"'<>)\]}]*)")
 _PATTERNS = (
     # Authorization values in prose: "Bearer abc...".
     re.compile(r"\b(?<=bearer\s)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),

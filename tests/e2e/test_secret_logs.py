@@ -58,6 +58,17 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         yield running
 
 
+CRASHING_COMMAND = """
+from scheduler.cli.main import app
+
+def boom() -> None:
+    raise RuntimeError("cannot reach postgresql://app:{password}@db/c?api-key={key} now")
+
+app.command("boom")(boom)
+app(prog_name="compactor", args=["boom"])
+"""
+
+
 def secret_env(postgres_url: str, server: OpenAIServer, redis_url: str, level: str) -> JobEnv:
     host = server.base_url.removeprefix("http://")
     llm_url = f"http://llm-user:{quote(LLM_PASSWORD, safe='')}@{host}?api-key={QUERY_KEY}"
@@ -113,3 +124,22 @@ def test_no_secret_of_any_url_or_key_reaches_any_process_output(
     leaks = {(source, name): text.count(secret) for source, text in texts.items()
              for name, secret in SECRETS.items() if secret in text}
     assert leaks == {}, f"{sum(map(len, texts.values()))} characters searched: {leaks}"
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_an_unexpected_command_error_leaves_as_one_scrubbed_record(
+    log_format: str, tmp_path: Path
+) -> None:
+    script = CRASHING_COMMAND.format(password=PG_PASSWORD, key=QUERY_KEY)
+    env = os.environ | {"COMPACTOR_DATA_DIR": str(tmp_path), "COMPACTOR_LOG_FORMAT": log_format}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+    assert done.returncode == 1
+    assert "cli.crashed" in done.stderr and "RuntimeError: cannot reach" in done.stderr
+    assert "postgresql://app:***@db/c?api-key=*** now" in done.stderr
+    assert (done.stderr + done.stdout).count(PG_PASSWORD) == 0
+    assert (done.stderr + done.stdout).count(QUERY_KEY) == 0
+    if log_format == "json":
+        [record] = parse_log_lines(done.stderr)
+        assert record["level"] == "critical"
