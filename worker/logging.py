@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from worker.compaction import escape_controls
 from worker.scrub import scrub_value
 
 JOB_EVENT = "compaction.job"
@@ -67,24 +68,29 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
 
 
 def _build_formatter(use_json: bool) -> structlog.stdlib.ProcessorFormatter:
-    renderer: Processor
-    if use_json:
-        renderer = structlog.processors.JSONRenderer()
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    # JSON escapes control characters itself; console lines are written as they are.
+    finishing: list[Processor] = [structlog.processors.JSONRenderer()] if use_json else [
+        escape_event_controls, structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     # Every record, ours or a library's, passes here with its message formatted and its
     # traceback as text (one string field: a JSON record stays on one line), so the
     # scrubber sees all of it just before it is rendered.
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=list(_SHARED_PROCESSORS),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info, scrub_event, renderer],
+                    structlog.processors.format_exc_info, scrub_event, *finishing],
     )
 
 
 def scrub_event(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Credentials out of every field of a record (``worker/scrub.py``'s rules)."""
     return {key: scrub_value(value) for key, value in event_dict.items()}
+
+
+def escape_event_controls(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Control characters of every text field escaped, line by line (a traceback keeps
+    its lines): a stored id cannot drive the terminal a console log is read on."""
+    return {key: "\n".join(map(escape_controls, value.split("\n")))
+            if isinstance(value, str) else value for key, value in event_dict.items()}
 
 
 class _CurrentStderr:

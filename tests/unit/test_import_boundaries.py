@@ -48,7 +48,7 @@ FACES = (
 # a design decision: add it here on purpose, or move the code.
 WORKER_PARTS_MAY_IMPORT: dict[str, set[str]] = {
     "compaction": set(),
-    "logging": {"scrub"},
+    "logging": {"compaction", "scrub"},
     "memory": set(),
     "metrics": set(),
     "scrub": set(),

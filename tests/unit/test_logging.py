@@ -96,6 +96,23 @@ def test_every_record_is_scrubbed_its_arguments_fields_and_traceback_included(
     assert "ConnectionError: cannot reach" in err
 
 
+def test_console_lines_show_control_characters_escaped_and_keep_their_own_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("console")
+
+    get_logger().warning("scan.enqueued", session_id="abc\x1b[2J\u202e")
+    try:
+        raise ValueError("bad id abc\x1b[2J")
+    except ValueError:
+        logging.getLogger("celery").exception("job failed for %s", "abc\x9b31m")
+
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x9b" not in err and "\u202e" not in err
+    assert "abc\\x1b[2J\\u202e" in err and "abc\\x9b31m" in err
+    assert "ValueError: bad id abc\\x1b[2J" in err.splitlines()
+
+
 def test_the_console_format_renders_readable_lines(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("console")
 
