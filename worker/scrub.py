@@ -92,8 +92,9 @@ def scrub_value(value: object) -> object:
         return scrub_text(value)
     if isinstance(value, dict):
         return {key: scrub_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(scrub_value(item) for item in value)
+    if isinstance(value, list | tuple):  # a named tuple comes back a plain one
+        items = [scrub_value(item) for item in value]
+        return items if isinstance(value, list) else tuple(items)
     if value is None or isinstance(value, bool | int | float):
         return value
     shown = repr(value)

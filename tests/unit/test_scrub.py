@@ -3,6 +3,8 @@ however they are written; ordinary error text left as it was."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 
 from worker.scrub import (
@@ -129,6 +131,11 @@ def test_a_urls_secrets_are_found_as_written_and_decoded() -> None:
     assert list(url_secrets("redis://127.0.0.1:6379/0")) == []
 
 
+class Address(NamedTuple):
+    url: str
+    port: int
+
+
 def test_values_are_scrubbed_inside_containers_and_reprs_only_when_they_hold_one() -> None:
     class Endpoint:
         def __repr__(self) -> str:
@@ -136,7 +143,8 @@ def test_values_are_scrubbed_inside_containers_and_reprs_only_when_they_hold_one
 
     marker = object()
     value = scrub_value({"urls": ["http://u:pw@h/"], "n": 3, "ok": True, "e": Endpoint(),
-                         "o": marker})
+                         "o": marker, "at": Address("http://u:pw@h/", 80)})
 
     assert value == {"urls": ["http://u:***@h/"], "n": 3, "ok": True,
-                     "e": "Endpoint(http://u:***@llm/v1)", "o": marker}
+                     "e": "Endpoint(http://u:***@llm/v1)", "o": marker,
+                     "at": ("http://u:***@h/", 80)}
