@@ -3,7 +3,8 @@ tokenizer (offline), and the summarizer (the LLM endpoint's credentials and mode
 one tiny request, or the extractive summarizer's needs). ``compactor check`` prints
 them; a worker runs them at start and refuses to consume when one fails.
 
-Each check says what is wrong and what to change, with URLs' passwords masked.
+Each check says what is wrong and what to change, scrubbed of credentials (URLs'
+passwords and secret query values masked, the configured secrets removed).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from worker.errors import (
     SummaryInvalid,
     TokenizerUnavailable,
 )
-from worker.scrub import mask_url, mask_urls
+from worker.scrub import mask_url, scrub_text
 from worker.settings.config import Settings, SummarizerKind
 from worker.settings.errors import unknown_variables
 from worker.tokenizer.offline import load_encoding
@@ -107,9 +108,10 @@ def _run(name: str, check: Callable[[Settings], str], settings: Settings) -> Che
     try:
         detail = check(settings)
     except _Problem as problem:
-        return CheckResult(name, problem.status, mask_urls(problem.detail), problem.fix,
+        return CheckResult(name, problem.status, scrub_text(problem.detail), problem.fix,
                            time.monotonic() - started)
-    return CheckResult(name, CheckStatus.OK, detail, "", time.monotonic() - started)
+    return CheckResult(name, CheckStatus.OK, scrub_text(detail), "",
+                       time.monotonic() - started)
 
 
 def check_settings(_: Settings) -> str:

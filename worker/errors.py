@@ -163,7 +163,8 @@ class JobRejected(CompactionError):
 
 
 class MessagesRejected(JobRejected):
-    """Raised when intake rejects messages to append; ``problems`` says why."""
+    """Raised when intake rejects messages to append (or the session id they are for);
+    ``problems`` says why."""
 
     def __init__(self, session_id: str, problems: tuple[Problem, ...]) -> None:
         kinds = sorted({problem.kind.value for problem in problems})

@@ -1,7 +1,8 @@
 """Logging configured once per process: structlog rendered through the standard library,
 so our events and the records of Celery, alembic and the HTTP client leave as one JSON
-object per line on stderr (a console renderer on a terminal). Every job ends in one
-``compaction.job`` event (see README, "Outcome events")."""
+object per line on stderr (a console renderer on a terminal), each scrubbed of
+credentials on the way out. Every job ends in one ``compaction.job`` event (see README,
+"Outcome events")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import sys
 from typing import Any
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+from worker.compaction import escape_controls
+from worker.scrub import scrub_value
 
 JOB_EVENT = "compaction.job"
 _HANDLER_NAME = "compactor"
@@ -64,19 +68,29 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
 
 
 def _build_formatter(use_json: bool) -> structlog.stdlib.ProcessorFormatter:
-    renderer: Processor
-    if use_json:
-        renderer = structlog.processors.JSONRenderer()
-        # Tracebacks become one string field, so a record stays on one line.
-        finishing: list[Processor] = [structlog.processors.format_exc_info]
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-        finishing = []
+    # JSON escapes control characters itself; console lines are written as they are.
+    finishing: list[Processor] = [structlog.processors.JSONRenderer()] if use_json else [
+        escape_event_controls, structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
+    # Every record, ours or a library's, passes here with its message formatted and its
+    # traceback as text (one string field: a JSON record stays on one line), so the
+    # scrubber sees all of it just before it is rendered.
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=list(_SHARED_PROCESSORS),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    *finishing, renderer],
+                    structlog.processors.format_exc_info, scrub_event, *finishing],
     )
+
+
+def scrub_event(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Credentials out of every field of a record (``worker/scrub.py``'s rules)."""
+    return {key: scrub_value(value) for key, value in event_dict.items()}
+
+
+def escape_event_controls(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Control characters of every text field escaped, line by line (a traceback keeps
+    its lines): a stored id cannot drive the terminal a console log is read on."""
+    return {key: "\n".join(map(escape_controls, value.split("\n")))
+            if isinstance(value, str) else value for key, value in event_dict.items()}
 
 
 class _CurrentStderr:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from scheduler.cli.common import get_settings, print_json, stdout_console
+from scheduler.cli.common import get_settings, print_json, shown, stdout_console
 
 if TYPE_CHECKING:
     from worker.checks import CheckResult
@@ -58,7 +58,7 @@ def _print_table(results: list[CheckResult], healthy: bool) -> None:
     table = Table("check", "status", "found", "fix")
     for result in results:
         status = "[green]ok[/]" if result.ok else f"[bold red]{result.status.value}[/]"
-        table.add_row(result.name, status, result.detail, result.fix or "-")
+        table.add_row(result.name, status, shown(result.detail), shown(result.fix or "-"))
     console = stdout_console()
     console.print(table)
     console.print("ready" if healthy else

@@ -1,5 +1,6 @@
-"""What every `compactor` command shares: consoles, JSON output, one-line errors for
-expected failures, and opening the store and the tokenizer from the settings.
+"""What every `compactor` command shares: consoles, the one way a stored or external
+value is shown (``shown``), JSON output, one-line errors for expected failures, and
+opening the store and the tokenizer from the settings.
 
 The command modules import the database, the broker and the tokenizer inside the
 commands that use them (``TYPE_CHECKING`` imports for annotations), so `compactor
@@ -27,7 +28,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from worker.scrub import mask_url, mask_urls
+from worker.compaction import escape_controls, escape_controls_in_json
+from worker.scrub import mask_url, scrub_text
 
 if TYPE_CHECKING:
     import pydantic
@@ -67,6 +69,13 @@ def readable_table(*headers: str, title: str | None = None,
     return table
 
 
+def shown(value: object) -> str:
+    """``value`` as every table cell and printed line shows it: control characters
+    escaped (ESC as ``\\x1b``: stored text never drives the terminal), rich markup
+    escaped (a ``[`` in it prints as itself)."""
+    return escape(escape_controls(str(value)))
+
+
 def stderr_console() -> Console:
     return Console(file=sys.stderr, soft_wrap=True)
 
@@ -74,9 +83,10 @@ def stderr_console() -> Console:
 def fail(message: str, *, exit_code: int = 1) -> NoReturn:
     """Print a one-line error on stderr and exit with ``exit_code``.
 
-    URLs in it have their passwords hidden: a driver's error may quote the URL it got.
+    Credentials in it are hidden (``worker/scrub.py``): a driver's error may quote the
+    URL it got.
     """
-    stderr_console().print(f"[bold red]error:[/] {escape(mask_urls(message))}",
+    stderr_console().print(f"[bold red]error:[/] {shown(scrub_text(message))}",
                            highlight=False)
     raise typer.Exit(exit_code)
 
@@ -97,8 +107,9 @@ def to_jsonable(value: Any) -> Any:
 
 
 def dumps_json(value: Any) -> str:
-    """One line of JSON, non-ASCII kept as is (the corpus files' own style)."""
-    return json.dumps(to_jsonable(value), ensure_ascii=False)
+    """One line of JSON, non-ASCII kept as is (the corpus files' own style) but for
+    control characters, written as ``\\uXXXX`` escapes."""
+    return escape_controls_in_json(json.dumps(to_jsonable(value), ensure_ascii=False))
 
 
 def print_json(value: Any) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from scheduler.cli.common import (
@@ -27,6 +26,7 @@ from scheduler.cli.common import (
     load_counter,
     open_store,
     print_json,
+    shown,
     stderr_console,
     stdout_console,
 )
@@ -211,7 +211,7 @@ def print_import_table(rows: list[tuple[int, SessionReport]], statuses: Counter[
     for line_number, report in rows:
         kinds = Counter(f"{p.kind.value} ({p.action.value})" for p in report.problems)
         table.add_row(
-            str(line_number), escape(report.session_id or "-"),
+            str(line_number), shown(report.session_id or "-"),
             f"[{STATUS_STYLES[report.status]}]{report.status.value}[/]",
             str(report.messages), f"{report.tokens:,}",
             ", ".join(f"{kind} x{n}" if n > 1 else kind for kind, n in kinds.items()),
@@ -222,9 +222,9 @@ def print_import_table(rows: list[tuple[int, SessionReport]], statuses: Counter[
         for problem in report.problems:
             if problem.action is Action.REJECT:
                 where = "" if problem.index is None else f" at message {problem.index}"
-                console.print(f"line {line_number} {report.session_id or ''}: "
-                              f"{problem.kind.value}{where}: {problem.detail}",
-                              highlight=False, markup=False)
+                console.print(f"line {line_number} {shown(report.session_id or '')}: "
+                              f"{problem.kind.value}{where}: {shown(problem.detail)}",
+                              highlight=False)
     console.print(", ".join(f"{statuses[s]} {s.value}" for s in ImportStatus) + " "
                   f"(of {sum(statuses.values())} lines)", highlight=False)
 
@@ -258,7 +258,7 @@ def export_command(
                 out.write(dumps_json(export_session(store, session_id, view)) + "\n")
                 count += 1
     where = output or "stdout"
-    stderr_console().print(f"exported {count} sessions ({view.value}) to {where}",
+    stderr_console().print(f"exported {count} sessions ({view.value}) to {shown(where)}",
                            highlight=False)
 
 

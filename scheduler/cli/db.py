@@ -17,6 +17,7 @@ from scheduler.cli.common import (
     load_counter,
     open_store,
     print_json,
+    shown,
     stderr_console,
     stdout_console,
 )
@@ -61,7 +62,7 @@ def upgrade_command(lock_timeout: LockTimeoutOption = DEFAULT_LOCK_TIMEOUT_S,
     logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it runs
     upgrade_database(url, lock_timeout_s=lock_timeout, lock_attempts=lock_attempts)
     stdout_console().print(
-        f"database {display_url(shown_url)} is at revision {current_revision(url)} (head)",
+        f"database {shown(display_url(shown_url))} is at revision {current_revision(url)} (head)",
         highlight=False,
     )
 
@@ -92,7 +93,7 @@ def current_command(as_json: JsonOption = False) -> None:
     else:
         state = "up to date" if current == head else "behind: run `compactor db upgrade`"
         stdout_console().print(
-            f"database {display_url(shown_url)}: revision {current or 'none'}, head {head} "
+            f"database {shown(display_url(shown_url))}: revision {current or 'none'}, head {head} "
             f"({state})",
             highlight=False,
         )
@@ -136,7 +137,7 @@ def downgrade_command(
              exit_code=EXIT_UNCONFIRMED)
     logging.getLogger("alembic").setLevel(logging.INFO)  # log each migration it undoes
     downgrade_database(url, target, lock_timeout_s=lock_timeout, lock_attempts=lock_attempts)
-    stdout_console().print(f"database {display_url(shown_url)} is at revision "
+    stdout_console().print(f"database {shown(display_url(shown_url))} is at revision "
                            f"{current_revision(url) or 'none (base)'}", highlight=False)
 
 

@@ -10,10 +10,16 @@ from functools import wraps
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from scheduler.cli.common import expected_errors, fail, get_settings, print_json, stdout_console
+from scheduler.cli.common import (
+    expected_errors,
+    fail,
+    get_settings,
+    print_json,
+    shown,
+    stdout_console,
+)
 from scheduler.cli.groups import CommandGroup
 from worker.shared_state.keys import RedisKeys
 
@@ -64,8 +70,8 @@ def list_command(
         return
     table = Table("id", "at", "reason", "task id", "bytes", "detail")
     for letter in letters:
-        table.add_row(letter.entry_id, letter.at, letter.reason, escape(letter.task_id or ""),
-                      str(letter.item_bytes), escape(letter.detail))
+        table.add_row(shown(letter.entry_id), shown(letter.at), shown(letter.reason),
+                      shown(letter.task_id or ""), str(letter.item_bytes), shown(letter.detail))
     stdout_console().print(table)
 
 
@@ -80,11 +86,11 @@ def show_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
         return
     console = stdout_console()
     for name, value in dataclasses.asdict(_summary(letter)).items():
-        console.print(f"{name}: {escape(str(value))}", highlight=False)
-    shown = letter.item[:SHOWN_ITEM_CHARS]
-    more = len(letter.item) - len(shown)
-    console.print(escape(shown) + (f" ... ({more} more characters; --json for all)"
-                                   if more else ""), highlight=False, soft_wrap=True)
+        console.print(f"{name}: {shown(value)}", highlight=False)
+    head = letter.item[:SHOWN_ITEM_CHARS]
+    more = len(letter.item) - len(head)
+    console.print(shown(head) + (f" ... ({more} more characters; --json for all)"
+                                 if more else ""), highlight=False, soft_wrap=True)
 
 
 @dead_app.command("retry")
@@ -107,7 +113,7 @@ def retry_command(entry_id: EntryArgument, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(_summary(letter))
         return
-    stdout_console().print(f"re-queued {letter.entry_id} on {escape(letter.queue)}",
+    stdout_console().print(f"re-queued {shown(letter.entry_id)} on {shown(letter.queue)}",
                            highlight=False)
 
 

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from db import RunRecord, SessionState
-from scheduler.cli.common import display_url, readable_table
+from scheduler.cli.common import display_url, readable_table, shown
 from scheduler.cli.sessions import projection_table
 from worker.platform.ingest import ImportStatus, SessionReport
 
@@ -33,7 +32,7 @@ DEFAULT_DATA_DIR = Path(".compactor").resolve()
 
 def print_setup(console: Console, settings: Settings, set_by_demo: list[str]) -> None:
     console.print(
-        f"[bold]compactor demo[/]: database {escape(display_url(settings.configured_database_url))}"
+        f"[bold]compactor demo[/]: database {shown(display_url(settings.configured_database_url))}"
         f", summarizer {settings.effective_summarizer.value}, model window "
         f"{settings.model_context_tokens:,} tokens (compacts above {settings.trigger_tokens:,})",
         highlight=False, soft_wrap=True)
@@ -51,8 +50,8 @@ def print_import(console: Console, reports: list[SessionReport]) -> None:
     for report in reports:
         if report.status is ImportStatus.REJECTED:
             kinds = ", ".join(sorted({problem.kind.value for problem in report.problems}))
-            console.print(f"  rejected {report.session_id or '(no id)'}: {kinds}",
-                          highlight=False, markup=False)
+            console.print(f"  rejected {shown(report.session_id or '(no id)')}: {kinds}",
+                          highlight=False)
 
 
 def print_nothing_due(console: Console, store: Store, settings: Settings,
@@ -92,7 +91,7 @@ def print_results(console: Console, store: Store, settings: Settings, session_id
     print_next_steps(console, settings, best.session_id if best else None)
     failed = [r for r in rows if r.outcome in FAILED_OUTCOMES]
     for row in failed:
-        console.print(f"[red]{row.outcome}[/]: {escape(row.session_id)} ({escape(row.reason)})")
+        console.print(f"[red]{row.outcome}[/]: {shown(row.session_id)} ({shown(row.reason)})")
     return not failed
 
 
@@ -124,8 +123,8 @@ def _outcome_table(rows: list[_Row]) -> Table:
     for row in rows[:OUTCOME_ROWS]:
         style = styles.get(row.outcome, "red" if row.outcome in FAILED_OUTCOMES else "")
         saved = row.before - row.after
-        table.add_row(escape(row.session_id), str(row.messages),
-                      f"[{style}]{row.outcome}[/]" if style else row.outcome, escape(row.reason),
+        table.add_row(shown(row.session_id), str(row.messages),
+                      f"[{style}]{row.outcome}[/]" if style else row.outcome, shown(row.reason),
                       f"{row.before:,}", f"{row.after:,}",
                       f"{saved:,} ({_share(saved, row.before)})" if saved else "-")
     if len(rows) > OUTCOME_ROWS:
@@ -137,7 +136,7 @@ def print_projection(console: Console, store: Store, session_id: str) -> None:
     """The summary block and the start of the verbatim tail of one compacted session."""
     state = store.get_session(session_id)
     projection = store.projection(session_id)
-    console.print(f"\n[bold]{escape(session_id)}[/]: a model is now sent {len(projection)} "
+    console.print(f"\n[bold]{shown(session_id)}[/]: a model is now sent {len(projection)} "
                   f"messages ({state.projection_tokens:,} tokens) instead of {state.head_seq} "
                   f"({state.total_tokens:,} tokens). Its summary block:",
                   highlight=False, soft_wrap=True)
@@ -145,9 +144,9 @@ def print_projection(console: Console, store: Store, session_id: str) -> None:
                  None)
     if block is not None:
         lines = str(block["content"]).splitlines()
-        shown = "\n".join(lines[:SUMMARY_LINES])
-        more = f"\n… {len(lines) - SUMMARY_LINES} more lines" if len(lines) > SUMMARY_LINES else ""
-        console.print(Panel(escape(shown + more), title="summary block", expand=False))
+        more = [f"… {len(lines) - SUMMARY_LINES} more lines"] if len(lines) > SUMMARY_LINES else []
+        text = "\n".join(shown(line) for line in [*lines[:SUMMARY_LINES], *more])
+        console.print(Panel(text, title="summary block", expand=False))
     table = projection_table(projection[:PROJECTION_ROWS])
     if len(projection) > PROJECTION_ROWS:
         table.caption = (f"… {len(projection) - PROJECTION_ROWS} more messages: "

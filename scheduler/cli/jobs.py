@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from rich.markup import escape
 
 from scheduler.cli.common import (
     expected_errors,
@@ -21,6 +20,7 @@ from scheduler.cli.common import (
     parse_when,
     print_json,
     readable_table,
+    shown,
     stdout_console,
     to_jsonable,
 )
@@ -137,7 +137,7 @@ def _print_results(results: list[JobResult], as_json: bool) -> None:
     table = readable_table("session", "outcome", "reason", "before", "after", "revision",
                            shrink=("session", "reason"))
     for r in results:
-        table.add_row(escape(r.session_id), r.outcome.value, escape(r.reason),
+        table.add_row(shown(r.session_id), r.outcome.value, shown(r.reason),
                       _num(r.figures.tokens_before), _num(r.figures.tokens_after),
                       str(r.revision_id or ""))
     stdout_console().print(table)
@@ -180,10 +180,10 @@ def runs_command(
                            "failure", shrink=("session", "reason", "failure"))
     for run in runs:
         figures = run.figures or {}
-        table.add_row(str(run.id), escape(run.session_id), minute(run.started_at),
-                      run.outcome, escape(str(figures.get("outcome_reason") or run.reason)),
+        table.add_row(str(run.id), shown(run.session_id), minute(run.started_at),
+                      shown(run.outcome), shown(figures.get("outcome_reason") or run.reason),
                       _num(figures.get("tokens_before")), _num(figures.get("tokens_after")),
-                      run.failure_class or "")
+                      shown(run.failure_class or ""))
     stdout_console().print(table)
 
 
@@ -292,8 +292,9 @@ def _print_active(session: str, active: int | None, projection_tokens: int,
         print_json({"session_id": session, "active_revision_id": active,
                     "projection_tokens": projection_tokens})
         return
-    stdout_console().print(f"{session}: active revision is now {active or 'none (full history)'}"
-                           f", projection {projection_tokens:,} tokens", highlight=False)
+    stdout_console().print(f"{shown(session)}: active revision is now "
+                           f"{active or 'none (full history)'}, projection "
+                           f"{projection_tokens:,} tokens", highlight=False)
 
 
 @breaker_app.command("status")
@@ -308,8 +309,9 @@ def breaker_status(session: Annotated[str, typer.Argument()], as_json: JsonFlag 
         print_json(fields)
         return
     opened = state.breaker_opened_at.isoformat() if state.breaker_opened_at else "-"
-    stdout_console().print(f"{session}: {state.breaker_state}, {state.breaker_failures} "
-                           f"consecutive failures, opened at {opened}")
+    stdout_console().print(f"{shown(session)}: {shown(state.breaker_state)}, "
+                           f"{state.breaker_failures} consecutive failures, opened at {opened}",
+                           highlight=False)
 
 
 @breaker_app.command("reset")
@@ -320,4 +322,4 @@ def breaker_reset(session: Annotated[str, typer.Argument()]) -> None:
 
     with open_store(get_settings()) as store:
         store.set_breaker(session, BreakerUpdate(state="closed", failures=0, opened_at=None))
-    stdout_console().print(f"{session}: breaker closed")
+    stdout_console().print(f"{shown(session)}: breaker closed", highlight=False)

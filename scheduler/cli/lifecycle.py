@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from scheduler.cli.common import (
     expected_errors,
@@ -14,6 +13,7 @@ from scheduler.cli.common import (
     get_settings,
     open_store,
     print_json,
+    shown,
     stderr_console,
     stdout_console,
 )
@@ -87,8 +87,8 @@ def delete_command(
               f"lease of {deleted.broken_lease_owner} broken"
               if deleted.broken_lease_owner else ""]
     stdout_console().print(
-        f"deleted {escape(session_id)}: {counts}"
-        + "".join(f"; {escape(extra)}" for extra in extras if extra), highlight=False)
+        f"deleted {shown(session_id)}: {counts}"
+        + "".join(f"; {shown(extra)}" for extra in extras if extra), highlight=False)
 
 
 def _show_batch(batch: GcBatch) -> None:

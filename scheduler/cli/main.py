@@ -8,6 +8,8 @@ all of them), through ``get_settings()``; helpers shared by every command live i
 from __future__ import annotations
 
 import logging
+import sys
+from types import TracebackType
 from typing import Annotated, Any
 
 import typer
@@ -69,9 +71,21 @@ def _configure_logging(
     from worker.settings.errors import settings_or_exit
 
     settings_or_exit()
+    # typer installs its own hook when the app is called; this one, set after it, sends
+    # an unexpected error's traceback through the logs' scrubber instead of printing it.
+    sys.excepthook = _log_crash
     # The embedded database is checked on every command: alembic's per-connection notes
     # would open each one's stderr. `compactor db upgrade` reports its migrations again.
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _log_crash(exc_type: type[BaseException], exc: BaseException,
+               traceback: TracebackType | None) -> None:
+    """Log an unexpected error as one ``cli.crashed`` record, scrubbed as every record is
+    (a driver's message may quote a URL or a key)."""
+    from worker.logging import get_logger
+
+    get_logger().critical("cli.crashed", exc_info=(exc_type, exc, traceback))
 
 
 app.add_typer(db_app, name="db")

@@ -17,6 +17,7 @@ from scheduler.cli.common import (
     load_counter,
     open_store,
     print_json,
+    shown,
     stderr_console,
     stdout_console,
 )
@@ -111,15 +112,15 @@ def print_append(session_id: str, status: str, report: AppendReport, as_json: bo
         return
     if report.seqs:
         span = f"{report.seqs[0]}-{report.seqs[-1]}" if len(report.seqs) > 1 else report.seqs[0]
-        stdout_console().print(f"{session_id}: {status} {len(report.seqs)} messages "
-                               f"(seq {span})", highlight=False, markup=False)
+        stdout_console().print(f"{shown(session_id)}: {status} {len(report.seqs)} messages "
+                               f"(seq {span})", highlight=False)
     elif status != "rejected":
-        stdout_console().print(f"{session_id}: nothing to append", markup=False)
+        stdout_console().print(f"{shown(session_id)}: nothing to append", highlight=False)
     console = stderr_console() if status == "rejected" else stdout_console()
     for problem in report.problems:
         where = "" if problem.index is None else f" at message {problem.index}"
-        console.print(f"{problem.kind.value}{where} ({problem.action.value}): {problem.detail}",
-                      highlight=False, markup=False)
+        console.print(f"{problem.kind.value}{where} ({problem.action.value}): "
+                      f"{shown(problem.detail)}", highlight=False)
 
 
 def problem_json(problem: Problem) -> dict[str, Any]:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.markup import escape
-
-from scheduler.cli.common import print_json, readable_table, stdout_console
+from scheduler.cli.common import (
+    print_json,
+    readable_table,
+    shown,
+    stdout_console,
+)
 
 if TYPE_CHECKING:
     from worker.job.preview import CompactionPreview
@@ -28,7 +31,7 @@ def print_compaction_plans(previews: list[CompactionPreview], as_json: bool) -> 
         # A skip's reason (under_trigger, nothing_to_summarize, ...) says it all.
         decision = (preview.skip_reason or (preview.failure and f"fails: {preview.failure}")
                     or preview.decision or "-")
-        table.add_row(escape(preview.session_id), decision, span, f"{preview.span_tokens:,}",
+        table.add_row(shown(preview.session_id), shown(decision), span, f"{preview.span_tokens:,}",
                       f"{preview.tail_tokens:,}", str(preview.llm_calls),
                       f"{preview.est_input_tokens:,}", f"{preview.max_output_tokens:,}")
     console = stdout_console()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from scheduler.cli.common import (
@@ -15,6 +14,7 @@ from scheduler.cli.common import (
     get_settings,
     open_store,
     print_json,
+    shown,
     stdout_console,
 )
 
@@ -39,7 +39,7 @@ def recall_command(
         return
     table = Table("seq", "role", "excerpt")
     for hit in hits:
-        table.add_row(str(hit.seq), hit.role, escape(hit.excerpt))
+        table.add_row(str(hit.seq), shown(hit.role), shown(hit.excerpt))
     console = stdout_console()
     console.print(table)
     console.print(f"{len(hits)} messages", highlight=False)

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from scheduler.cli.common import (
@@ -24,6 +23,7 @@ from scheduler.cli.common import (
     open_store,
     print_json,
     readable_table,
+    shown,
     stdout_console,
 )
 
@@ -59,16 +59,20 @@ def trigger(
     A session that already has a queued job (marker younger than enqueue_marker_ttl_s)
     is reported already_queued; with --force only while that job is queued, delivered
     or running: a marker naming a job Redis lost is replaced. Exit status 3 when an id
-    is unknown.
+    is unknown; 2, and nothing enqueued, when an id holds a control character.
     """
     from db import MarkStatus
     from scheduler.enqueue import CeleryPublisher, trigger_sessions
     from scheduler.reconcile import broker_jobs, is_job_lost
     from worker.broker.celery_app import create_app
-    from worker.broker.contract import MAX_REASON_CHARS
+    from worker.broker.contract import MAX_REASON_CHARS, session_id_problem
 
     if not 0 < len(reason) <= MAX_REASON_CHARS:
         fail(f"--reason must be 1 to {MAX_REASON_CHARS} characters")
+    for session_id in session_ids:
+        problem = session_id_problem(session_id)
+        if problem:
+            fail(f"{problem}; nothing enqueued", exit_code=2)
     settings = get_settings()
     publisher = CeleryPublisher(create_app(settings), settings.queue_name)
     now = datetime.now(UTC)
@@ -137,8 +141,8 @@ def reconcile(
     table = Table("session", "problem", "action", "job id", "new job id",
                   title="would repair" if dry_run else "repaired")
     for repair in repairs:
-        table.add_row(repair.session_id, repair.problem, repair.action, repair.job_id or "-",
-                      repair.new_job_id or "-")
+        table.add_row(shown(repair.session_id), shown(repair.problem), shown(repair.action),
+                      shown(repair.job_id or "-"), shown(repair.new_job_id or "-"))
     console = stdout_console()
     console.print(table)
     console.print(f"{len(repairs)} repairs{' (dry run)' if dry_run else ''}")
@@ -204,8 +208,9 @@ def _print_trigger_table(results: list[MarkResult]) -> None:
     styles = {MarkStatus.ENQUEUED: "green", MarkStatus.ALREADY_QUEUED: "yellow",
               MarkStatus.UNKNOWN_SESSION: "red"}
     for result in results:
-        table.add_row(result.session_id, f"[{styles[result.status]}]{result.status.value}[/]",
-                      result.job_id or "-")
+        table.add_row(shown(result.session_id),
+                      f"[{styles[result.status]}]{result.status.value}[/]",
+                      shown(result.job_id or "-"))
     stdout_console().print(table)
 
 
@@ -223,7 +228,7 @@ def _print_dry_run(preview: ScanPreview, as_json: bool) -> None:
                                "est. tokens", title="would enqueue (most to gain first)",
                                shrink=("session",))
         for rank, session in enumerate(due, start=1):
-            table.add_row(str(rank), escape(session.session_id), session.why.value,
+            table.add_row(str(rank), shown(session.session_id), session.why.value,
                           f"{session.projection_tokens:,}",
                           f"{session.tokens_since_compaction:,}",
                           f"{session.estimated_tokens:,}")

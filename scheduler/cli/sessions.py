@@ -6,7 +6,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from scheduler.cli.common import (
@@ -16,6 +15,7 @@ from scheduler.cli.common import (
     open_store,
     print_json,
     readable_table,
+    shown,
     stdout_console,
     to_jsonable,
 )
@@ -62,10 +62,10 @@ def sessions_command(
                            "last compacted", "breaker", shrink=("session", "breaker"))
     for state in states:
         table.add_row(
-            escape(state.session_id), str(state.head_seq), f"{state.total_tokens:,}",
+            shown(state.session_id), str(state.head_seq), f"{state.total_tokens:,}",
             f"{state.projection_tokens:,}", str(revision_counts[state.session_id]),
             minute(state.last_compacted_at) if state.last_compacted_at else "never",
-            breaker_text(state),
+            shown(breaker_text(state)),
         )
     stdout_console().print(table)
 
@@ -96,9 +96,9 @@ def show_command(
         return
     console = stdout_console()
     console.print(
-        f"[bold]{escape(session_id)}[/]: {state.head_seq} messages, {state.total_tokens:,} tokens, "
+        f"[bold]{shown(session_id)}[/]: {state.head_seq} messages, {state.total_tokens:,} tokens, "
         f"projection {state.projection_tokens:,} tokens ({len(projection)} messages), "
-        f"breaker {breaker_text(state)}, due: {due.value if due else 'no'}", highlight=False)
+        f"breaker {shown(breaker_text(state))}, due: {due.value if due else 'no'}", highlight=False)
     console.print(revision_table(revisions, state.active_revision_id))
     console.print(projection_table(projection))
 
@@ -121,7 +121,7 @@ def revision_table(revisions: list[RevisionRecord], active_id: int | None) -> Ta
             f"{revision.id}{marker}", str(revision.parent_revision_id or "-"),
             str(revision.through_seq), f"{revision.summary_tokens:,}",
             f"{revision.projection_tokens_before:,} → {revision.projection_tokens_after:,}",
-            minute(revision.created_at), escape(made_by),
+            minute(revision.created_at), shown(made_by),
         )
     return table
 
@@ -130,7 +130,7 @@ def projection_table(projection: list[dict[str, Any]]) -> Table:
     table = readable_table("#", "role", "preview", title="projection (what a model is sent)",
                            shrink=("preview",))
     for position, body in enumerate(projection, start=1):
-        table.add_row(str(position), escape(str(body.get("role"))), escape(preview_message(body)))
+        table.add_row(str(position), shown(body.get("role")), shown(preview_message(body)))
     return table
 
 

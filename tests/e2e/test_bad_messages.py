@@ -129,6 +129,8 @@ def bad_messages(queue: str) -> list[BadMessage]:
         rejected("wrong-kwarg-types", {"session_id": 7, "reason": ["x"], "force": "yes"},
                  "malformed_message"),
         rejected("extra-kwargs", valid_kwargs(priority=9), "malformed_message"),
+        rejected("control-character-id", valid_kwargs(session_id="abc\x1b[2J"),
+                 "malformed_message"),
         rejected("args-not-kwargs", {}, "malformed_message",
                  body=body_of([SESSION_ID, "bad-messages", True], {})),
     ]

@@ -97,6 +97,16 @@ def test_ok_request_asks_for_the_strict_schema_with_the_output_budget(
     assert request.headers["authorization"] == "Bearer unused"
 
 
+def test_a_query_string_in_the_base_url_is_sent_with_every_request_not_inside_the_path(
+    server: OpenAIServer, make_client: MakeClient
+) -> None:
+    reply = complete(make_client(base_url=f"{server.base_url}?api-key=query-key-1234"))
+
+    assert reply.finish_reason == "stop"
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions?api-key=query-key-1234"
+
+
 def test_latency_is_measured_into_the_reply(server: OpenAIServer, make_client: MakeClient) -> None:
     server.set_behaviour("latency")
 

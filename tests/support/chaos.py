@@ -214,19 +214,22 @@ class PrivateRedis:
     """A redis-server of our own on a free loopback port, without persistence, so that
     stopping it loses everything queued, as a crashed broker does."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, *, password: str | None = None) -> None:
         self.port = free_port()
         self.work_dir = work_dir
+        self.password = password  # required of every client (--requirepass) when set
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        userinfo = f":{self.password}@" if self.password else ""
+        return f"redis://{userinfo}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> PrivateRedis:
         argv = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.work_dir)]
+                "--save", "", "--appendonly", "no", "--dir", str(self.work_dir),
+                *(["--requirepass", self.password] if self.password else [])]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url)

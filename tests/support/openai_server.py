@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -61,6 +62,7 @@ class RecordedRequest:
     body: dict[str, Any]
     prompt_tokens: int
     behaviour: Behaviour | None
+    path: str = ""  # as requested, its query string included
 
 
 @dataclass
@@ -257,7 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def do_GET(self) -> None:
-        if self.path.rstrip("/") != "/v1/models":
+        if urlsplit(self.path).path.rstrip("/") != "/v1/models":
             self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
             return
         model = self.server.state.config.model
@@ -266,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.rstrip("/") != "/v1/chat/completions":
+        if urlsplit(self.path).path.rstrip("/") != "/v1/chat/completions":
             self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
             return
         state = self.server.state
@@ -290,7 +292,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {name.lower(): value for name, value in self.headers.items()}
         with state.lock:
             state.log.append(RecordedRequest(headers, body or {},
-                                             request.prompt_tokens if request else 0, behaviour))
+                                             request.prompt_tokens if request else 0, behaviour,
+                                             self.path))
             config = state.config
         if not authorized:
             return error_reply(401, "Incorrect API key provided.", "invalid_request_error",

@@ -48,7 +48,7 @@ FACES = (
 # a design decision: add it here on purpose, or move the code.
 WORKER_PARTS_MAY_IMPORT: dict[str, set[str]] = {
     "compaction": set(),
-    "logging": set(),
+    "logging": {"compaction", "scrub"},
     "memory": set(),
     "metrics": set(),
     "scrub": set(),
@@ -62,7 +62,7 @@ WORKER_PARTS_MAY_IMPORT: dict[str, set[str]] = {
     "checks": {"compaction", "db", "errors", "scrub", "settings", "summarizers", "tokenizer"},
     "metrics_state": {"db", "logging", "settings", "shared_state"},
     "runtime": {"compaction", "db", "job", "settings", "shared_state", "summarizers", "tokenizer"},
-    "broker": {"checks", "db", "errors", "job", "logging", "memory", "metrics",
+    "broker": {"checks", "compaction", "db", "errors", "job", "logging", "memory", "metrics",
                "metrics_state", "runtime", "settings", "shared_state"},
 }
 MAX_WORKER_ROOT_MODULES = 8

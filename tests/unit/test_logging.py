@@ -14,6 +14,7 @@ from structlog.contextvars import bind_contextvars, clear_contextvars
 
 from tests.support.logs import preserved_logging
 from worker.logging import JOB_EVENT, configure_logging, get_logger
+from worker.scrub import remember_secrets
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +70,47 @@ def test_a_traceback_stays_inside_its_one_line(capsys: pytest.CaptureFixture[str
 
     [line] = stderr_lines(capsys)
     assert line["level"] == "error" and "RuntimeError: boom" in line["exception"]
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_every_record_is_scrubbed_its_arguments_fields_and_traceback_included(
+    log_format: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging(log_format, "DEBUG")
+    remember_secrets(["configured-key-0042"])
+    try:
+        url = "http://u:url-pass-77@llm/v1/chat/completions?api-key=query-key-99"
+        logging.getLogger("httpx2").info('HTTP Request: POST %s "%s"', url, "200 OK")
+        get_logger().warning("check.failed", detail=f"{url} refused configured-key-0042")
+        try:
+            raise ConnectionError(f"cannot reach {url}")
+        except ConnectionError:
+            logging.getLogger("kombu").exception("connection lost")
+    finally:
+        remember_secrets([])
+
+    err = capsys.readouterr().err
+    assert [err.count(secret) for secret in ("url-pass-77", "query-key-99",
+                                             "configured-key-0042")] == [0, 0, 0]
+    assert err.count("http://u:***@llm/v1/chat/completions?api-key=***") == 3
+    assert "ConnectionError: cannot reach" in err
+
+
+def test_console_lines_show_control_characters_escaped_and_keep_their_own_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("console")
+
+    get_logger().warning("scan.enqueued", session_id="abc\x1b[2J\u202e")
+    try:
+        raise ValueError("bad id abc\x1b[2J")
+    except ValueError:
+        logging.getLogger("celery").exception("job failed for %s", "abc\x9b31m")
+
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x9b" not in err and "\u202e" not in err
+    assert "abc\\x1b[2J\\u202e" in err and "abc\\x9b31m" in err
+    assert "ValueError: bad id abc\\x1b[2J" in err.splitlines()
 
 
 def test_the_console_format_renders_readable_lines(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,9 +3,21 @@ however they are written; ordinary error text left as it was."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 
-from worker.scrub import REDACTED, mask_url, mask_urls, scrub_secrets
+from worker.scrub import (
+    REDACTED,
+    is_secret_name,
+    mask_url,
+    mask_urls,
+    remember_secrets,
+    scrub_secrets,
+    scrub_text,
+    scrub_value,
+    url_secrets,
+)
 
 
 @pytest.mark.parametrize("text, secret", [
@@ -55,6 +67,10 @@ def test_ordinary_error_text_is_left_as_it_was(text: str) -> None:
     ("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
     ("postgresql://db/c?user=app&password=s3cret", "postgresql://db/c?user=app&password=***"),
     ("postgresql://app@db/c", "postgresql://app@db/c"),
+    ("http://u:pw@llm/v1?api-key=k1&model=m&sig=s2",
+     "http://u:***@llm/v1?api-key=***&model=m&sig=***"),
+    ("https://blob/x?sv=2024&X-Amz-Credential=c&X-Amz-Signature=s",
+     "https://blob/x?sv=2024&X-Amz-Credential=***&X-Amz-Signature=***"),
     ("sqlite:////var/lib/compactor/compactor.db", "sqlite:////var/lib/compactor/compactor.db"),
 ])
 def test_a_url_password_is_hidden_however_it_is_written(url: str, shown: str) -> None:
@@ -65,3 +81,70 @@ def test_urls_inside_text_have_their_passwords_hidden() -> None:
     text = "Could not parse 'postgresql://app:pa/ss@db/c' (see docs)"
 
     assert mask_urls(text) == "Could not parse 'postgresql://app:***@db/c' (see docs)"
+
+
+@pytest.mark.parametrize("name", [
+    "api-key", "api_key", "apiKey", "key", "token", "access_token", "refresh_token",
+    "sessionToken", "sig", "signature", "X-Amz-Signature", "X-Amz-Credential", "password",
+    "passwd", "client_secret", "secret", "Authorization", "x-api-key", "subscription-key",
+])
+def test_a_name_that_ends_in_a_secret_word_is_secret(name: str) -> None:
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", [
+    "tokens", "max_tokens", "model", "session_id", "user", "sv", "keys", "author", "passage",
+])
+def test_ordinary_names_are_not_secret(name: str) -> None:
+    assert not is_secret_name(name)
+
+
+@pytest.mark.parametrize("text, secret", [
+    ('HTTP Request: POST http://u:hunter2hunter2@llm/v1/chat?api-key=q-KEY-1 "200 OK"',
+     "hunter2hunter2"),
+    ('HTTP Request: POST http://llm/v1/chat?api-key=q-KEY-1 "200 OK"', "q-KEY-1"),
+    ("headers: {'api-key': 'abc123', 'accept': 'json'}", "abc123"),
+    ("Authorization: Basic dXNlcjpwdw==", "dXNlcjpwdw=="),
+    ("signed at https://blob/x?se=1&sig=zz9%2Fyy", "zz9%2Fyy"),
+])
+def test_log_text_loses_its_credentials_and_keeps_the_rest(text: str, secret: str) -> None:
+    scrubbed = scrub_text(text)
+
+    assert secret not in scrubbed
+    assert scrubbed.startswith(text[:12])
+
+
+def test_remembered_secrets_are_removed_from_every_later_text() -> None:
+    try:
+        remember_secrets(["plain-password-1", None, "short"])
+
+        assert scrub_text("connect failed for plain-password-1 (short)") == \
+            f"connect failed for {REDACTED} (short)"
+    finally:
+        remember_secrets([])
+
+
+def test_a_urls_secrets_are_found_as_written_and_decoded() -> None:
+    url = "http://bob:p%2Fa%40ss@llm/v1?api-key=k%3D1&model=m"
+
+    assert set(url_secrets(url)) == {"p%2Fa%40ss", "p/a@ss", "k%3D1", "k=1"}
+    assert list(url_secrets("redis://127.0.0.1:6379/0")) == []
+
+
+class Address(NamedTuple):
+    url: str
+    port: int
+
+
+def test_values_are_scrubbed_inside_containers_and_reprs_only_when_they_hold_one() -> None:
+    class Endpoint:
+        def __repr__(self) -> str:
+            return "Endpoint(http://u:pw@llm/v1)"
+
+    marker = object()
+    value = scrub_value({"urls": ["http://u:pw@h/"], "n": 3, "ok": True, "e": Endpoint(),
+                         "o": marker, "at": Address("http://u:pw@h/", 80)})
+
+    assert value == {"urls": ["http://u:***@h/"], "n": 3, "ok": True,
+                     "e": "Endpoint(http://u:***@llm/v1)", "o": marker,
+                     "at": ("http://u:***@h/", 80)}

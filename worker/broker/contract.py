@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+
+from worker.compaction import find_control_character
 
 TASK_NAME = "compactor.compact_session"
 SCAN_TASK_NAME = "compactor.scan"
@@ -39,6 +41,20 @@ class JobMessage(BaseModel):
     session_id: StrictStr = Field(min_length=1, max_length=MAX_SESSION_ID_CHARS)
     reason: StrictStr = Field("trigger", max_length=MAX_REASON_CHARS)
     force: StrictBool = False
+
+    @field_validator("session_id")
+    @classmethod
+    def _refuse_control_characters(cls, session_id: str) -> str:
+        problem = session_id_problem(session_id)
+        if problem:
+            raise ValueError(problem)
+        return session_id
+
+
+def session_id_problem(session_id: str) -> str | None:
+    """Why ``session_id`` is no session id (its first control character: ids are printed
+    in tables and logs), or None. The length limit is the field's, checked before."""
+    return find_control_character("session_id", session_id)
 
 
 def job_kwargs(session_id: str, reason: str, *, force: bool = False) -> JobKwargs:

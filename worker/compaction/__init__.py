@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from worker.compaction.budget import FittedSummary, SummaryBudget, fit_summary
     from worker.compaction.call_plan import plan_summary_calls
     from worker.compaction.chunking import ChunkPlan, output_budget_tokens
+    from worker.compaction.controls import (
+        escape_controls,
+        escape_controls_in_json,
+        find_control_character,
+        is_control_character,
+    )
     from worker.compaction.errors import (
         BreakerScope,
         CompactionError,
@@ -119,6 +125,10 @@ _DEFINED_IN = {
     "plan_summary_calls": "worker.compaction.call_plan",
     "ChunkPlan": "worker.compaction.chunking",
     "output_budget_tokens": "worker.compaction.chunking",
+    "escape_controls": "worker.compaction.controls",
+    "escape_controls_in_json": "worker.compaction.controls",
+    "find_control_character": "worker.compaction.controls",
+    "is_control_character": "worker.compaction.controls",
     "BreakerScope": "worker.compaction.errors",
     "CompactionError": "worker.compaction.errors",
     "ConfigurationError": "worker.compaction.errors",
@@ -250,15 +260,19 @@ __all__ = [
     "decide_compaction",
     "dump_artifacts_json",
     "dump_message",
+    "escape_controls",
+    "escape_controls_in_json",
     "extract_identifiers",
     "failure_values",
     "fallback_summary",
     "featured_values",
+    "find_control_character",
     "find_failures",
     "find_open_tool_calls",
     "fit_summary",
     "group_messages",
     "identify_message",
+    "is_control_character",
     "measure_depth",
     "measure_json_depth",
     "merge_summaries",

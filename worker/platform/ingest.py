@@ -25,7 +25,7 @@ from db import (
     StoreUnavailable,
     ToolCallState,
 )
-from worker.broker.contract import MAX_SESSION_ID_CHARS
+from worker.broker.contract import MAX_SESSION_ID_CHARS, session_id_problem
 from worker.compaction import (
     MAX_NESTING_DEPTH,
     Action,
@@ -173,6 +173,9 @@ def _find_shape_problem(
     if clean_text(session_id)[1]:
         return _rejection(ProblemKind.MALFORMED_SESSION,
                           "session_id contains a NUL byte or a lone surrogate")
+    control = session_id_problem(session_id)
+    if control:
+        return _rejection(ProblemKind.MALFORMED_SESSION, control)
     if not isinstance(raw_messages, list):
         return _rejection(ProblemKind.MALFORMED_SESSION, "messages missing or not a list")
     if measure_depth(metadata) > MAX_NESTING_DEPTH:
@@ -203,9 +206,11 @@ def append_checked(
     Tokens are counted inside the transaction (after repair), so keep batches modest.
 
     Raises:
-        MessagesRejected: intake rejected the messages; nothing was appended.
+        MessagesRejected: intake rejected the messages (or the id, ``check_session_id``);
+            nothing was appended.
         db.SessionNotFound: no session has this id (and ``create`` is False).
     """
+    check_session_id(session_id)
 
     def check(state: ToolCallState) -> tuple[list[NewMessage], tuple[Problem, ...]]:
         result = check_session(
@@ -219,6 +224,17 @@ def append_checked(
     seqs, problems = store.append_checked(
         session_id, check, now=now, create=create, metadata=metadata)
     return AppendReport(tuple(seqs), problems)
+
+
+def check_session_id(session_id: str) -> None:
+    """Refuse an id that holds a control character before it reaches the store.
+
+    Raises:
+        MessagesRejected: with one ``malformed_session`` problem naming the character.
+    """
+    problem = session_id_problem(session_id)
+    if problem:
+        raise MessagesRejected(session_id, (_rejection(ProblemKind.MALFORMED_SESSION, problem),))
 
 
 def _rejection(kind: ProblemKind, detail: str) -> Problem:

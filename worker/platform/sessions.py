@@ -46,7 +46,7 @@ from worker.compaction import (
     TokenCounter,
 )
 from worker.errors import MessagesRejected
-from worker.platform.ingest import AppendReport, append_checked
+from worker.platform.ingest import AppendReport, append_checked, check_session_id
 from worker.tokenizer.offline import load_encoding
 
 if TYPE_CHECKING:
@@ -120,7 +120,9 @@ class SessionStore:
         self.close()
 
     def create(self, session_id: str, metadata: dict[str, Any] | None = None) -> SessionState:
-        """Create an empty session; SessionExists when the id is taken."""
+        """Create an empty session; SessionExists when the id is taken, MessagesRejected
+        when it holds a control character."""
+        check_session_id(session_id)
         return self._store.create_session(session_id, metadata or {}, datetime.now(UTC))
 
     def append(

@@ -16,6 +16,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.compaction import StrategyName
+from worker.scrub import url_secrets
 from worker.settings import rules as setting_rules
 
 
@@ -468,6 +469,15 @@ class Settings(BaseSettings):
             self.configured_database_url, connect_timeout_s=self.db_connect_timeout_s,
             statement_timeout_s=self.db_statement_timeout_s,
             keepalives_idle_s=self.db_keepalives_idle_s, pooler=self.db_pooler.value)
+
+    @property
+    def secret_values(self) -> tuple[str, ...]:
+        """The configured secrets as text may hold them: the API key, and the passwords
+        and secret query values of the database, Redis and LLM URLs."""
+        key = self.llm_api_key.get_secret_value() if self.llm_api_key else ""
+        urls = (self.database_url, self.redis_url, self.llm_base_url)
+        return tuple(value for value in (key, *(s for url in urls for s in url_secrets(url)))
+                     if value)
 
     @property
     def effective_summarizer(self) -> SummarizerKind:

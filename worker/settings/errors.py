@@ -24,7 +24,7 @@ from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
 
 from worker.logging import configure_logging, get_logger, is_json_format
-from worker.scrub import mask_url
+from worker.scrub import mask_url, remember_secrets
 from worker.settings.config import Settings, get_settings
 from worker.settings.rules import ALLOWED
 
@@ -181,13 +181,15 @@ def _shown_value(field_name: str, raw: str) -> str:
 
 
 def settings_or_exit() -> Settings:
-    """The settings, with logging configured from them and unknown variables warned about
-    once; on invalid settings, every problem reported and exit 78 (no traceback)."""
+    """The settings, with their secrets held for the scrubber (logs, command-line output),
+    logging configured from them and unknown variables warned about once; on invalid
+    settings, every problem reported and exit 78 (no traceback)."""
     try:
         settings = load_settings()
     except InvalidSettings as invalid:
         report_invalid_settings(invalid)
         raise SystemExit(EXIT_INVALID_SETTINGS) from None
+    remember_secrets(settings.secret_values)
     configure_logging(settings.log_format.value, settings.log_level)
     warn_unknown_variables()
     return settings

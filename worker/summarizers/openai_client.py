@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, cast
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import openai
 import structlog
@@ -168,6 +169,20 @@ class _HttpClient(openai.DefaultHttpxClient):
                 self.close()
 
 
+def split_query(base_url: str | None) -> tuple[str | None, dict[str, str]]:
+    """The base URL without its query string, and that query's parameters.
+
+    The SDK appends each path to the base URL as text, so a query there (a key passed as
+    ``?api-key=``) would end up inside the path; as the SDK's default query, every
+    request carries it.
+    """
+    if not base_url:
+        return base_url, {}
+    parts = urlsplit(base_url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit(parts._replace(query="")), query
+
+
 class LLMClient:
     """Calls one OpenAI-compatible endpoint for JSON; safe to share between threads."""
 
@@ -176,8 +191,10 @@ class LLMClient:
         self._counter = counter  # loaded on first need: only servers that omit usage need it
         self._modes = _ModeMemory()
         timeout = openai.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+        base_url, query = split_query(config.base_url)
         self._sdk = openai.OpenAI(
-            base_url=config.base_url,
+            base_url=base_url,
+            default_query=query or None,
             api_key=config.api_key or KEYLESS_PLACEHOLDER,
             timeout=timeout,
             max_retries=config.max_retries,
