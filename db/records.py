@@ -46,8 +46,8 @@ class MessageText:
     """An active message as a job reads it: the body as the JSON text stored, never
     decoded into dicts, so the job parses it straight into its own model; and its
     identifiers as their JSON text too, decoded (``decode_mention_lists``) only for the
-    messages a job summarizes, as it tallies them (decoded, a long session's mentions
-    take over twice the memory of their text; docs/BENCHMARKS.md)."""
+    messages a job summarizes, as it tallies them (decoded into tuples and strings, a
+    long session's mentions take much more memory than their text)."""
 
     seq: int
     body_json: str
