@@ -43,9 +43,7 @@ from scheduler.beat import REDIS_TIMEOUT_S, scan_policy
 from scheduler.enqueue import Publisher, QueuedJob, publish_or_release
 from scheduler.publisher import RedisPublisher
 from worker.broker.contract import job_kwargs, queue_list_key
-from worker.errors import CompactionError, Outcome
-from worker.job.outcome import emit_job_event
-from worker.job.values import JobRequest, JobTrace
+from worker.job.lost_attempt import LostAttempt, record_lost_attempt
 from worker.logging import get_logger
 from worker.runtime import current_runtime
 from worker.settings.config import Settings, get_settings
@@ -61,11 +59,6 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 _READ_CHUNK = 1_000
 # A lease owner is "host:pid:task_id" (worker/job/values.py); "inline" jobs have no message.
 INLINE_TASK_ID = "inline"
-
-
-class AttemptLost(CompactionError):
-    """A job attempt that ended without a record: its worker died or was killed (a hard
-    time limit, OOM, SIGKILL) while holding the session's lease."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,20 +207,11 @@ def _record_lost_attempt(store: Store, session_id: str, task_id: str, started: d
     it recorded itself (its lease release alone failed) or has no message to speak of."""
     if task_id == INLINE_TASK_ID:
         return False
-    earlier = [run for run in store.runs(session_id=session_id, limit=50)
+    earlier = [run.attempt for run in store.runs(session_id=session_id, limit=50)
                if run.task_id == task_id]
-    if any(run.finished_at is not None and run.finished_at >= started for run in earlier):
-        return False
-    attempt = max((run.attempt for run in earlier), default=0) + 1
-    trace = JobTrace(JobRequest(session_id, "unknown", task_id=task_id, attempt=attempt),
-                     started_at=started)
-    error = AttemptLost("the attempt's worker died or was killed holding the lease; "
-                        "recorded by the reconciler", reason="worker_lost")
-    store.record_run(trace.new_run(Outcome.FAILED, error.reason, error, now))
-    result = replace(trace.result(Outcome.FAILED, error.reason, error),
-                     duration_ms=round((now - started).total_seconds() * 1000, 3))
-    emit_job_event(get_logger(), result)
-    return True
+    lost = LostAttempt(session_id, task_id, max(earlier, default=0) + 1, started,
+                       found_by="the reconciler")
+    return record_lost_attempt(store, lost, now)
 
 
 def _repair_marker(store: Store, publisher: Publisher, session: HeldSession,

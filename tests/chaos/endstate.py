@@ -23,13 +23,14 @@ from sqlalchemy.orm import Session
 
 from db import Store
 from db.models import RunRow, SessionRow
-from scheduler.reconcile import RECONCILE_EVENT, AttemptLost
+from scheduler.reconcile import RECONCILE_EVENT
 from tests.chaos.invariants import Verdict
 from tests.chaos.poison import Poisoner
 from tests.e2e.test_bad_messages import bad_messages
 from worker.broker.contract import SCAN_TASK_NAME
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
+from worker.job.lost_attempt import AttemptLost
 from worker.logging import JOB_EVENT
 
 SCAN_TASK_RECEIVED = re.compile(rf"^Task {re.escape(SCAN_TASK_NAME)}\[[^\]]+\] received$")

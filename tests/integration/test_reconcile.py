@@ -488,3 +488,21 @@ def test_opening_an_attempt_counts_its_delivery_and_a_redelivery_supersedes_the_
     superseded = {p.entry: p.superseded_at for p in journal.pending()}
     assert superseded == {first.entry: LATER - timedelta(minutes=2), other.entry: None,
                           again.entry: None}
+
+
+def test_each_delivery_of_a_task_is_numbered_the_next_attempt_a_redelivery_included(
+    broker: Broker,
+) -> None:
+    journal = _journal(broker)
+    counter = DeliveryCounter(broker.client, RedisKeys(broker.prefix), ttl_s=60)
+    first = journal.open("task-1", "s", 1, LATER - timedelta(minutes=3), counter)
+    redelivered = journal.open("task-1", "s", 1, LATER - timedelta(minutes=2), counter)
+    retried = journal.open("task-1", "s", 2, LATER - timedelta(minutes=1), counter)  # retries=1
+    other = journal.open("task-2", "s", 1, LATER, counter)
+
+    assert [o.attempt for o in (first, redelivered, retried, other)] == [1, 2, 3, 1]
+    assert [o.deliveries for o in (first, redelivered, retried, other)] == [1, 2, 1, 1]
+    entered = {p.entry: p.attempt for p in journal.pending()}
+    assert entered == {first.entry: 1, redelivered.entry: 2, retried.entry: 3, other.entry: 1}
+    broker.client.delete(RedisKeys(broker.prefix).attempts("task-2"))  # Redis lost the count
+    assert journal.open("task-2", "s", 2, LATER, counter).attempt == 2  # never below Celery's
