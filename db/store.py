@@ -31,7 +31,7 @@ from db.lifecycle import collect_garbage, delete_session, pop_newest_message
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
 from db.recall import check_query, search_messages
-from db.reconcile import HeldSession, read_due_among, read_held_sessions
+from db.reconcile import HeldSession, read_dead_leases, read_due_among, read_held_sessions
 from db.records import (
     NO_GATE,
     ArtifactRecord,
@@ -520,6 +520,11 @@ class Store:
         """Sessions with a marker set before ``queued_before`` or a lease (the reconciler)."""
         with self._read() as session:
             return read_held_sessions(session, queued_before=queued_before, limit=limit)
+
+    def dead_leases(self, *, now: datetime, limit: int) -> list[HeldSession]:
+        """Sessions whose lease expired before ``now`` (the reconciler's quick sweep)."""
+        with self._read() as session:
+            return read_dead_leases(session, now=now, limit=limit)
 
     def due_among(self, session_ids: Sequence[str], criteria: DueCriteria,
                   now: datetime) -> dict[str, tuple[DueWhy, int]]:
