@@ -1,5 +1,6 @@
-"""The reconciler's reads: sessions that hold a queued-job marker or a lease, and which of
-them the scan would take were their marker free.
+"""The reconciler's reads: sessions that hold a queued-job marker or a lease (or a dead
+lease alone, for the quick sweep), and which of them the scan would take were their
+marker free.
 
 The marker and the Redis message are two records of one job; the reconciler
 (``scheduler/reconcile.py``) compares them and repairs a session whose job is gone.
@@ -38,6 +39,18 @@ def read_held_sessions(session: Session, *, queued_before: datetime,
         .where(or_(and_(SessionRow.queued_job_id.is_not(None),
                         SessionRow.queued_at <= queued_before),
                    SessionRow.lease_owner.is_not(None)))
+        .order_by(SessionRow.id)
+        .limit(limit)
+    )
+    return [HeldSession(*row) for row in rows]
+
+
+def read_dead_leases(session: Session, *, now: datetime, limit: int) -> list[HeldSession]:
+    """Sessions whose lease is past its expiry: its job's worker died, or stalled."""
+    rows = session.execute(
+        select(SessionRow.session_id, SessionRow.queued_job_id, SessionRow.queued_at,
+               SessionRow.lease_owner, SessionRow.lease_expires_at)
+        .where(SessionRow.lease_owner.is_not(None), SessionRow.lease_expires_at <= now)
         .order_by(SessionRow.id)
         .limit(limit)
     )

@@ -31,7 +31,7 @@ from db.lifecycle import collect_garbage, delete_session, pop_newest_message
 from db.models import RevisionRow, RunRow, SessionRow
 from db.queue import QueueMarkers
 from db.recall import check_query, search_messages
-from db.reconcile import HeldSession, read_due_among, read_held_sessions
+from db.reconcile import HeldSession, read_dead_leases, read_due_among, read_held_sessions
 from db.records import (
     NO_GATE,
     ArtifactRecord,
@@ -384,6 +384,24 @@ class Store:
             q.insert_run(session, run, revision_id=run.revision_id)
             return True
 
+    def record_lost_run(self, run: NewRun, *, since: datetime) -> bool:
+        """Record the run of an attempt that died without writing its own, unless a run
+        of its task finished at or after ``since`` (the attempt's start, as its finder
+        knows it): the attempt recorded itself before dying. False when it had. The
+        session's row, when it exists, is locked first, so two finders write it once."""
+        with self._write() as session:
+            with contextlib.suppress(SessionNotFound):
+                q.find_session(session, run.session_id, lock=True)
+            stored = session.execute(
+                select(RunRow.id).where(
+                    RunRow.session_id == run.session_id, RunRow.task_id == run.task_id,
+                    RunRow.finished_at >= since)
+                .limit(1)).first()
+            if stored is not None:
+                return False
+            q.insert_run(session, run, revision_id=run.revision_id)
+            return True
+
     def runs(
         self, *, session_id: str | None = None, outcome: str | None = None, limit: int = 100,
         since: datetime | None = None, until: datetime | None = None,
@@ -502,6 +520,11 @@ class Store:
         """Sessions with a marker set before ``queued_before`` or a lease (the reconciler)."""
         with self._read() as session:
             return read_held_sessions(session, queued_before=queued_before, limit=limit)
+
+    def dead_leases(self, *, now: datetime, limit: int) -> list[HeldSession]:
+        """Sessions whose lease expired before ``now`` (the reconciler's quick sweep)."""
+        with self._read() as session:
+            return read_dead_leases(session, now=now, limit=limit)
 
     def due_among(self, session_ids: Sequence[str], criteria: DueCriteria,
                   now: datetime) -> dict[str, tuple[DueWhy, int]]:

@@ -33,6 +33,7 @@ from worker.shared_state.keys import RedisKeys
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
 GC_ENTRY_NAME = "compactor-gc"
 RECONCILE_ENTRY_NAME = "compactor-reconcile"
+LEASE_SWEEP_ENTRY_NAME = "compactor-lease-sweep"
 BEAT_SCHEDULE_FILENAME = "beat-schedule"
 # Refreshed after every page, so it only has to outlast one page; a scanner that dies
 # frees the lock within this time.
@@ -67,8 +68,9 @@ def scan_crontab(expression: str, setting: str = "scan_cron") -> crontab:
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The beat schedule: one scan at ``scan_cron``, the reconciler every
-    ``reconcile_interval_s`` and garbage collection at ``gc_cron`` when set, all on the
-    jobs' queue."""
+    ``reconcile_interval_s`` and its quick sweep of dead leases every lease heartbeat
+    (both while the reconciler is on), and garbage collection at ``gc_cron`` when set,
+    all on the jobs' queue."""
     schedule = {
         SCAN_ENTRY_NAME: {
             "task": SCAN_TASK_NAME,
@@ -80,6 +82,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         schedule[RECONCILE_ENTRY_NAME] = {
             "task": RECONCILE_TASK_NAME,
             "schedule": timedelta(seconds=settings.reconcile_interval_s),
+            "options": {"queue": settings.queue_name},
+        }
+        schedule[LEASE_SWEEP_ENTRY_NAME] = {
+            "task": RECONCILE_TASK_NAME,
+            "schedule": timedelta(seconds=settings.effective_lease_heartbeat_s),
+            "kwargs": {"leases_only": True},
             "options": {"queue": settings.queue_name},
         }
     if settings.gc_cron:

@@ -17,6 +17,10 @@ every scan until its TTL. The sweep finds
   ``compaction.job`` event (``failed``, ``worker_lost``) it never wrote, unless it wrote
   them before dying.
 
+Dead leases are also the quick sweep's (``sweep_dead_leases``, which beat sends every
+lease heartbeat): with running jobs renewing their lease every ``lease_ttl_s / 3``, a dead
+worker's job is sent again within ``lease_ttl_s`` and one heartbeat of its death.
+
 Every repair logs one ``compaction.reconcile`` event. Two sweeps at once are harmless:
 each repair is a conditional UPDATE that only one of them wins.
 """
@@ -43,9 +47,7 @@ from scheduler.journal_replay import (
 )
 from scheduler.publisher import RedisPublisher
 from worker.broker.contract import job_kwargs, queue_list_key
-from worker.errors import CompactionError, Outcome
-from worker.job.outcome import emit_job_event
-from worker.job.values import JobRequest, JobTrace
+from worker.job.lost_attempt import LostAttempt, record_lost_attempt
 from worker.logging import get_logger
 from worker.runtime import current_runtime
 from worker.settings.config import Settings, get_settings
@@ -61,11 +63,6 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 _READ_CHUNK = 1_000
 # A lease owner is "host:pid:task_id" (worker/job/values.py); "inline" jobs have no message.
 INLINE_TASK_ID = "inline"
-
-
-class AttemptLost(CompactionError):
-    """A job attempt that ended without a record: its worker died or was killed (a hard
-    time limit, OOM, SIGKILL) while holding the session's lease."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,10 +165,7 @@ def reconcile(store: Store, broker: BrokerJobs, publisher: Publisher, policy: Re
     dead = {r.job_id for r in repairs}
     lost = [s for s in held if s.queued_job_id is not None and not _running(s, now)
             and (s.queued_job_id not in live or s.queued_job_id in dead)]
-    due = store.due_among([s.session_id for s in lost], policy.criteria, now)
-    for session in lost:
-        repairs.append(_repair_marker(store, publisher, session, due.get(session.session_id),
-                                      policy, now, dry_run))
+    repairs += _send_again(store, publisher, lost, policy, now, dry_run)
     logger = get_logger()
     for repair in repairs:
         logger.warning(RECONCILE_EVENT, **repair.event_fields(dry_run=dry_run))
@@ -182,6 +176,34 @@ def reconcile(store: Store, broker: BrokerJobs, publisher: Publisher, policy: Re
         logger.warning("reconcile.attempts_recorded", runs_written=records.runs_written,
                        events_reported=records.events_reported)
     return repairs
+
+
+def sweep_dead_leases(store: Store, publisher: Publisher, policy: ReconcilePolicy,
+                      now: datetime, *, journal: AttemptJournal | None = None) -> list[Repair]:
+    """The quick sweep (beat's, every lease heartbeat): release the leases past their
+    expiry, record their attempts, and send their jobs again; returns (and logs) its
+    repairs. It reads no Redis list: a job whose attempt died with its lease unrecorded
+    is lost wherever its message waits (``reconcile``'s full sweep finds the rest). One
+    whose attempt was recorded (by its worker's main process, as its pool child died)
+    is only released: Celery requeued its message."""
+    held = store.dead_leases(now=now, limit=policy.max_sessions)
+    repairs = [repair for session in held
+               if (repair := _repair_lease(store, session, policy, now, False, journal))
+               is not None]
+    dead = {r.job_id for r in repairs if r.attempt_recorded}
+    lost = [s for s in held if s.queued_job_id is not None and s.queued_job_id in dead]
+    repairs += _send_again(store, publisher, lost, policy, now, False)
+    for repair in repairs:
+        get_logger().warning(RECONCILE_EVENT, **repair.event_fields(dry_run=False))
+    return repairs
+
+
+def _send_again(store: Store, publisher: Publisher, lost: list[HeldSession],
+                policy: ReconcilePolicy, now: datetime, dry_run: bool) -> list[Repair]:
+    """Send each lost job again, or clear its marker when the scan would not take it."""
+    due = store.due_among([s.session_id for s in lost], policy.criteria, now)
+    return [_repair_marker(store, publisher, session, due.get(session.session_id), policy,
+                           now, dry_run) for session in lost]
 
 
 def _running(session: HeldSession, now: datetime) -> bool:
@@ -214,20 +236,11 @@ def _record_lost_attempt(store: Store, session_id: str, task_id: str, started: d
     it recorded itself (its lease release alone failed) or has no message to speak of."""
     if task_id == INLINE_TASK_ID:
         return False
-    earlier = [run for run in store.runs(session_id=session_id, limit=50)
+    earlier = [run.attempt for run in store.runs(session_id=session_id, limit=50)
                if run.task_id == task_id]
-    if any(run.finished_at is not None and run.finished_at >= started for run in earlier):
-        return False
-    attempt = max((run.attempt for run in earlier), default=0) + 1
-    trace = JobTrace(JobRequest(session_id, "unknown", task_id=task_id, attempt=attempt),
-                     started_at=started)
-    error = AttemptLost("the attempt's worker died or was killed holding the lease; "
-                        "recorded by the reconciler", reason="worker_lost")
-    store.record_run(trace.new_run(Outcome.FAILED, error.reason, error, now))
-    result = replace(trace.result(Outcome.FAILED, error.reason, error),
-                     duration_ms=round((now - started).total_seconds() * 1000, 3))
-    emit_job_event(get_logger(), result)
-    return True
+    lost = LostAttempt(session_id, task_id, max(earlier, default=0) + 1, started,
+                       found_by="the reconciler")
+    return record_lost_attempt(store, lost, now)
 
 
 def _repair_marker(store: Store, publisher: Publisher, session: HeldSession,
@@ -289,37 +302,43 @@ def reconcile_policy(settings: Settings) -> ReconcilePolicy:
                            tail_budget_tokens=settings.tail_budget_tokens)
 
 
-def run_scheduled_reconcile(settings: Settings, now: datetime, *,
-                            dry_run: bool = False) -> list[Repair]:
-    """One sweep with connections made from ``settings`` (beat's task and ``compactor
-    reconcile``)."""
+def run_scheduled_reconcile(settings: Settings, now: datetime, *, dry_run: bool = False,
+                            leases_only: bool = False) -> list[Repair]:
+    """One sweep with connections made from ``settings`` (beat's tasks and ``compactor
+    reconcile``); ``leases_only``: the quick sweep of dead leases."""
     store = Store.from_url(settings.effective_database_url,
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
                            call_timeout_s=settings.db_call_timeout_s)
     try:
-        store.check_schema()
+        if not leases_only:
+            store.check_schema()
         with broker_jobs(settings) as broker:
             publisher = RedisPublisher(broker.client, settings.redis_key_prefix,
                                        settings.queue_name)
             journal = AttemptJournal(broker.client, RedisKeys(settings.redis_key_prefix))
+            if leases_only:
+                return sweep_dead_leases(store, publisher, reconcile_policy(settings), now,
+                                         journal=journal)
             return reconcile(store, broker, publisher, reconcile_policy(settings), now,
                              dry_run=dry_run, journal=journal)
     finally:
         store.close()
 
 
-def reconcile_and_report() -> str:
+def reconcile_and_report(*, leases_only: bool = False) -> str:
     """One sweep, its failure logged rather than raised (the ``compactor.reconcile``
-    task)."""
+    task; ``leases_only``: the quick sweep)."""
     try:
         runtime = current_runtime()
         if runtime is not None and runtime.journal is not None:  # this child's kept runs
             runtime.journal.write_owed(runtime.store)
-        repairs = run_scheduled_reconcile(get_settings(), datetime.now(UTC))
+        repairs = run_scheduled_reconcile(get_settings(), datetime.now(UTC),
+                                          leases_only=leases_only)
     except (StoreError, redis.RedisError) as exc:
         # The next sweep repairs what this one could not reach; no traceback.
         get_logger().warning("reconcile.failed", error_class=type(exc).__name__,
                              error=str(exc)[:500])
         return "failed"
-    get_logger().info("reconcile.finished", repairs=len(repairs))
+    if repairs or not leases_only:  # the quick sweep is quiet while there is nothing
+        get_logger().info("reconcile.finished", repairs=len(repairs), leases_only=leases_only)
     return "reconciled"

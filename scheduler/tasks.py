@@ -21,11 +21,12 @@ def scan_due_sessions() -> str:
 
 
 @app.task(name=RECONCILE_TASK_NAME, ignore_result=True)
-def reconcile_sessions() -> str:
-    """``compactor.reconcile``: one sweep (sent by beat every ``reconcile_interval_s``)."""
+def reconcile_sessions(leases_only: bool = False) -> str:
+    """``compactor.reconcile``: one sweep (sent by beat every ``reconcile_interval_s``),
+    or with ``leases_only`` the quick sweep of dead leases (every lease heartbeat)."""
     from scheduler.reconcile import reconcile_and_report
 
-    return reconcile_and_report()
+    return reconcile_and_report(leases_only=leases_only is True)
 
 
 @app.task(name=GC_TASK_NAME, ignore_result=True)

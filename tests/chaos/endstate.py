@@ -23,13 +23,14 @@ from sqlalchemy.orm import Session
 
 from db import Store
 from db.models import RunRow, SessionRow
-from scheduler.reconcile import RECONCILE_EVENT, AttemptLost
+from scheduler.reconcile import RECONCILE_EVENT
 from tests.chaos.invariants import Verdict
 from tests.chaos.poison import Poisoner
 from tests.e2e.test_bad_messages import bad_messages
 from worker.broker.contract import SCAN_TASK_NAME
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
+from worker.job.lost_attempt import AttemptLost
 from worker.logging import JOB_EVENT
 
 SCAN_TASK_RECEIVED = re.compile(rf"^Task {re.escape(SCAN_TASK_NAME)}\[[^\]]+\] received$")
@@ -116,9 +117,10 @@ def unacked_task(raw: bytes | str) -> str:
 def check_attempts(verdict: Verdict, events: list[dict[str, Any]], runs: list[RunRow],
                    poison_ids: set[str]) -> None:
     """Events and runs agree as multisets of (task id, attempt, outcome): one event per
-    run row and no event without one (a redelivery after a kill repeats the attempt
-    number: it is one more run and one more event); an event that says its run was not
-    recorded is a lost run unless the reconciler wrote it afterwards."""
+    run row and no event without one (a delivery killed with its pool child has its
+    own run and event, from its worker's main process, and its redelivery the next
+    attempt number); an event that says its run was not recorded is a lost run unless
+    the reconciler wrote it afterwards."""
     job_events = [e for e in events if str(e.get("task_id")) not in poison_ids]
     by_event = Counter((str(e["task_id"]), int(e["attempt"]), str(e["outcome"]))
                        for e in job_events)

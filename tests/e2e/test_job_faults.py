@@ -58,15 +58,20 @@ def test_a_job_whose_worker_is_killed_mid_summarize_is_redelivered_and_completes
     [child] = worker.child_pids()
     os.kill(child, signal.SIGKILL)
 
-    event = event_of(worker, task_id)
+    wait_until(lambda: len([e for e in worker.events("compaction.job")
+                            if e.get("task_id") == task_id]) == 2)
+    lost_event, event = [e for e in worker.events("compaction.job") if e["task_id"] == task_id]
+    assert (lost_event["outcome"], lost_event["reason"]) == ("failed", "worker_lost")
     assert (event["outcome"], event["reason"]) == ("compacted", "over_trigger"), event
     assert child not in worker.child_pids()
     [revision] = pg_store.revisions(LONG_SESSION_ID)
     session = pg_store.get_session(LONG_SESSION_ID)
     assert session.active_revision_id == revision.id == event["revision_id"]
     assert session.lease_owner is None  # released by the job that finished
-    [run] = pg_store.runs(session_id=LONG_SESSION_ID)  # the killed delivery wrote nothing
-    assert (run.task_id, run.outcome) == (task_id, "compacted")
+    # The killed delivery's attempt is recorded by the worker's main process.
+    lost, run = pg_store.runs(session_id=LONG_SESSION_ID)[::-1]
+    assert (lost.task_id, lost.attempt, lost.outcome) == (task_id, 1, "failed")
+    assert (run.task_id, run.attempt, run.outcome) == (task_id, 2, "compacted")
     assert server.request_count == 2
     assert projection_violations(pg_store, LONG_SESSION_ID) == []
     wait_until(lambda: queue_is_drained(redis_client, job_env))

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pydantic
@@ -23,6 +23,8 @@ from db import Store
 from scheduler.beat import (
     BEAT_SCHEDULE_FILENAME,
     GC_ENTRY_NAME,
+    LEASE_SWEEP_ENTRY_NAME,
+    RECONCILE_ENTRY_NAME,
     SCAN_ENTRY_NAME,
     beat_schedule,
     run_scheduled_scan,
@@ -33,7 +35,7 @@ from scheduler.enqueue import ScanReport
 from tests.support.raw_producer import read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session
 from tests.support.worker_process import WorkerProcess
-from worker.broker.contract import GC_TASK_NAME, SCAN_TASK_NAME
+from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
 from worker.settings.config import Settings
 from worker.shared_state.keys import RedisKeys
 
@@ -201,3 +203,14 @@ def test_garbage_collection_is_scheduled_only_when_gc_cron_is_set() -> None:
     assert entry["options"] == {"queue": "nightly"}
     with pytest.raises(pydantic.ValidationError, match="a cron expression has 5 fields"):
         Settings(gc_cron="weekly")  # refused with the settings, before beat starts
+
+
+def test_the_quick_lease_sweep_runs_every_heartbeat_while_the_reconciler_is_on() -> None:
+    schedule = beat_schedule(Settings(queue_name="nightly"))
+
+    sweep, full = schedule[LEASE_SWEEP_ENTRY_NAME], schedule[RECONCILE_ENTRY_NAME]
+    assert (sweep["task"], full["task"]) == (RECONCILE_TASK_NAME, RECONCILE_TASK_NAME)
+    assert (sweep["kwargs"], sweep["options"]) == ({"leases_only": True}, {"queue": "nightly"})
+    assert sweep["schedule"] == timedelta(seconds=10)  # a third of the 30 s lease
+    assert full["schedule"] == timedelta(seconds=300)
+    assert LEASE_SWEEP_ENTRY_NAME not in beat_schedule(Settings(reconcile_interval_s=0))

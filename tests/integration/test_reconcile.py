@@ -26,6 +26,7 @@ from scheduler.reconcile import (
     is_job_lost,
     reconcile,
     reconcile_policy,
+    sweep_dead_leases,
 )
 from scheduler.selection import ScanPolicy
 from tests.support.raw_producer import build_raw_message, read_queue
@@ -238,6 +239,43 @@ def test_a_job_delivered_to_a_worker_that_died_is_sent_again_once_its_lease_expi
         ("dead_lease", "released"), ("lost_job", "requeued")]
     [message] = read_queue(broker.client, broker.prefix, broker.queue)
     assert session_row(engine, "killed").queued_job_id == message.task_id != job_id
+
+
+def test_the_quick_sweep_sends_a_dead_lease_s_job_again_and_leaves_the_rest_alone(
+    store: Store, engine: Engine, broker: Broker
+) -> None:
+    for session_id in ("killed", "running", "lost-in-redis", "requeued"):
+        put_session(store, engine, session_id, 8_000, now=NOW)
+    queued = _scan(store, broker)
+    _lose_queue(broker)  # every message gone: only the full sweep may conclude from that
+    put_lease(engine, "killed", f"host:42:{queued['killed']}", LATER - timedelta(seconds=1))
+    put_lease(engine, "running", f"host:7:{queued['running']}", LATER + timedelta(seconds=9))
+    # Its pool child died: the main process recorded the attempt and requeued the message.
+    put_lease(engine, "requeued", f"host:8:{queued['requeued']}", LATER - timedelta(seconds=1))
+    store.record_run(replace(_run("requeued", queued["requeued"], "failed",
+                                  LATER - timedelta(seconds=60)),
+                             finished_at=LATER - timedelta(seconds=20)))
+
+    with capture_logs() as logs:
+        repairs = sweep_dead_leases(store, _publisher(broker),
+                                    reconcile_policy(broker.settings), LATER,
+                                    journal=_journal(broker))
+
+    assert [(r.session_id, r.problem, r.action, r.attempt_recorded) for r in repairs] == [
+        ("killed", "dead_lease", "released", True),
+        ("requeued", "dead_lease", "released", False),
+        ("killed", "lost_job", "requeued", False)]
+    assert session_row(engine, "requeued").lease_owner is None
+    assert session_row(engine, "requeued").queued_job_id == queued["requeued"]
+    [message] = read_queue(broker.client, broker.prefix, broker.queue)
+    assert message.kwargs["session_id"] == "killed" and message.task_id != queued["killed"]
+    assert session_row(engine, "killed").lease_owner is None
+    assert session_row(engine, "running").lease_owner == f"host:7:{queued['running']}"
+    assert session_row(engine, "lost-in-redis").queued_job_id == queued["lost-in-redis"]
+    [run] = store.runs(session_id="killed")
+    assert (run.task_id, run.outcome, run.figures["outcome_reason"]) == (
+        queued["killed"], "failed", "worker_lost")
+    assert [e["reason"] for e in logs if e["event"] == "compaction.job"] == ["worker_lost"]
 
 
 def _journal(broker: Broker) -> AttemptJournal:
@@ -488,3 +526,21 @@ def test_opening_an_attempt_counts_its_delivery_and_a_redelivery_supersedes_the_
     superseded = {p.entry: p.superseded_at for p in journal.pending()}
     assert superseded == {first.entry: LATER - timedelta(minutes=2), other.entry: None,
                           again.entry: None}
+
+
+def test_each_delivery_of_a_task_is_numbered_the_next_attempt_a_redelivery_included(
+    broker: Broker,
+) -> None:
+    journal = _journal(broker)
+    counter = DeliveryCounter(broker.client, RedisKeys(broker.prefix), ttl_s=60)
+    first = journal.open("task-1", "s", 1, LATER - timedelta(minutes=3), counter)
+    redelivered = journal.open("task-1", "s", 1, LATER - timedelta(minutes=2), counter)
+    retried = journal.open("task-1", "s", 2, LATER - timedelta(minutes=1), counter)  # retries=1
+    other = journal.open("task-2", "s", 1, LATER, counter)
+
+    assert [o.attempt for o in (first, redelivered, retried, other)] == [1, 2, 3, 1]
+    assert [o.deliveries for o in (first, redelivered, retried, other)] == [1, 2, 1, 1]
+    entered = {p.entry: p.attempt for p in journal.pending()}
+    assert entered == {first.entry: 1, redelivered.entry: 2, retried.entry: 3, other.entry: 1}
+    broker.client.delete(RedisKeys(broker.prefix).attempts("task-2"))  # Redis lost the count
+    assert journal.open("task-2", "s", 2, LATER, counter).attempt == 2  # never below Celery's

@@ -58,7 +58,9 @@ class JobEndedInFailure(Exception):
     ``throws``: Celery logs it at INFO without a traceback, and never retries it."""
 
 
-@app.task(name=TASK_NAME, bind=True, typing=False, throws=(JobEndedInFailure,))
+# Its requests record the attempt of a pool child that dies running one (lost_delivery.py).
+@app.task(name=TASK_NAME, bind=True, typing=False, throws=(JobEndedInFailure,),
+          Request="worker.broker.lost_delivery:JobDelivery")
 def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
     settings = get_settings()
     runtime = get_runtime(settings)
@@ -71,7 +73,8 @@ def compact_session(self: Task, *args: Any, **kwargs: Any) -> str:
                           ) if journal is not None else None
     if journal is not None:
         journal.write_owed(runtime.store)
-    result = _run_delivery(runtime, args, kwargs, task_id, retries,
+    result = _run_delivery(runtime, args, kwargs, task_id,
+                           attempt=opened.attempt if opened is not None else retries + 1,
                            deliveries=opened.deliveries if opened is not None else 1)
     if result.unrecorded_run is not None and journal is not None:
         journal.keep_unrecorded(result.unrecorded_run)
@@ -119,12 +122,12 @@ def _clear_queue_marker(runtime: Runtime, session_id: str, task_id: str) -> None
 
 
 def _run_delivery(runtime: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
-                  retries: int, *, deliveries: int) -> JobResult:
+                  *, attempt: int, deliveries: int) -> JobResult:
     """Run the job of a delivery counted ``deliveries``-th of its attempt (0: uncounted)."""
     session_id = str(kwargs.get("session_id", ""))[:MAX_SESSION_ID_CHARS]
-    fallback_request = JobRequest(session_id, "invalid", task_id=task_id, attempt=retries + 1)
+    fallback_request = JobRequest(session_id, "invalid", task_id=task_id, attempt=attempt)
     try:
-        request = parse_job(args, kwargs, task_id, retries + 1)
+        request = parse_job(args, kwargs, task_id, attempt)
     except JobRejected as exc:
         return pipeline.record_failure(fallback_request, runtime.deps, runtime.policy, exc)
     if deliveries > runtime.settings.max_deliveries:

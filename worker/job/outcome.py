@@ -39,8 +39,8 @@ RESULT_FIELDS: dict[str, str] = {
               "`schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
               "`store_unavailable`, `time_limit` (the soft time limit), `stored_message_invalid` "
               "(a stored message no longer parses: a row written around ingest), "
-              "`worker_lost` (the "
-              "worker died or was killed; recorded afterwards by the reconciler), "
+              "`worker_lost` (the worker died or was killed; recorded afterwards by its "
+              "worker's main process when a pool child died, else by the reconciler), "
               "`internal_error`, ...)",
     "summarizer": "`llm`, `extractive` or `fallback`; null when no summary was made",
     "failure_class": "the error class (`ProviderError`, `SummaryInvalid`, `StaleSnapshot`, "

@@ -228,8 +228,9 @@ class Settings(BaseSettings):
         60, ge=0, description="Time the open provider breaker waits before a trial (s)."
     )
     lease_ttl_s: int = Field(
-        90, gt=0, description="How long a job's session lease lasts unless renewed: a dead "
-        "worker's job is taken back by the reconciler after this (s)."
+        30, gt=0, description="How long a job's session lease lasts unless renewed: a dead "
+        "worker's job is sent again by the reconciler's quick sweep (every lease "
+        "heartbeat) within this and one heartbeat (s)."
     )
     lease_heartbeat_s: float | None = Field(
         None, gt=0, description="How often a running job renews its lease; at most a third "
@@ -313,7 +314,8 @@ class Settings(BaseSettings):
 
     reconcile_interval_s: int = Field(
         300, ge=0, description="How often beat runs the reconciler, which re-sends or "
-        "clears the jobs Redis lost and releases dead leases (s; 0 = never)."
+        "clears the jobs Redis lost and releases dead leases; while it is on, its quick "
+        "sweep of dead leases alone runs every lease heartbeat (s; 0 = neither)."
     )
     reconcile_grace_s: int = Field(
         60, gt=0, description="A queued-job marker younger than this is never taken for "

@@ -14,7 +14,8 @@ Two records in Redis close the gaps a job cannot close itself:
   from the run row. A task sends the removal without waiting for Redis's answer
   (``close_unanswered``), and reads that answer before its process's next attempt
   opens (removing the entry again, with retries, when it did not come): a job's end
-  waits for no round trip.
+  waits for no round trip. Opening an entry also numbers the attempt: every delivery
+  of a task, a redelivery after its worker died included, gets the next number.
 
 Redis being unreachable loses no job: the journal fails open, loudly, like the fleet's
 other shared state (``worker/shared_state/deliveries.py``).
@@ -48,29 +49,44 @@ MAX_OWED_RUNS = 1_000
 CLOSE_TRIES = 3
 CLOSE_RETRY_S = 1.0
 
+# Count a delivery of its attempt (KEYS[2]) and of its task (KEYS[3]), and enter it under
+# the task's count as its attempt number (never below Celery's, ARGV[2]'s): a Redis
+# restarted empty restarts the count.
+_OPEN_COUNTED = """
+local deliveries = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+local counted = redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+local fields = cjson.decode(ARGV[2])
+fields['attempt'] = math.max(counted, tonumber(fields['attempt']))
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(fields))
+return {fields['attempt'], deliveries}
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class PendingAttempt:
-    """An attempt whose event has not been seen go out (``entry``: its hash field; a
-    redelivery of the same attempt gets an entry of its own)."""
+    """An attempt whose event has not been seen go out (``entry``: its hash field; each
+    delivery gets an entry, and an attempt number, of its own)."""
 
     entry: str
     task_id: str
     session_id: str
     attempt: int
     opened_at: datetime
-    # A later delivery of the same attempt opened then (this one's worker died): runs
+    # A later delivery of the same task opened then (this one's worker died): runs
     # begun from then on are that delivery's.
     superseded_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class OpenedAttempt:
-    """An attempt just entered: its hash field, and how many deliveries of it have been
-    counted (1 on the first; 0 when they were not counted)."""
+    """An attempt just entered: its hash field, how many deliveries of it have been
+    counted (1 on the first; 0 when they were not counted), and its attempt number."""
 
     entry: str
     deliveries: int
+    attempt: int
 
 
 def run_to_json(run: NewRun) -> str:
@@ -109,6 +125,7 @@ class AttemptJournal:
     def __init__(self, client: redis.Redis, keys: RedisKeys,
                  max_unrecorded: int = MAX_UNRECORDED_RUNS) -> None:
         self._client = client
+        self._open_counted = client.register_script(_OPEN_COUNTED)
         self._keys = keys
         self._max_unrecorded = max_unrecorded
         # The same runs, held by the process that kept them: a Redis restart without its
@@ -168,38 +185,42 @@ class AttemptJournal:
 
     def open(self, task_id: str, session_id: str, attempt: int, now: datetime,
              counter: DeliveryCounter | None = None) -> OpenedAttempt:
-        """Enter a starting attempt, and with ``counter`` count its delivery, in one
-        round trip; returns its entry, for ``close``, and the deliveries counted."""
+        """Enter a starting attempt, and with ``counter`` count its delivery and number
+        it, in one round trip; returns its entry, for ``close``, the deliveries counted
+        and its attempt number. ``attempt`` is Celery's (retries + 1): without a counter
+        it is the number; with one, the number is the task's deliveries so far, never
+        below it (a redelivered attempt gets a number of its own)."""
         self.settle_close()
         entry = f"{task_id}:{uuid.uuid4().hex}"
         fields = {"task_id": task_id, "session_id": session_id, "attempt": attempt,
                   "opened_at": now.isoformat()}
-        deliveries = 0
+        opened = OpenedAttempt(entry, 0, attempt)
         try:
-            with self._client.pipeline() as pipe:
-                pipe.hset(self._keys.pending_events(), entry, json.dumps(fields))
-                if counter is not None:
-                    counter.count_in(pipe, task_id, attempt - 1)
-                replies = pipe.execute()
-            if counter is not None:
-                deliveries = int(replies[1])
+            if counter is None:
+                self._client.hset(self._keys.pending_events(), entry, json.dumps(fields))
+            else:
+                deliveries_key, attempts_key = counter.keys_of(task_id, attempt - 1)
+                numbered, deliveries = self._open_counted(
+                    keys=[self._keys.pending_events(), deliveries_key, attempts_key],
+                    args=[entry, json.dumps(fields), counter.ttl_s])
+                opened = OpenedAttempt(entry, int(deliveries), int(numbered))
             # Only a redelivery (or one not counted) can find an earlier delivery's entry
             # open: the first skips reading every entry of the fleet.
-            if deliveries != 1:
-                self._supersede(task_id, attempt, now, but=entry)
+            if opened.deliveries != 1:
+                self._supersede(task_id, now, but=entry)
         except redis.RedisError as exc:
             log_redis_unavailable("pending_events", exc)
-        return OpenedAttempt(entry, deliveries)
+        return opened
 
-    def _supersede(self, task_id: str, attempt: int, now: datetime, *, but: str) -> None:
-        """Mark the open entries of the same attempt (deliveries whose worker died) as
+    def _supersede(self, task_id: str, now: datetime, *, but: str) -> None:
+        """Mark the open entries of the same task (deliveries whose worker died) as
         superseded from ``now``: runs begun from then on are the new delivery's."""
         for earlier in self.pending():
-            if (earlier.task_id, earlier.attempt) == (task_id, attempt) \
-                    and earlier.superseded_at is None and earlier.entry != but:
+            if earlier.task_id == task_id and earlier.superseded_at is None \
+                    and earlier.entry != but:
                 self._client.hset(self._keys.pending_events(), earlier.entry, json.dumps(
                     {"task_id": task_id, "session_id": earlier.session_id,
-                     "attempt": attempt, "opened_at": earlier.opened_at.isoformat(),
+                     "attempt": earlier.attempt, "opened_at": earlier.opened_at.isoformat(),
                      "superseded_at": now.isoformat()}))
 
     def close(self, entry: str, *, tries: int = CLOSE_TRIES) -> None:

@@ -16,19 +16,22 @@ from worker.shared_state.keys import RedisKeys
 
 
 class DeliveryCounter:
-    """Counts deliveries of each task attempt, across workers and worker deaths."""
+    """Counts deliveries of each task attempt, and of each task, across workers and
+    worker deaths (``AttemptJournal.open`` counts them)."""
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, ttl_s: int) -> None:
         self._client = client
         self._keys = keys
         self._ttl_s = ttl_s
 
-    def count_in(self, pipe: redis.client.Pipeline, task_id: str, retries: int) -> None:
-        """Queue the count of this delivery on ``pipe``: its first reply is how many there
-        have been (1 on the first). Queued, it shares a round trip with other writes."""
-        key = self._keys.deliveries(task_id, retries)
-        pipe.incr(key)
-        pipe.expire(key, self._ttl_s)
+    @property
+    def ttl_s(self) -> int:
+        return self._ttl_s
+
+    def keys_of(self, task_id: str, retries: int) -> tuple[str, str]:
+        """The counters one delivery increments: its attempt's deliveries (the redelivery
+        cap) and the task's deliveries (the delivery's attempt number)."""
+        return self._keys.deliveries(task_id, retries), self._keys.attempts(task_id)
 
     def first_attempt_at(self, task_id: str, began: float, *, ttl_s: int) -> float | None:
         """When the task's first attempt began (epoch seconds): ``began`` unless an

@@ -19,6 +19,10 @@ class RedisKeys:
         """Counter of deliveries of one task attempt (retries get their own counter)."""
         return f"{self.prefix}deliveries:{task_id}:{retries}"
 
+    def attempts(self, task_id: str) -> str:
+        """Counter of a task's deliveries across its retries: each one's attempt number."""
+        return f"{self.prefix}attempts:{task_id}"
+
     def first_attempt(self, task_id: str) -> str:
         """When a task's first attempt began: its retries end with ``retry_window_s``."""
         return f"{self.prefix}first-attempt:{task_id}"
