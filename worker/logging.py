@@ -81,9 +81,14 @@ def _build_formatter(use_json: bool) -> structlog.stdlib.ProcessorFormatter:
     )
 
 
+# Fields this module's own processors write (a clock reading, a level name): no credential.
+_OWN_FIELDS = frozenset({"timestamp", "level"})
+
+
 def scrub_event(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Credentials out of every field of a record (``worker/scrub.py``'s rules)."""
-    return {key: scrub_value(value) for key, value in event_dict.items()}
+    return {key: value if key in _OWN_FIELDS else scrub_value(value)
+            for key, value in event_dict.items()}
 
 
 def escape_event_controls(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:

@@ -43,6 +43,11 @@ _PATTERNS = (
     # JSON web tokens.
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"),
 )
+# What the patterns above need somewhere in a text: a text without any of these holds
+# nothing they would change, and one search spares it their substitutions (the other
+# rules need a character of their own: '@' a URL's user info, '=' or ':' a named value).
+_MAY_MATCH_PATTERNS = re.compile(
+    r"bearer|(?:sk|pk|rk)-|(?:gh[pousr]|github_pat)_|xox|AKIA|eyJ", re.IGNORECASE)
 # Long runs of mixed letters and digits: keys of providers we do not know by shape.
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9_+/=-]{32,}")
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s]*)@")
@@ -69,10 +74,15 @@ def scrub_text(text: str, *, known: Iterable[str | None] = ()) -> str:
     for secret in (*_remembered, *known):
         if secret and len(secret) >= _MIN_SECRET_CHARS:
             text = text.replace(secret, REDACTED)
-    text = _QUERY_PAIR.sub(_mask_query_value, mask_urls(text))
-    text = _NAMED_VALUE.sub(_redact_named_value, text)
-    for pattern in _PATTERNS:
-        text = pattern.sub(REDACTED, text)
+    if "@" in text:
+        text = mask_urls(text)
+    if "=" in text:
+        text = _QUERY_PAIR.sub(_mask_query_value, text)
+    if "=" in text or ":" in text:
+        text = _NAMED_VALUE.sub(_redact_named_value, text)
+    if _MAY_MATCH_PATTERNS.search(text):
+        for pattern in _PATTERNS:
+            text = pattern.sub(REDACTED, text)
     return text
 
 

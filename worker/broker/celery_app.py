@@ -282,12 +282,11 @@ def _bind_task_context(task_id: str | None = None, kwargs: Any = None, **_: Any)
 
 
 @task_postrun.connect
-def _unbind_task_context(**_: Any) -> None:
+def _end_task(sender: Any = None, **_: Any) -> None:
+    """Unbind the task's log context; after a compaction job, give the memory it freed
+    back to the system (glibc otherwise keeps it in the child for good). Only a job holds
+    a session's text: the scheduler's tasks allocate little, and a trim walks the whole
+    heap whatever was freed."""
     clear_contextvars()
-
-
-@task_postrun.connect
-def _return_free_memory(**_: Any) -> None:
-    """Give the memory a job freed back to the system: glibc otherwise keeps it in the
-    child for good (~12 MiB after a 1M-token job, for ~1 ms; ~0.1 ms after a small one)."""
-    return_free_heap()
+    if getattr(sender, "name", None) == TASK_NAME:
+        return_free_heap()
