@@ -3,8 +3,13 @@
 (:func:`take_lease_with_snapshot`), the lease's UPDATE as a CTE heading
 ``db/job_snapshot.py``'s statement.
 
-``db/store.py`` owns the transactions; these functions never commit. The statements are
-built once, at import, with bound parameters, and SQLAlchemy's compiled cache serves them.
+When the lease is not taken, or a write committed while the statement waited for the row
+lock, one more statement says who holds the lease and the snapshot is read again by
+``db/job_snapshot.py``'s statement: the same snapshot, not a second version of it.
+
+``db/store_jobs.py`` owns the transactions; these functions never commit. The statements
+are built once, at import, with bound parameters, and SQLAlchemy's compiled cache serves
+them.
 """
 
 from __future__ import annotations
@@ -103,7 +108,6 @@ def _escape_like(value: str) -> str:
     return value
 
 
-
 def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
     """PostgreSQL: ``_lease_statement`` and ``SNAPSHOT_STATEMENT`` as one statement (one
     round trip): its head is the row the lease's UPDATE returns, joined to the active
@@ -116,7 +120,7 @@ def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
     ``head_seq`` and active revision as the one the lease returned; when it does not,
     the lease is taken but the statement returns no row (``take_lease_with_snapshot``
     then reads a fresh snapshot)."""
-    # One-letter names, as ``r``: the text stays within psycopg's cache (see ``ZERO``).
+    # One-letter names, as ``r``: the text stays within psycopg's cache (see ``db.job_rows.ZERO``).
     lease = _lease_statement(take_over=take_over, asynchronous_commit=True).cte("l")
     seen, revision = SESSIONS.alias("seen"), REVISIONS.alias("r")
     return snapshot_statement(

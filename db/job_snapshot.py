@@ -3,7 +3,7 @@ the sizes of its newest revisions, read in one snapshot: on PostgreSQL one state
 (:data:`SNAPSHOT_STATEMENT`, which ``db/job_lease.py`` also heads with the lease), on
 SQLite three in a read transaction.
 
-``db/store.py`` owns the transactions; these functions never commit.
+``db/store_jobs.py`` owns the transactions; these functions never commit.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     others' rows. The session row is ``session``'s columns with ``revision``'s (labelled
     as ``REVISION_LABELS``), read from ``source`` where ``found``; the other parts find
     it through a CTE of its id and bound alone, which keeps the text within psycopg's
-    cache (see ``ZERO``). The CTE holds no row when the bound ``SnapshotGate`` shuts
+    cache (see ``db.job_rows.ZERO``). The CTE holds no row when the bound ``SnapshotGate`` shuts
     the session: its breaker refuses a job whose clock less the cooldown is
     ``cooldown_start`` (``breaker_admits`` false), or its projection is at most
     ``trigger_tokens``; then only the session row is read."""

@@ -14,7 +14,7 @@ messages, so the statement writes only when the locked row's ``head_seq`` is the
 snapshot sees, and is run again (a fresh snapshot) when it is not. SQLite takes the lock
 first (``BEGIN IMMEDIATE``) and writes statement by statement in that transaction.
 
-``db/store.py`` owns the transactions; these functions never commit.
+``db/store_jobs.py`` owns the transactions; these functions never commit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Swap and rollback of a session's active revision, inside a write transaction.
+"""Rollback and roll-forward of a session's active revision, inside a write transaction.
 
 Both run under the session's row lock, point the session at a revision and recompute its
 token figures in SQL. ``db/store.py`` owns the transaction; these functions never commit.

@@ -38,7 +38,6 @@ class StoreBase:
             if engine.dialect.name == "sqlite" \
             else engine.execution_options(isolation_level="AUTOCOMMIT")
 
-
     def _update_one(self, session_id: str, statement: Update) -> bool:
         """Run a conditional UPDATE of one session; SessionNotFound when it does not exist."""
         with self._write() as session:
