@@ -193,7 +193,7 @@ def swap_in_one_statement(
     """PostgreSQL, in autocommit: ``commit_swap`` in one statement (``_checked_swap``),
     same errors, nothing written on any. Return the revision id. Run again only when an
     append committed while it waited for the row lock."""
-    _check_run(session_id, run)
+    _check_job(session_id, run, revision)
     breaker = breaker or CLOSED
     run_columns = run_values(run, revision_id=None)
     parameters = {
@@ -225,7 +225,7 @@ def commit_swap(
 
     Under the row lock: the lock (with the parent's bounds), then the revision (its
     projection size measured by the INSERT itself), the session and the run."""
-    _check_run(session_id, run)
+    _check_job(session_id, run, revision)
     locked = connection.execute(_LOCK_FOR_SWAP, {"session_id": session_id}).first()
     if locked is None:
         raise SessionNotFound(f"no session {session_id!r}")
@@ -281,9 +281,14 @@ def commit_failure(connection: Connection, run: NewRun, *, breaker: BreakerUpdat
     return run_id
 
 
-def _check_run(session_id: str, run: NewRun) -> None:
+def _check_job(session_id: str, run: NewRun, revision: NewRevision) -> None:
+    """ValueError for a run of another session, or a revision past its own snapshot
+    (what no row lock can tell)."""
     if run.session_id != session_id:
         raise ValueError(f"run is for {run.session_id!r}, not {session_id!r}")
+    if not revision.through_seq <= revision.snapshot_head_seq:
+        raise ValueError(f"session {session_id!r}: need through_seq {revision.through_seq} "
+                         f"<= snapshot_head_seq {revision.snapshot_head_seq}")
 
 
 def _check_swap(session_id: str, locked: Row[Any], owner: str, expected_revision_id: int | None,

@@ -199,7 +199,8 @@ def test_swap_refuses_revisions_outside_the_session_bounds(store: Store) -> None
     store.import_session("s1", {}, conversation(8), T0)
     swap(store, "s1", 5)
     active = store.get_session("s1").active_revision_id
-    for through_seq, snapshot_head_seq in ((4, 8), (6, 9)):  # below the parent; past head
+    # Below the parent; past the head; past its own snapshot.
+    for through_seq, snapshot_head_seq in ((4, 8), (6, 9), (8, 7)):
         with pytest.raises(ValueError, match="through_seq"):
             swap_in(store, "s1", expected_revision_id=active, now=T0, run=job_run("s1"),
                     revision=summary_revision(through_seq, snapshot_head_seq))
