@@ -22,11 +22,12 @@ from sqlalchemy import Engine, text
 from bench.common import private_database
 from bench.report import bench_parser, median, percentile, print_header, print_load, print_table
 from bench.sessions import new_counter, to_rows
-from db import NewRevision, NewRun, Store, create_db_engine, upgrade_database
+from db import MessageText, NewRevision, NewRun, Store, create_db_engine, upgrade_database
 from tests.support.generated import generated_turns
 from worker.platform.sessions import SessionStore
 
 MESSAGES = 1_000
+BENCH_OWNER = "bench:1:fill"
 VIEW_QUERY = text("SELECT position, message FROM session_projection "
                   "WHERE session_id = :session_id ORDER BY position")
 
@@ -48,8 +49,10 @@ def fill(store: Store, messages: int) -> None:
     for session_id in ("plain", "compacted"):
         store.import_session(session_id, {}, rows, now)
     through_seq = messages * 4 // 5
-    store.swap_revision(
-        "compacted", expected_revision_id=None, lease_owner=None, now=now,
+    # A job's lease and swap (``Store.start_job``, ``Store.commit_job``), as a worker's.
+    store.start_job("compacted", BENCH_OWNER, 60, now)
+    store.commit_job(
+        "compacted", expected_revision_id=None, lease_owner=BENCH_OWNER, now=now,
         revision=NewRevision(
             through_seq=through_seq, snapshot_head_seq=messages, summary={"goal": "bench"},
             block={"role": "user", "content": "[summary]"}, block_tokens=10, artifacts_json="[]",
@@ -82,7 +85,8 @@ def measure(kind: str, url: str, repeats: int) -> list[tuple[object, ...]]:
             reads: dict[str, Callable[[], object]] = {
                 "SessionStore.projection": partial(sessions.projection, session_id),
                 "view, plain SQL": partial(read_view, engine, session_id),
-                "snapshot + assembly (before)": partial(store.snapshot, session_id),
+                "Store.job_snapshot (a job's read)": partial(
+                    store.job_snapshot, session_id, to_message=keep_text),
             }
             count = len(sessions.projection(session_id))
             for what, read in reads.items():
@@ -96,6 +100,10 @@ def measure(kind: str, url: str, repeats: int) -> list[tuple[object, ...]]:
     store.close()
     engine.dispose()
     return rows
+
+
+def keep_text(text: MessageText) -> MessageText:
+    return text
 
 
 def read_view(engine: Engine, session_id: str) -> list[Any]:

@@ -8,29 +8,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Update, or_, update
+from sqlalchemy import Update, update
 
 from db.models import BREAKER_STATES, SessionRow
 from db.records import BreakerUpdate
-
-
-def acquire_lease(session_id: str, owner: str, ttl_s: float, now: datetime) -> Update:
-    """Take or renew the lease until ``now + ttl_s`` unless another owner holds an
-    unexpired one."""
-    if ttl_s <= 0:
-        raise ValueError(f"ttl_s must be positive, got {ttl_s}")
-    return (
-        update(SessionRow)
-        .where(
-            SessionRow.session_id == session_id,
-            or_(
-                SessionRow.lease_owner.is_(None),
-                SessionRow.lease_owner == owner,
-                SessionRow.lease_expires_at <= now,
-            ),
-        )
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
-    )
 
 
 def renew_lease(session_id: str, owner: str, ttl_s: float, now: datetime) -> Update:

@@ -141,13 +141,6 @@ def select_history(session: Session, session_pk: int, *, after_seq: int = 0) -> 
     return _select_messages(session, session_pk, MessageRow.seq > after_seq)
 
 
-def select_active(session: Session, session_pk: int, through_seq: int
-                  ) -> list[MessageRecord]:
-    """Return the messages a revision leaves active, in order: instruction messages with
-    seq <= ``through_seq`` and every message after it."""
-    return _select_messages(session, session_pk, _is_active(through_seq))
-
-
 def iterate_active_texts(connection: Connection, session_pk: int, through_seq: int
                          ) -> Iterator[MessageText]:
     """Yield the messages a revision leaves active, in order, as each row is fetched,

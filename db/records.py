@@ -209,28 +209,19 @@ class RevisionSizes:
     projection_tokens_after: int
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A session, its active revision, and the active messages up to
-    ``session.head_seq`` (instructions covered by the revision, then everything after
-    its ``through_seq``), read in one transaction."""
-
-    session: SessionState
-    revision: RevisionRecord | None
-    messages: list[MessageRecord]
-
-
 JobMessage = TypeVar("JobMessage")
 
 
 @dataclass(frozen=True, slots=True)
 class JobSnapshot(Generic[JobMessage]):
-    """What one job reads in one transaction: a :class:`Snapshot` whose messages are
-    already in the job's own form (each converted from its :class:`MessageText` as its
-    row arrived), and ``recent_revisions``: the sizes of the newest revisions, newest
-    first, as many as the job asked for. ``breaker_refused`` and ``under_trigger``: what
-    its :class:`SnapshotGate` found in the session row; either one means neither the
-    messages nor the sizes were read (both empty): the job does not run."""
+    """What one job reads in one snapshot: a session, its active revision, and its
+    active messages up to ``session.head_seq`` (instructions covered by the revision,
+    then everything after its ``through_seq``), already in the job's own form (each
+    converted from its :class:`MessageText` as its row arrived), and
+    ``recent_revisions``: the sizes of the newest revisions, newest first, as many as the
+    job asked for. ``breaker_refused`` and ``under_trigger``: what its
+    :class:`SnapshotGate` found in the session row; either one means neither the messages
+    nor the sizes were read (both empty): the job does not run."""
 
     session: SessionState
     revision: RevisionRecord | None

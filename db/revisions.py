@@ -1,4 +1,4 @@
-"""Swap and rollback of a session's active revision, inside a write transaction.
+"""Rollback and roll-forward of a session's active revision, inside a write transaction.
 
 Both run under the session's row lock, point the session at a revision and recompute its
 token figures in SQL. ``db/store.py`` owns the transaction; these functions never commit.
@@ -6,44 +6,12 @@ token figures in SQL. ``db/store.py`` owns the transaction; these functions neve
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
-
 from sqlalchemy.orm import Session
 
 from db import queries as q
-from db.errors import LeaseLost, RevisionConflict, RevisionNotFound
+from db.errors import RevisionNotFound
 from db.models import RevisionRow, SessionRow
-from db.records import BreakerUpdate, NewRevision, NewRun, RevisionRecord
-
-
-def swap_in(
-    session: Session, session_id: str, *, expected_revision_id: int | None,
-    lease_owner: str | None, revision: NewRevision, run: NewRun, now: datetime,
-    breaker: BreakerUpdate | None = None,
-) -> int:
-    """Compare-and-swap the active revision, set the breaker (closed unless ``breaker``
-    says otherwise), record the run."""
-    row = q.find_session(session, session_id, lock=True)
-    _check_lease(row, lease_owner, now)
-    if row.active_revision_id != expected_revision_id:
-        raise RevisionConflict(
-            f"session {session_id!r}: active revision is {row.active_revision_id}, "
-            f"expected {expected_revision_id}"
-        )
-    parent = _active_revision_row(session, row)
-    _check_bounds(row, parent, revision)
-    figures = q.measure_projection(
-        session, row.id, revision.through_seq, revision.snapshot_head_seq, revision.block_tokens
-    )
-    created = _insert_revision(session, row, parent, revision, figures, now)
-    _point_session(row, created.id, figures)
-    row.last_compacted_at = now
-    breaker = breaker or BreakerUpdate(state="closed", failures=0, opened_at=None)
-    row.breaker_state, row.breaker_failures = breaker.state, breaker.failures
-    row.breaker_opened_at = breaker.opened_at
-    q.insert_run(session, run, revision_id=created.id)
-    return created.id
+from db.records import RevisionRecord
 
 
 def roll_back(
@@ -94,57 +62,10 @@ def _ancestor_ids(session: Session, revision: RevisionRow) -> set[int]:
     return ancestors
 
 
-def load_active_revision(session: Session, row: SessionRow) -> RevisionRecord | None:
-    revision = _active_revision_row(session, row)
-    return q.to_revision_record(revision, row.session_id) if revision else None
-
-
 def _active_revision_row(session: Session, row: SessionRow) -> RevisionRow | None:
     if row.active_revision_id is None:
         return None
     return q.find_revision(session, row.active_revision_id)
-
-
-def _check_lease(row: SessionRow, owner: str | None, now: datetime) -> None:
-    if owner is None:
-        return
-    expires_at = row.lease_expires_at
-    if row.lease_owner != owner or expires_at is None or expires_at <= now:
-        raise LeaseLost(
-            f"session {row.session_id!r}: lease is held by {row.lease_owner!r} until "
-            f"{expires_at}, not by {owner!r}"
-        )
-
-
-def _check_bounds(row: SessionRow, parent: RevisionRow | None, revision: NewRevision) -> None:
-    """Refuse a revision that would un-summarize its parent's span or see the future."""
-    floor_seq = parent.through_seq if parent else 0
-    if not floor_seq <= revision.through_seq <= revision.snapshot_head_seq <= row.head_seq:
-        raise ValueError(
-            f"session {row.session_id!r}: need parent through_seq {floor_seq} <= through_seq "
-            f"{revision.through_seq} <= snapshot_head_seq {revision.snapshot_head_seq} <= "
-            f"head_seq {row.head_seq}"
-        )
-
-
-def _insert_revision(
-    session: Session, row: SessionRow, parent: RevisionRow | None, revision: NewRevision,
-    figures: q.ProjectionFigures, now: datetime,
-) -> RevisionRow:
-    created = RevisionRow(
-        session_id=row.id, parent_revision_id=parent.id if parent else None,
-        through_seq=revision.through_seq, snapshot_head_seq=revision.snapshot_head_seq,
-        summary=revision.summary, block=revision.block, block_tokens=revision.block_tokens,
-        artifacts=json.loads(revision.artifacts_json), summary_tokens=revision.summary_tokens,
-        span_tokens=revision.span_tokens,
-        projection_tokens_before=revision.projection_tokens_before,
-        projection_tokens_after=figures.projection_tokens,
-        model=revision.model, prompt_version=revision.prompt_version,
-        summarizer=revision.summarizer, created_at=now,
-    )
-    session.add(created)
-    session.flush()
-    return created
 
 
 def _point_session(

@@ -4,7 +4,9 @@ Every public method is one transaction on PostgreSQL or SQLite (the due-session 
 one per page; ``queue_markers`` one around the caller's block; a one-statement read on
 PostgreSQL none, the statement being its own snapshot). Values go in and out as
 the frozen dataclasses of ``db/records.py``. ``sqlalchemy.exc`` errors are translated
-here, once, into ``db/errors.py``. Writes lock the session row (``SELECT ... FOR
+once, into ``db/errors.py``, by the transactions of ``db/store_base.py``. The job's and
+the scheduler's methods live in ``db/store_jobs.py`` and ``db/store_scheduling.py``,
+which ``Store`` inherits. Writes lock the session row (``SELECT ... FOR
 UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite); reads run in one consistent
 snapshot (see ``db.engine.derive_read_engine``).
 """
@@ -12,59 +14,41 @@ snapshot (see ``db.engine.derive_read_engine``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Update, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db import job_transactions as job
 from db import leases
 from db import projection as views
 from db import queries as q
 from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
-from db.engine import SQLITE_BEGIN_OPTION, create_db_engine, derive_read_engine
-from db.errors import SessionExists, SessionNotFound, translate_errors
+from db.engine import create_db_engine
+from db.errors import SessionExists, SessionNotFound
 from db.lifecycle import collect_garbage, delete_session, pop_newest_message
 from db.models import RevisionRow, RunRow, SessionRow
-from db.queue import QueueMarkers
 from db.recall import check_query, search_messages
-from db.reconcile import HeldSession, read_dead_leases, read_due_among, read_held_sessions
 from db.records import (
-    NO_GATE,
     ArtifactRecord,
     BreakerUpdate,
     DeletedSession,
     GcBatch,
     GcPolicy,
     IndexedMessage,
-    JobMessage,
-    JobSnapshot,
     MessageRecord,
-    MessageText,
     NewMessage,
-    NewRevision,
     NewRun,
     RecallHit,
     RevisionRecord,
     RunRecord,
     SessionState,
-    Snapshot,
-    SnapshotGate,
     ToolCallState,
 )
-from db.revisions import load_active_revision, roll_back, roll_forward, swap_in
-from db.scan import (
-    DueCriteria,
-    DueCursor,
-    DuePage,
-    DueRow,
-    DueWhy,
-    count_exclusions,
-    read_due_page,
-)
+from db.revisions import roll_back, roll_forward
+from db.store_jobs import JobStoreMethods
+from db.store_scheduling import SchedulingStoreMethods
 
 T = TypeVar("T")
 # An append's intake check: given the session's tool-call state, the rows to insert and
@@ -72,23 +56,8 @@ T = TypeVar("T")
 AppendCheck = Callable[[ToolCallState], tuple[Sequence[NewMessage], T]]
 
 
-class Store:
+class Store(JobStoreMethods, SchedulingStoreMethods):
     """The durable store of sessions, messages, revisions and runs."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._read_engine = derive_read_engine(engine)
-        # A single statement sees one snapshot by itself: on PostgreSQL it needs no
-        # BEGIN and COMMIT, two round trips of the platform's hot read.
-        self._statement_engine = self._read_engine if engine.dialect.name == "sqlite" \
-            else engine.execution_options(isolation_level="AUTOCOMMIT")
-        # A one-statement write is atomic by itself: no BEGIN and COMMIT round trips (on
-        # SQLite the begin hook's own option, not pysqlite's AUTOCOMMIT, which would give
-        # transaction control back to the driver once the connection returns to the pool).
-        self._write_statement_engine = \
-            engine.execution_options(**{SQLITE_BEGIN_OPTION: "AUTOCOMMIT"}) \
-            if engine.dialect.name == "sqlite" \
-            else engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
     def from_url(cls, url: str, *, sqlite_busy_timeout_ms: int = 10_000,
@@ -224,33 +193,6 @@ class Store:
 
     # --- the compacted view ---------------------------------------------------------
 
-    def snapshot(self, session_id: str) -> Snapshot:
-        """Read the session, its active revision and its active messages in one snapshot."""
-        with self._read() as session:
-            row = q.find_session(session, session_id)
-            revision = load_active_revision(session, row)
-            through_seq = revision.through_seq if revision else 0
-            return Snapshot(
-                session=q.to_session_state(row),
-                revision=revision,
-                messages=q.select_active(session, row.id, through_seq),
-            )
-
-    def job_snapshot(self, session_id: str, *, history: int = 2,
-                     to_message: Callable[[MessageText], JobMessage],
-                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
-        """The snapshot a job plans from, in one consistent read: the session joined to
-        its active revision, its active messages (each converted by ``to_message`` as its
-        row arrives), and the sizes of its ``history`` newest revisions
-        (``JobSnapshot.recent_revisions``); on PostgreSQL one statement, on SQLite a read
-        transaction of three. A session that ``gate`` shuts (its breaker refuses the job,
-        or it is under the trigger) has only its row and revision read
-        (``JobSnapshot.breaker_refused``, ``JobSnapshot.under_trigger``)."""
-        with translate_errors(), self._statement_engine.connect() as connection, \
-                connection.begin():
-            return job.read_snapshot(connection, session_id, history=history,
-                                     to_message=to_message, gate=gate)
-
     def projection(self, session_id: str) -> list[dict[str, Any]]:
         """Return what a model is sent, in one statement: the instructions the active
         revision covers, its block, every later message (no revision: every message)."""
@@ -268,76 +210,7 @@ class Store:
             )
             return [q.to_revision_record(revision, session_id) for revision in revisions]
 
-    def get_revision(self, revision_id: int) -> RevisionRecord:
-        """Return one revision by id (RevisionNotFound when unknown)."""
-        with self._read() as session:
-            revision = q.find_revision(session, revision_id)
-            owner = session.get_one(SessionRow, revision.session_id)
-            return q.to_revision_record(revision, owner.session_id)
-
-    # --- compaction -----------------------------------------------------------------
-
-    def swap_revision(
-        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
-        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
-    ) -> int:
-        """Swap in a new active revision and record its run; return the revision id.
-
-        One transaction under the session's row lock. Raises LeaseLost when
-        ``lease_owner`` is given and no longer holds an unexpired lease, and
-        RevisionConflict when the active revision is not ``expected_revision_id``; on
-        any error nothing is written. Also sets the breaker: closed, unless ``breaker``
-        is given (a fallback committed while it is open leaves it open).
-        """
-        if run.session_id != session_id:
-            raise ValueError(f"run is for {run.session_id!r}, not {session_id!r}")
-        with self._write() as session:
-            return swap_in(
-                session, session_id, expected_revision_id=expected_revision_id,
-                lease_owner=lease_owner, revision=revision, run=run, now=now, breaker=breaker,
-            )
-
-    def commit_job(
-        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
-        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
-    ) -> int:
-        """End a job that compacted, in one transaction under the session's row lock: the
-        compare-and-swap of ``swap_revision`` (same errors, nothing written on any), the
-        run row, the lease released and the queue marker cleared if it is ``run.task_id``'s.
-        Return the revision id.
-
-        On PostgreSQL first as one statement in autocommit (``job.try_checked_swap``);
-        when that writes nothing, in a transaction that tells why (or writes: an append
-        raced the statement)."""
-        if self._engine.dialect.name == "postgresql":
-            with translate_errors(), self._write_statement_engine.begin() as connection:
-                revision_id = job.try_checked_swap(
-                    connection, session_id, expected_revision_id=expected_revision_id,
-                    lease_owner=lease_owner, revision=revision, run=run, now=now,
-                    breaker=breaker)
-            if revision_id is not None:
-                return revision_id
-        with translate_errors(), self._engine.begin() as connection:
-            return job.commit_swap(
-                connection, session_id, expected_revision_id=expected_revision_id,
-                lease_owner=lease_owner, revision=revision, run=run, now=now, breaker=breaker,
-                release_lease=True, queue_job_id=run.task_id,
-            )
-
-    def finish_job(self, run: NewRun, *, lease_owner: str | None,
-                   breaker: BreakerUpdate | None = None, clear_queue_marker: bool = False
-                   ) -> int:
-        """End a job that did not compact, in one transaction: the run row and, for its
-        session if it exists, the breaker, the release of ``lease_owner``'s lease (when
-        given) and, with ``clear_queue_marker``, the queue marker if it is
-        ``run.task_id``'s. Return the run id."""
-        if breaker is not None:
-            leases.check_breaker(breaker)
-        with translate_errors(), self._engine.begin() as connection:
-            return job.commit_failure(
-                connection, run, breaker=breaker, lease_owner=lease_owner,
-                queue_job_id=run.task_id if clear_queue_marker else None,
-            )
+    # --- revisions and runs ----------------------------------------------------------
 
     def rollback(
         self, session_id: str, *, to_revision_id: int | None = None
@@ -420,125 +293,6 @@ class Store:
         with self._read() as session:
             return [q.to_run_record(row) for row in session.scalars(statement.limit(limit))]
 
-    # --- leases and breaker ----------------------------------------------------------
-
-    def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
-                  take_over: str | None = None) -> SessionState | None:
-        """Take the lease as ``acquire_lease`` does and return the session as it now is,
-        in one statement; None when another owner holds it. ``take_over`` also takes a
-        lease whose owner ends in ``":" + take_over`` (SessionNotFound when unknown)."""
-        with translate_errors(), self._write_statement_engine.begin() as connection:
-            return job.take_lease(connection, session_id, owner, ttl_s, now,
-                                  take_over=take_over)
-
-    def start_job_with_snapshot(
-        self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
-        take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
-    ) -> JobSnapshot[JobMessage] | None:
-        """``start_job`` then ``job_snapshot`` (``gate`` as there): the
-        snapshot, whose session is the row as the lease left it; None when another owner
-        holds the lease (and nothing is read). On PostgreSQL one statement in autocommit
-        (``job.take_lease_with_snapshot``), on SQLite two transactions."""
-        if self._engine.dialect.name != "postgresql":
-            if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
-                return None
-            return self.job_snapshot(session_id, history=history, to_message=to_message,
-                                     gate=gate)
-        with translate_errors(), self._write_statement_engine.begin() as connection:
-            return job.take_lease_with_snapshot(
-                connection, session_id, owner, ttl_s, now, take_over=take_over,
-                history=history, to_message=to_message, gate=gate)
-
-    def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
-        """Take or renew the session's lease until ``now + ttl_s``; False when another
-        owner holds an unexpired lease."""
-        return self._update_one(session_id, leases.acquire_lease(session_id, owner, ttl_s, now))
-
-    def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
-        """Extend ``owner``'s lease to ``now + ttl_s``; False when it no longer holds it."""
-        return self._update_one(session_id, leases.renew_lease(session_id, owner, ttl_s, now))
-
-    def release_lease(self, session_id: str, owner: str) -> bool:
-        """Release the lease if ``owner`` holds it; return whether it did."""
-        return self._update_one(session_id, leases.release_lease(session_id, owner))
-
-    def set_breaker(self, session_id: str, update: BreakerUpdate) -> None:
-        """Persist the session's breaker fields."""
-        self._update_one(session_id, leases.set_breaker(session_id, update))
-
-    def count_breakers(self) -> dict[str, int]:
-        """Sessions per breaker state other than closed (``open``, ``half_open``)."""
-        statement = (select(SessionRow.breaker_state, func.count())
-                     .where(SessionRow.breaker_state != "closed")
-                     .group_by(SessionRow.breaker_state))
-        with self._read() as session:
-            return {state: int(count) for state, count in session.execute(statement)}
-
-    # --- scheduling: the due-session scan and queued-job markers ---------------------
-
-    def due_sessions_page(
-        self, why: DueWhy, criteria: DueCriteria, now: datetime, *, limit: int,
-        after: DueCursor | None = None,
-    ) -> DuePage:
-        """Read one keyset page of ``why``'s tier of due sessions, most to gain first."""
-        with self._read() as session:
-            return read_due_page(session, why, criteria, now, limit=limit, after=after)
-
-    def iter_due_sessions(
-        self, criteria: DueCriteria, now: datetime, *, page_size: int
-    ) -> Iterator[DueRow]:
-        """Yield every due session once, tier by tier, one short read per page.
-
-        No snapshot stays open between pages, so a session whose figures change
-        meanwhile may be skipped or seen twice; the queue marker makes a second sighting
-        harmless and the next scan picks up a skipped one.
-        """
-        for why in DueWhy:
-            after: DueCursor | None = None
-            while True:
-                page = self.due_sessions_page(why, criteria, now, limit=page_size, after=after)
-                yield from page.sessions
-                if page.next_after is None:
-                    break
-                after = page.next_after
-
-    def count_scan_exclusions(self, criteria: DueCriteria, now: datetime) -> dict[str, int]:
-        """Sessions by the first reason a scan at ``now`` leaves them out (``db.Exclusion``),
-        and ``eligible`` ones; a full read, for explaining a scan, not for running one."""
-        with self._read() as session:
-            return count_exclusions(session, criteria, now)
-
-    @contextmanager
-    def queue_markers(self) -> Iterator[QueueMarkers]:
-        """One write transaction over queued-job markers: what is marked or cleared
-        through it commits together on exit, or not at all."""
-        with self._write() as session:
-            yield QueueMarkers(session.connection())
-
-    def held_sessions(self, *, queued_before: datetime, limit: int) -> list[HeldSession]:
-        """Sessions with a marker set before ``queued_before`` or a lease (the reconciler)."""
-        with self._read() as session:
-            return read_held_sessions(session, queued_before=queued_before, limit=limit)
-
-    def dead_leases(self, *, now: datetime, limit: int) -> list[HeldSession]:
-        """Sessions whose lease expired before ``now`` (the reconciler's quick sweep)."""
-        with self._read() as session:
-            return read_dead_leases(session, now=now, limit=limit)
-
-    def due_among(self, session_ids: Sequence[str], criteria: DueCriteria,
-                  now: datetime) -> dict[str, tuple[DueWhy, int]]:
-        """Of ``session_ids``, those the scan would take were their marker and lease free."""
-        if not session_ids:
-            return {}
-        with self._read() as session:
-            return read_due_among(session, session_ids, criteria, now)
-
-    def clear_queue_marker(self, session_id: str, job_id: str) -> bool:
-        """Clear the session's queued-job marker if it is still ``job_id``'s."""
-        with self.queue_markers() as markers:
-            return markers.clear(session_id, job_id)
-
     # --- the data lifecycle: erasing and collecting -----------------------------------
 
     def delete_session(self, session_id: str, *, force: bool = False,
@@ -564,32 +318,6 @@ class Store:
         run counts and writes nothing); return every batch."""
         return collect_garbage(self._write, policy, now, dry_run=dry_run, on_batch=on_batch)
 
-    # --- transactions ---------------------------------------------------------------
-
-    def _update_one(self, session_id: str, statement: Update) -> bool:
-        """Run a conditional UPDATE of one session; SessionNotFound when it does not exist."""
-        with self._write() as session:
-            changed = session.execute(
-                statement.returning(SessionRow.id), execution_options=q.NO_SYNC
-            ).first()
-            if changed is None:
-                q.find_session(session, session_id)
-            return changed is not None
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        with translate_errors(), Session(self._engine) as session, session.begin():
-            yield session
-
-    @contextmanager
-    def _read_statement(self) -> Iterator[Session]:
-        with translate_errors(), Session(self._statement_engine) as session:
-            yield session
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with translate_errors(), Session(self._read_engine) as session, session.begin():
-            yield session
 
 
 def _insert_new_session(

@@ -150,15 +150,6 @@ def iter_due_sessions(store: Store, policy: ScanPolicy, now: datetime) -> Iterat
             yield due
 
 
-def select_due_sessions(
-    store: Store, policy: ScanPolicy, now: datetime, *, limit: int | None = None
-) -> tuple[list[DueSession], StopReason]:
-    """Return the sessions one scan would take within its cap and budget, and why it
-    would stop."""
-    taken, stopped, _ = _take_due(store, policy, now, limit)
-    return taken, stopped
-
-
 @dataclass(frozen=True, slots=True)
 class ScanPreview:
     """What a scan at one instant would take, why it would stop, and why it would leave
@@ -172,8 +163,9 @@ class ScanPreview:
 
 def preview_scan(store: Store, policy: ScanPolicy, now: datetime, *,
                  limit: int | None = None) -> ScanPreview:
-    """What ``compactor scan --dry-run`` shows: ``select_due_sessions`` and what it
-    leaves out, by reason (one more read, over every session)."""
+    """What ``compactor scan --dry-run`` shows: the sessions one scan would take within its
+    cap and budget, why it would stop, and what it leaves out, by reason (one more read,
+    over every session)."""
     counts = store.count_scan_exclusions(policy.criteria, now)
     taken, stopped, passed_over = _take_due(store, policy, now, limit)
     left_out = {reason.value: counts.get(reason.value, 0) for reason in Exclusion}

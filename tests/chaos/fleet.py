@@ -21,14 +21,14 @@ from tests.support.worker_process import WorkerProcess
 
 WORKER_APP_NAME = "chaos-worker"
 # A worker connection inside a transaction whose last statement belongs to the swap
-# (``db/revisions.py``, ``db/job_transactions.py``): the row lock, the new revision,
-# pointing the session at it, or all three writes in one statement (a job's, on PostgreSQL).
+# (``db/revisions.py``, ``db/job_swap.py``): the row lock, the new revision,
+# pointing the session at it, or the whole swap in one statement (a job's, on PostgreSQL,
+# whose lock is its first CTE's FOR UPDATE).
 _OPEN_SWAPS = text(
     "SELECT client_port, backend_xid::text AS xid FROM pg_stat_activity "
     "WHERE application_name = :app AND xact_start IS NOT NULL AND client_port IS NOT NULL "
     "AND (query LIKE '%FOR UPDATE%' OR query LIKE 'INSERT INTO revisions%' "
-    "OR query LIKE 'UPDATE sessions SET active_revision_id%' "
-    "OR query LIKE 'WITH new_revision AS%')"
+    "OR query LIKE 'UPDATE sessions SET active_revision_id%')"
 )
 # txid_status wants the 64-bit id: the 32-bit xid plus the current epoch.
 _TRANSACTION_STATUS = text(

@@ -15,7 +15,6 @@ import redis
 
 from db import Store
 from scheduler.beat import scan_policy
-from scheduler.selection import select_due_sessions
 from tests.e2e.conftest import StartWorker
 from tests.support.cli import Compactor
 from tests.support.e2e import (
@@ -29,6 +28,7 @@ from tests.support.e2e import (
 )
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
+from tests.support.scheduling import scan_takes
 from tests.support.worker_process import WorkerProcess
 from worker.shared_state.keys import RedisKeys
 
@@ -70,7 +70,7 @@ def attempts_of(worker: WorkerProcess, task_id: str, count: int) -> list[dict[st
 
 
 def is_due_at_the_next_scan(store: Store, job_env: JobEnv, session_id: str) -> bool:
-    due, _ = select_due_sessions(store, scan_policy(job_env.settings), datetime.now(UTC))
+    due, _ = scan_takes(store, scan_policy(job_env.settings), datetime.now(UTC))
     return session_id in {session.session_id for session in due}
 
 

@@ -13,6 +13,7 @@ from agents.memory import Session
 from db import Store
 from tests.integration.test_store import T0, job_run, summary_revision
 from tests.support.e2e import token_counter
+from tests.support.store_jobs import swap_in
 from worker.errors import MessagesRejected
 from worker.platform.agents_session import CompactorSession, PopRefused, UnsupportedItem
 from worker.platform.sessions import SessionStore
@@ -60,8 +61,8 @@ def test_after_a_compaction_the_agent_reads_the_summary_block_and_the_tail(
     session: CompactorSession, store: Store,
 ) -> None:
     asyncio.run(session.add_items(items(turn(1) + turn(2))))
-    store.swap_revision("agent-1", expected_revision_id=None, lease_owner=None, now=T0,
-                        revision=summary_revision(4, 8), run=job_run("agent-1"))
+    swap_in(store, "agent-1", expected_revision_id=None, now=T0,
+            revision=summary_revision(4, 8), run=job_run("agent-1"))
 
     read = asyncio.run(session.get_items())
 
@@ -101,8 +102,8 @@ def test_pop_is_refused_for_a_message_of_several_items_or_one_a_compaction_read(
     asyncio.run(session.add_items(items([
         {"type": "function_call_output", "call_id": "c1", "output": "ok"},
         {"role": "assistant", "content": "Done."}])))
-    store.swap_revision("agent-1", expected_revision_id=None, lease_owner=None, now=T0,
-                        revision=summary_revision(1, 4), run=job_run("agent-1"))
+    swap_in(store, "agent-1", expected_revision_id=None, now=T0,
+            revision=summary_revision(1, 4), run=job_run("agent-1"))
     with pytest.raises(PopRefused):
         asyncio.run(session.pop_item())
     assert store.get_session("agent-1").head_seq == 4

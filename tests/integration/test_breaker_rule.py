@@ -1,5 +1,5 @@
 """The breaker's admission rule, stated in Python by the core (``admit``) and in SQL by the
-scan (``db/scan.py``) and the job's snapshot (``db/job_transactions.py``), gives the same
+scan (``db/scan.py``) and the job's snapshot (``db/job_snapshot.py``), gives the same
 answer on PostgreSQL and SQLite for every state, opening time and clock, the cooldown's
 edge included; a snapshot the breaker refuses reads no message."""
 

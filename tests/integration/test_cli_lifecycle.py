@@ -11,6 +11,7 @@ import pytest
 from db import Store
 from tests.integration.test_store import conversation, swap
 from tests.support.cli import Compactor, compactor_for
+from tests.support.store_jobs import take_lease
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ def test_delete_is_refused_while_a_job_holds_the_lease_and_forced_deletes(
     compactor: Compactor, store: Store,
 ) -> None:
     three_revisions(store, "s")
-    store.acquire_lease("s", "worker-1:task-9", 600, datetime.now(UTC))
+    take_lease(store, "s", "worker-1:task-9", 600, datetime.now(UTC))
 
     refused = compactor("delete", "s")
     assert refused.exit_code == 4 and "--force" in refused.stderr

@@ -31,6 +31,7 @@ from tests.support.chaos import (
 from tests.support.databases import open_store, sqlite_url
 from tests.support.openai_behaviours import GARBAGE, Behaviour
 from tests.support.openai_server import OpenAIServer, RecordedRequest
+from tests.support.store_jobs import swap_in
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import Summary, render_summary_block, summary_block_message
@@ -214,8 +215,8 @@ def store_prior_revision(runtime: Runtime, session_id: str, behaviour: Behaviour
     run = NewRun(session_id=session_id, task_id="seed", attempt=1, reason="seed",
                  outcome="compacted", failure_class=None, failure_message=None, figures={},
                  revision_id=None, started_at=NOW, finished_at=NOW)
-    runtime.store.swap_revision(session_id, expected_revision_id=None, lease_owner=None,
-                                revision=revision, run=run, now=NOW)
+    swap_in(runtime.store, session_id, expected_revision_id=None, revision=revision, run=run,
+            now=NOW)
 
 
 def is_merge_request(request: RecordedRequest) -> bool:

@@ -23,8 +23,16 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, event, text
 
-from db import MessageText, Store, create_db_engine
-from db import job_transactions as job
+from db import (
+    LeaseLost,
+    MessageText,
+    RevisionConflict,
+    SessionNotFound,
+    Store,
+    create_db_engine,
+)
+from db.job_lease import take_lease
+from tests.integration.test_store import job_run, summary_revision
 from tests.support.databases import truncate_store_tables
 from tests.support.e2e import append_turns, build_job_env, import_records, token_counter
 from tests.support.generated import generated_session, generated_turns
@@ -197,7 +205,7 @@ def test_only_the_leases_commit_skips_the_wal_flush_on_postgresql(
         connection.execute(text("SET synchronous_commit TO on"))
         connection.commit()
         with connection.begin():
-            assert job.take_lease(connection, SESSION, "w1:task-1", 60, datetime.now(UTC))
+            assert take_lease(connection, SESSION, "w1:task-1", 60, datetime.now(UTC))
             assert connection.scalar(text("SHOW synchronous_commit")) == "off"
         # Local to the lease's transaction: the next one on this pooled connection (a
         # swap) commits durably.
@@ -205,28 +213,77 @@ def test_only_the_leases_commit_skips_the_wal_flush_on_postgresql(
             assert connection.scalar(text("SHOW synchronous_commit")) == "on"
 
 
-def test_a_swap_whose_statement_cannot_trust_its_snapshot_falls_back_to_a_transaction(
-    postgres_store: Store, migrated_postgres_url: str,
+# What a refused swap is: (expected revision, owner, through_seq past the head) -> error.
+REFUSALS = {"stale_revision": (RevisionConflict, 12345, "w1:task-1", 0),
+            "lost_lease": (LeaseLost, None, "w2:task-2", 0),
+            "past_the_head": (ValueError, None, "w1:task-1", 5),
+            "unknown_session": (SessionNotFound, None, "w1:task-1", 0)}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_refused_swap_is_one_statement_whose_result_names_the_check_on_postgresql(
+    postgres_store: Store, case: str,
 ) -> None:
-    # The one-statement swap reads the messages in a snapshot taken before it waits for
-    # the row lock: it writes only when the locked head_seq is the newest seq it sees.
-    # A head_seq ahead of the messages stands for an append committed while it waited.
     store = postgres_store
-    import_records(store, [generated_session(SESSION, 40)])
-    with store._engine.begin() as connection:
-        connection.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
-    result, traffic = run_counted(store, migrated_postgres_url, "task-1")
-    assert result.outcome is Outcome.COMPACTED, result
-    # After the lease's statement (with the snapshot), the swap's statement wrote
-    # nothing, then the transaction (lock, write) did.
-    assert traffic.transactions == 3
-    assert len(store.runs(session_id=SESSION)) == 1
+    error, expected, owner, past = REFUSALS[case]
+    import_records(store, [generated_session(SESSION, 8)])
+    now = datetime.now(UTC)
+    assert store.start_job(SESSION, "w1:task-1", 60, now) is not None
+    session_id = "nope" if case == "unknown_session" else SESSION
+    head_seq = store.get_session(SESSION).head_seq
+    before = store.get_session(SESSION)
+    with counting() as traffic, pytest.raises(error):
+        store.commit_job(session_id, expected_revision_id=expected, lease_owner=owner,
+                         revision=summary_revision(2, head_seq + past),
+                         run=job_run(session_id), now=now)
+    assert (len(traffic.statements), traffic.transactions,
+            traffic.autocommit_transactions) == (1, 1, 1), traffic.statements
+    assert store.get_session(SESSION) == before
+    assert store.revisions(SESSION) == [] and store.runs(session_id=session_id) == []
+
+
+def test_a_swap_that_waited_on_an_append_runs_again_and_counts_the_appended_message(
+    postgres_store: Store,
+) -> None:
+    # The swap's statement takes its snapshot before it waits for the row lock: once the
+    # append commits, the row it locks is ahead of the messages it would sum, so it
+    # writes nothing and runs again, in a fresh snapshot, still in autocommit.
+    store = postgres_store
+    import_records(store, [generated_session(SESSION, 8)])
+    now = datetime.now(UTC)
+    assert store.start_job(SESSION, "w1:task-1", 60, now) is not None
+    head_seq = store.get_session(SESSION).head_seq
+    with store._engine.connect() as appender, ThreadPoolExecutor(1) as pool:
+        append_late_message(appender)
+        with counting() as traffic:
+            swapped = pool.submit(store.commit_job, SESSION, expected_revision_id=None,
+                                  lease_owner="w1:task-1", now=now, run=job_run(SESSION),
+                                  revision=summary_revision(2, head_seq))
+            wait_for_a_lock_wait(store)
+            appender.commit()
+            revision_id = swapped.result(timeout=30)
+    swaps = [s for s in traffic.statements if "pg_stat_activity" not in s]
+    assert len(swaps) == 2 and all(s.startswith("WITH ") for s in swaps), swaps
+    assert traffic.autocommit_transactions >= 1
     state = store.get_session(SESSION)
-    assert (state.active_revision_id, state.lease_owner, state.queued_job_id) == \
-        (result.revision_id, None, None)
+    assert (state.active_revision_id, state.lease_owner, state.head_seq) == \
+        (revision_id, None, head_seq + 1)
+    assert state.tokens_since_compaction == LATE_MESSAGE_TOKENS  # appended after the snapshot
+    [revision] = store.revisions(SESSION)
+    assert revision.projection_tokens_after == state.projection_tokens
 
 
 LATE_MESSAGE = """{"role": "user", "content": "appended while the lease waited"}"""
+LATE_MESSAGE_TOKENS = 7
+
+
+def append_late_message(appender: Connection) -> None:
+    """Append one message, uncommitted: ``appender`` holds the session's row lock."""
+    appender.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
+    appender.execute(text(
+        "INSERT INTO messages (session_id, seq, role, body, tokens, created_at) "
+        "SELECT id, head_seq, 'user', CAST(:body AS JSON), :tokens, now() FROM sessions"),
+        {"body": LATE_MESSAGE, "tokens": LATE_MESSAGE_TOKENS})
 
 
 def test_a_lease_that_waited_on_an_append_reads_the_snapshot_that_append_left(
@@ -239,11 +296,7 @@ def test_a_lease_that_waited_on_an_append_reads_the_snapshot_that_append_left(
     import_records(store, [generated_session(SESSION, 4)])
     head_seq = store.get_session(SESSION).head_seq
     with store._engine.connect() as appender, ThreadPoolExecutor(1) as pool:
-        appender.execute(text("UPDATE sessions SET head_seq = head_seq + 1"))
-        appender.execute(text(
-            "INSERT INTO messages (session_id, seq, role, body, tokens, created_at) "
-            "SELECT id, head_seq, 'user', CAST(:body AS JSON), 7, now() FROM sessions"),
-            {"body": LATE_MESSAGE})
+        append_late_message(appender)
         started = pool.submit(store.start_job_with_snapshot, SESSION, "w1:task-1", 60,
                               datetime.now(UTC), to_message=keep_text)
         wait_for_a_lock_wait(store)

@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 
 from db import GcPolicy, SessionLeased, Store
 from tests.integration.test_store import T0, conversation, swap
+from tests.support.store_jobs import take_lease
 from worker.platform.lifecycle import collect_garbage, delete_session
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,7 @@ def test_a_collection_logs_one_event_with_what_it_removed_and_its_policy(store: 
 
 def test_a_delete_and_a_refused_one_each_log_one_event(store: Store) -> None:
     store.import_session("s", {}, conversation(4), T0)
-    store.acquire_lease("s", "worker:task-1", 60, T0)
+    take_lease(store, "s", "worker:task-1", 60, T0)
 
     with capture_logs() as logs:
         with pytest.raises(SessionLeased):

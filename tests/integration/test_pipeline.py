@@ -29,6 +29,7 @@ from tests.support.e2e import (
 from tests.support.generated import generated_session, generated_turns
 from tests.support.job_harness import FakeClock
 from tests.support.openai_server import OpenAIServer
+from tests.support.store_jobs import swap_in
 from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
@@ -190,7 +191,8 @@ class InterferingSummarizer:
 
 
 def compete_with_a_swap(store: Store, session_id: str, now: datetime) -> None:
-    """Swap in a copy of the active revision, as a job that finished first would."""
+    """Swap in a copy of the active revision, as a redelivery of the job on another worker
+    would: it takes the lease over and finishes first."""
     active = store.revisions(session_id)[0]
     fields = {f.name: getattr(active, f.name) for f in dataclasses.fields(NewRevision)
               if f.name != "artifacts_json"}
@@ -198,13 +200,19 @@ def compete_with_a_swap(store: Store, session_id: str, now: datetime) -> None:
     fields["snapshot_head_seq"] = store.get_session(session_id).head_seq
     run = NewRun(session_id, "competitor", 1, "competitor", "compacted", None, None, {}, None,
                  now, now)
-    store.swap_revision(session_id, expected_revision_id=active.id, lease_owner=None,
-                        revision=NewRevision(**fields), run=run, now=now)
+    task_id = str(store.get_session(session_id).lease_owner).rsplit(":", 1)[-1]
+    owner = f"other-host:2:{task_id}"
+    assert store.start_job(session_id, owner, 60, now, take_over=task_id) is not None
+    swap_in(store, session_id, expected_revision_id=active.id, owner=owner,
+            revision=NewRevision(**fields), run=run, now=now)
 
 
-@pytest.mark.parametrize("interference", ["rollback", "competing_swap"])
+# What the job's swap finds: the revision rolled back under its lease, or its lease taken
+# over by the competitor (no job swaps without the lease).
+@pytest.mark.parametrize(("interference", "reason"), [
+    ("rollback", "active_revision_changed"), ("competing_swap", "lease_lost")])
 def test_a_job_whose_active_revision_changed_mid_summarize_ends_in_conflict_writing_nothing(
-    make_harness: MakeHarness, interference: str,
+    make_harness: MakeHarness, interference: str, reason: str,
 ) -> None:
     harness = make_harness()
     session_id = add_session(harness)
@@ -223,7 +231,7 @@ def test_a_job_whose_active_revision_changed_mid_summarize_ends_in_conflict_writ
         harness.deps.summarizer, interfere))
     result = harness.run(session_id, deps=deps)
 
-    assert (result.outcome, result.reason) == (Outcome.CONFLICT, "active_revision_changed")
+    assert (result.outcome, result.reason) == (Outcome.CONFLICT, reason)
     assert harness.state(session_id) == seen[0]  # the job itself wrote nothing
     session = harness.store.get_session(session_id)
     assert (session.breaker_state, session.breaker_failures, session.lease_owner) == \

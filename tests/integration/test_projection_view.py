@@ -12,6 +12,7 @@ from sqlalchemy import Engine, text
 
 from db import NewMessage, SessionNotFound, Store, create_db_engine
 from tests.integration.test_store import T0, conversation, message, swap
+from tests.support.store_jobs import read_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -67,12 +68,13 @@ def as_json(value: Any) -> Any:
 
 def assemble_from_snapshot(store: Store, session_id: str) -> list[dict[str, Any]]:
     """The projection rule spelled out in Python over the job's snapshot."""
-    snapshot = store.snapshot(session_id)
+    snapshot = read_snapshot(store, session_id)
+    bodies = [(m.seq, json.loads(m.body_json)) for m in snapshot.messages]
     if snapshot.revision is None:
-        return [m.body for m in snapshot.messages]
+        return [body for _seq, body in bodies]
     through_seq = snapshot.revision.through_seq
-    return [*(m.body for m in snapshot.messages if m.seq <= through_seq),
-            snapshot.revision.block, *(m.body for m in snapshot.messages if m.seq > through_seq)]
+    return [*(body for seq, body in bodies if seq <= through_seq),
+            snapshot.revision.block, *(body for seq, body in bodies if seq > through_seq)]
 
 
 def test_the_view_returns_exactly_what_the_api_returns_for_every_shape_of_session(

@@ -30,10 +30,9 @@ from scheduler.selection import (
     StopReason,
     iter_due_sessions,
     preview_scan,
-    select_due_sessions,
 )
 from tests.support.raw_producer import read_queue
-from tests.support.scheduling import Broker, isolated_broker, put_session, session_row
+from tests.support.scheduling import Broker, isolated_broker, put_session, scan_takes, session_row
 from worker.settings.config import get_settings
 
 pytestmark = pytest.mark.integration
@@ -95,7 +94,7 @@ def test_selection_picks_exactly_the_due_sessions_most_to_gain_first(
 ) -> None:
     expected = put_mixed_fleet(store, engine)
 
-    due, stopped = select_due_sessions(store, POLICY, NOW)
+    due, stopped = scan_takes(store, POLICY, NOW)
 
     assert [(d.session_id, d.why) for d in due] == expected
     assert stopped is StopReason.EXHAUSTED
@@ -155,9 +154,9 @@ def test_scan_stops_at_the_job_cap_and_at_the_token_budget(store: Store, engine:
     # over-5000 (4900) + breaker-cooled (4100) fit; quiet-again (3800) would pass 10000.
     budgeted = replace(POLICY, token_budget=10_000)
 
-    by_cap, cap_stop = select_due_sessions(store, capped, NOW)
-    by_limit, limit_stop = select_due_sessions(store, POLICY, NOW, limit=2)
-    by_budget, budget_stop = select_due_sessions(store, budgeted, NOW)
+    by_cap, cap_stop = scan_takes(store, capped, NOW)
+    by_limit, limit_stop = scan_takes(store, POLICY, NOW, limit=2)
+    by_budget, budget_stop = scan_takes(store, budgeted, NOW)
 
     assert [d.session_id for d in by_cap] == ["over-5000", "breaker-cooled", "quiet-again"]
     assert cap_stop is StopReason.MAX_JOBS
@@ -352,7 +351,7 @@ def test_a_page_the_broker_refuses_releases_the_markers_of_the_whole_page(
         run_scan(store, publisher, POLICY, NOW)
 
     assert [session_row(engine, sid).queued_job_id for sid in ("big", "bigger")] == [None, None]
-    retry, _ = select_due_sessions(store, POLICY, NOW + MINUTE)
+    retry, _ = scan_takes(store, POLICY, NOW + MINUTE)
     assert [due.session_id for due in retry] == ["bigger", "big"]
 
 

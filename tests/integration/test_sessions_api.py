@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.test_store import T0, job_run, summary_revision
 from tests.support.databases import open_store
+from tests.support.store_jobs import swap_in, take_lease
 from worker.platform.recall_tool import handle_recall
 from worker.platform.sessions import (
     MessagePinned,
@@ -102,8 +103,8 @@ def test_the_projection_follows_the_active_summary_and_the_artifacts_every_messa
     sessions.append("chat", [SYSTEM, USER, {"role": "assistant", "content": "ok"}, USER],
                     create=True)
     with open_store(database_url) as store:
-        store.swap_revision("chat", expected_revision_id=None, lease_owner=None, now=T0,
-                            run=job_run("chat"), revision=summary_revision(3, 4))
+        swap_in(store, "chat", expected_revision_id=None, now=T0, run=job_run("chat"),
+                revision=summary_revision(3, 4))
 
     projection = sessions.projection("chat")
 
@@ -134,7 +135,7 @@ def test_a_user_erasure_request_deletes_the_session_unless_a_job_is_compacting_i
 ) -> None:
     sessions.append("chat", [SYSTEM, USER, calling("c1"), result("c1")], create=True)
     with open_store(database_url) as store:
-        assert store.acquire_lease("chat", "worker:job-1", 60, datetime.now(UTC))
+        assert take_lease(store, "chat", "worker:job-1", 60, datetime.now(UTC))
 
     with pytest.raises(SessionLeased):
         sessions.delete("chat")

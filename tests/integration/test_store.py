@@ -21,6 +21,7 @@ from db import (
     Store,
     StoreError,
 )
+from tests.support.store_jobs import SWAPPER, read_snapshot, swap_in, take_lease
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +64,10 @@ def job_run(session_id: str, outcome: str = "compacted", *, at: datetime = T0,
 def swap(store: Store, session_id: str, through_seq: int, *, label: str = "summary",
          lease_owner: str | None = None, now: datetime = T0) -> int:
     """Swap in a summary through ``through_seq`` on top of the current snapshot."""
-    snapshot = store.snapshot(session_id)
-    return store.swap_revision(
-        session_id, expected_revision_id=snapshot.session.active_revision_id,
-        lease_owner=lease_owner, now=now, run=job_run(session_id, at=now),
+    snapshot = read_snapshot(store, session_id)
+    return swap_in(
+        store, session_id, expected_revision_id=snapshot.session.active_revision_id,
+        owner=lease_owner, now=now, run=job_run(session_id, at=now),
         revision=summary_revision(through_seq, snapshot.session.head_seq, label=label),
     )
 
@@ -132,7 +133,7 @@ def test_import_creates_the_session_with_its_history(store: Store) -> None:
 
 def test_snapshot_without_a_revision_holds_every_message(store: Store) -> None:
     store.import_session("s1", {}, conversation(6), T0)
-    snapshot = store.snapshot("s1")
+    snapshot = read_snapshot(store, "s1")
     assert snapshot.revision is None
     assert [m.seq for m in snapshot.messages] == [1, 2, 3, 4, 5, 6]
     assert store.projection("s1") == [m.body for m in conversation(6)]
@@ -147,7 +148,7 @@ def test_snapshot_and_projection_keep_instructions_insert_the_block_and_keep_the
     store.import_session("s1", {}, sent, T0)
     revision_id = swap(store, "s1", through_seq=4)
 
-    snapshot = store.snapshot("s1")
+    snapshot = read_snapshot(store, "s1")
     assert snapshot.revision is not None and snapshot.revision.id == revision_id
     assert [m.seq for m in snapshot.messages] == [1, 3, 5, 6, 7]
     block = snapshot.revision.block
@@ -162,10 +163,10 @@ def test_swap_recomputes_the_token_figures_in_sql(store: Store) -> None:
     sent = [message("system", "s", tokens=11), message("user", "u", tokens=100),
             message("assistant", "a", tokens=200), message("user", "u", tokens=40)]
     store.import_session("s1", {}, sent, T0)
-    snapshot = store.snapshot("s1")
+    snapshot = read_snapshot(store, "s1")
     store.append_messages("s1", [message("assistant", "late", tokens=3)], now=T0)
-    revision_id = store.swap_revision(
-        "s1", expected_revision_id=None, lease_owner=None, now=T0, run=job_run("s1"),
+    revision_id = swap_in(
+        store, "s1", expected_revision_id=None, now=T0, run=job_run("s1"),
         revision=summary_revision(3, snapshot.session.head_seq, block_tokens=20),
     )
 
@@ -173,7 +174,8 @@ def test_swap_recomputes_the_token_figures_in_sql(store: Store) -> None:
     assert state.projection_tokens == 11 + 20 + 40 + 3
     assert state.tokens_since_compaction == 3  # only what the snapshot did not see
     assert state.total_tokens == 354 and state.last_compacted_at == T0
-    revision = store.get_revision(revision_id)
+    [revision] = store.revisions("s1")
+    assert revision.id == revision_id
     assert revision.projection_tokens_after == state.projection_tokens
     assert revision.parent_revision_id is None and revision.session_id == "s1"
     assert revision.artifacts == [{"kind": "path", "value": "/a"}]
@@ -183,10 +185,11 @@ def test_swap_recomputes_the_token_figures_in_sql(store: Store) -> None:
 def test_swap_against_a_stale_revision_conflicts_and_writes_nothing(store: Store) -> None:
     store.import_session("s1", {}, conversation(8), T0)
     first = swap(store, "s1", 4)
+    take_lease(store, "s1", SWAPPER, 60, T0)
     before = store.get_session("s1")
     with pytest.raises(RevisionConflict):
-        store.swap_revision("s1", expected_revision_id=None, lease_owner=None, now=T0,
-                            run=job_run("s1"), revision=summary_revision(6, 8))
+        swap_in(store, "s1", expected_revision_id=None, owner=SWAPPER, now=T0,
+                run=job_run("s1"), revision=summary_revision(6, 8))
     assert store.get_session("s1") == before
     assert [r.id for r in store.revisions("s1")] == [first]
     assert len(store.runs(session_id="s1")) == 1
@@ -196,11 +199,11 @@ def test_swap_refuses_revisions_outside_the_session_bounds(store: Store) -> None
     store.import_session("s1", {}, conversation(8), T0)
     swap(store, "s1", 5)
     active = store.get_session("s1").active_revision_id
-    for through_seq, snapshot_head_seq in ((4, 8), (6, 9)):  # below the parent; past head
+    # Below the parent; past the head; past its own snapshot.
+    for through_seq, snapshot_head_seq in ((4, 8), (6, 9), (8, 7)):
         with pytest.raises(ValueError, match="through_seq"):
-            store.swap_revision("s1", expected_revision_id=active, lease_owner=None, now=T0,
-                                run=job_run("s1"),
-                                revision=summary_revision(through_seq, snapshot_head_seq))
+            swap_in(store, "s1", expected_revision_id=active, now=T0, run=job_run("s1"),
+                    revision=summary_revision(through_seq, snapshot_head_seq))
     assert len(store.revisions("s1")) == 1
 
 
@@ -239,8 +242,6 @@ def test_rollback_to_an_ancestor_and_its_refusals(store: Store) -> None:
     assert restored is not None and restored.id == first
     with pytest.raises(RevisionNotFound):
         store.rollback("s1", to_revision_id=second)  # no longer in the active chain
-    with pytest.raises(RevisionNotFound):
-        store.get_revision(third + 100)
 
 
 def test_sessions_are_listed_in_code_point_order_by_keyset(store: Store) -> None:

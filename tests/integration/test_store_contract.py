@@ -17,6 +17,7 @@ from db import (
     BreakerUpdate,
     JobSnapshot,
     LeaseLost,
+    MessageRecord,
     MessageText,
     NewMessage,
     NewRevision,
@@ -27,13 +28,13 @@ from db import (
     RunRecord,
     SessionNotFound,
     SessionState,
-    Snapshot,
     SnapshotGate,
     ToolCallState,
     upgrade_database,
 )
 from tests.support.databases import open_store, sqlite_url, truncate_store_tables
 from tests.support.fake_store import FakeStore
+from tests.support.store_jobs import read_snapshot, swap_in, take_lease
 from worker.job.ports import JobStore
 
 pytestmark = pytest.mark.integration
@@ -45,24 +46,16 @@ SESSION = "s-contract"
 
 class ContractStore(JobStore, Protocol):
     """What the checks need besides the port: setting a session up, reading it back, and
-    the single-purpose lease, swap and run methods operators and tools use."""
+    the single-purpose lease and run methods operators and tools use."""
 
     def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
                   take_over: str | None = None) -> SessionState | None: ...
 
-    def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime
-                      ) -> bool: ...
-
     def release_lease(self, session_id: str, owner: str) -> bool: ...
 
-    def snapshot(self, session_id: str) -> Snapshot: ...
+    def messages(self, session_id: str, *, after_seq: int = 0) -> list[MessageRecord]: ...
 
     def revisions(self, session_id: str) -> Sequence[RevisionRecord]: ...
-
-    def swap_revision(
-        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
-        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
-    ) -> int: ...
 
     def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int: ...
 
@@ -121,18 +114,16 @@ def a_revision(through_seq: int, head_seq: int = 7) -> NewRevision:
                        prompt_version="p", summarizer="extractive")
 
 
-def swap(store: ContractStore, expected: int | None, through_seq: int, owner: str | None = "a",
+def swap(store: ContractStore, expected: int | None, through_seq: int, owner: str | None = None,
          now: datetime = T0, breaker: BreakerUpdate | None = None) -> int:
-    return store.swap_revision(SESSION, expected_revision_id=expected, lease_owner=owner,
-                               revision=a_revision(through_seq), run=a_run(), now=now,
-                               breaker=breaker)
+    return swap_in(store, SESSION, expected_revision_id=expected, owner=owner,
+                   revision=a_revision(through_seq), run=a_run(), now=now, breaker=breaker)
 
 
 def test_every_session_method_raises_session_not_found_for_an_unknown_session(
     store: ContractStore,
 ) -> None:
     calls: list[Callable[[], object]] = [
-        lambda: store.acquire_lease("nope", "a", TTL_S, T0),
         lambda: store.start_job("nope", "a", TTL_S, T0),
         lambda: store.job_snapshot("nope", to_message=keep_text),
         lambda: store.commit_job("nope", expected_revision_id=None, lease_owner="a",
@@ -140,10 +131,7 @@ def test_every_session_method_raises_session_not_found_for_an_unknown_session(
         lambda: store.release_lease("nope", "a"),
         lambda: store.get_session("nope"),
         lambda: store.set_breaker("nope", BreakerUpdate("open", 3, T0)),
-        lambda: store.snapshot("nope"),
         lambda: store.revisions("nope"),
-        lambda: store.swap_revision("nope", expected_revision_id=None, lease_owner=None,
-                                    revision=a_revision(2), run=a_run(session_id="nope"), now=T0),
     ]
     for call in calls:
         with pytest.raises(SessionNotFound):
@@ -203,11 +191,11 @@ def test_a_run_of_an_unknown_session_is_recorded_and_its_breaker_ignored(
 def test_a_lease_is_exclusive_until_it_expires_and_only_its_owner_releases_it(
     store: ContractStore,
 ) -> None:
-    assert store.acquire_lease(SESSION, "a", TTL_S, T0)
-    assert store.acquire_lease(SESSION, "a", TTL_S, T0 + timedelta(seconds=1))  # renewed
-    assert not store.acquire_lease(SESSION, "b", TTL_S, T0 + timedelta(seconds=TTL_S))
+    assert take_lease(store, SESSION, "a", TTL_S, T0)
+    assert take_lease(store, SESSION, "a", TTL_S, T0 + timedelta(seconds=1))  # renewed
+    assert not take_lease(store, SESSION, "b", TTL_S, T0 + timedelta(seconds=TTL_S))
     assert not store.release_lease(SESSION, "b")
-    assert store.acquire_lease(SESSION, "b", TTL_S, T0 + timedelta(seconds=TTL_S + 1))
+    assert take_lease(store, SESSION, "b", TTL_S, T0 + timedelta(seconds=TTL_S + 1))
     assert store.get_session(SESSION).lease_owner == "b"
     assert not store.release_lease(SESSION, "a")
     assert store.release_lease(SESSION, "b")
@@ -219,9 +207,9 @@ def test_a_swap_points_the_session_at_the_revision_closes_the_breaker_and_record
     store: ContractStore,
 ) -> None:
     store.set_breaker(SESSION, BreakerUpdate("half_open", 3, T0))
-    store.acquire_lease(SESSION, "a", TTL_S, T0)
+    take_lease(store, SESSION, "a", TTL_S, T0)
 
-    revision_id = swap(store, None, 4)
+    revision_id = swap(store, None, 4, owner="a")
 
     state, [revision] = store.get_session(SESSION), store.revisions(SESSION)
     assert state.active_revision_id == revision_id == revision.id
@@ -232,7 +220,8 @@ def test_a_swap_points_the_session_at_the_revision_closes_the_breaker_and_record
     assert (revision.parent_revision_id, revision.through_seq) == (None, 4)
     [run] = store.runs(session_id=SESSION)
     assert (run.outcome, run.revision_id) == ("compacted", revision_id)
-    snapshot = store.snapshot(SESSION)
+    assert state.lease_owner is None
+    snapshot = read_snapshot(store, SESSION)
     assert snapshot.revision == revision
     assert [m.seq for m in snapshot.messages] == [1, 5, 6, 7]
 
@@ -240,7 +229,6 @@ def test_a_swap_points_the_session_at_the_revision_closes_the_breaker_and_record
 def test_a_swap_from_a_stale_revision_raises_revision_conflict_and_writes_nothing(
     store: ContractStore,
 ) -> None:
-    store.acquire_lease(SESSION, "a", TTL_S, T0)
     first = swap(store, None, 2)
 
     with pytest.raises(RevisionConflict):
@@ -254,7 +242,7 @@ def test_a_swap_from_a_stale_revision_raises_revision_conflict_and_writes_nothin
 def test_a_swap_without_the_lease_raises_lease_lost_and_writes_nothing(
     store: ContractStore,
 ) -> None:
-    store.acquire_lease(SESSION, "a", TTL_S, T0)
+    take_lease(store, SESSION, "a", TTL_S, T0)
     with pytest.raises(LeaseLost):
         swap(store, None, 2, owner="b")
     with pytest.raises(LeaseLost):
@@ -266,9 +254,9 @@ def test_a_swap_without_the_lease_raises_lease_lost_and_writes_nothing(
 def test_a_swap_given_a_breaker_keeps_it_and_revisions_list_newest_first(
     store: ContractStore,
 ) -> None:
-    first = swap(store, None, 2, owner=None)
+    first = swap(store, None, 2)
     opened = BreakerUpdate("open", 3, T0)
-    second = swap(store, first, 4, owner=None, breaker=opened)
+    second = swap(store, first, 4, breaker=opened)
 
     state = store.get_session(SESSION)
     assert (state.breaker_state, state.breaker_failures) == ("open", 3)
@@ -306,9 +294,9 @@ def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
     store: ContractStore,
 ) -> None:
     assert store.job_snapshot(SESSION, to_message=keep_text).recent_revisions == ()
-    first = swap(store, None, 2, owner=None)
-    second = swap(store, first, 3, owner=None)
-    swap(store, second, 4, owner=None)
+    first = swap(store, None, 2)
+    second = swap(store, first, 3)
+    swap(store, second, 4)
     revisions = store.revisions(SESSION)
 
     snapshot = store.job_snapshot(SESSION, history=2, to_message=keep_text)
@@ -316,18 +304,18 @@ def test_a_job_snapshot_carries_the_sizes_of_the_newest_revisions_only(
     assert snapshot.recent_revisions == tuple(
         RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
         for r in revisions[:2])
-    plain = store.snapshot(SESSION)
-    assert (snapshot.session, snapshot.revision) == (plain.session, plain.revision)
+    assert (snapshot.session, snapshot.revision) == (store.get_session(SESSION), revisions[0])
+    active = [m for m in store.messages(SESSION) if m.seq > 4 or m.role == "system"]
     assert [(m.seq, json.loads(m.body_json), m.tokens,
              tuple(map(tuple, json.loads(m.identifiers_json or "[]"))))
             for m in snapshot.messages] == \
-        [(m.seq, m.body, m.tokens, m.identifiers or ()) for m in plain.messages]
+        [(m.seq, m.body, m.tokens, m.identifiers or ()) for m in active]
 
 
 def test_a_job_takes_the_lease_with_its_snapshot_and_reads_nothing_without_it(
     store: ContractStore,
 ) -> None:
-    first = swap(store, None, 2, owner=None)
+    first = swap(store, None, 2)
     expected = store.job_snapshot(SESSION, history=2, to_message=keep_text)
 
     started = store.start_job_with_snapshot(SESSION, "w1:task-1", TTL_S, T0, history=2,
@@ -354,7 +342,7 @@ def test_a_job_takes_the_lease_with_its_snapshot_and_reads_nothing_without_it(
 def test_a_snapshot_of_a_session_under_the_gates_trigger_reads_its_row_alone(
     store: ContractStore, leased: bool
 ) -> None:
-    first = swap(store, None, 2, owner=None)
+    first = swap(store, None, 2)
     projection = store.get_session(SESSION).projection_tokens
     expected = store.job_snapshot(SESSION, history=2, to_message=keep_text)
 

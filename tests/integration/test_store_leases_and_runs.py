@@ -9,25 +9,26 @@ import pytest
 
 from db import BreakerUpdate, LeaseLost, RevisionConflict, SessionNotFound, Store
 from tests.integration.test_store import T0, conversation, job_run, summary_revision, swap
+from tests.support.store_jobs import swap_in, take_lease
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_lease_is_exclusive_until_it_expires_or_is_released(store: Store) -> None:
     store.create_session("s1", {}, T0)
-    assert store.acquire_lease("s1", "a", 60, T0)
-    assert not store.acquire_lease("s1", "b", 60, T0 + timedelta(seconds=59))
-    assert store.acquire_lease("s1", "a", 60, T0 + timedelta(seconds=30))  # renewal
-    assert not store.acquire_lease("s1", "b", 60, T0 + timedelta(seconds=89))
-    assert store.acquire_lease("s1", "b", 60, T0 + timedelta(seconds=90))  # expired: stolen
+    assert take_lease(store, "s1", "a", 60, T0)
+    assert not take_lease(store, "s1", "b", 60, T0 + timedelta(seconds=59))
+    assert take_lease(store, "s1", "a", 60, T0 + timedelta(seconds=30))  # renewal
+    assert not take_lease(store, "s1", "b", 60, T0 + timedelta(seconds=89))
+    assert take_lease(store, "s1", "b", 60, T0 + timedelta(seconds=90))  # expired: stolen
     assert store.get_session("s1").lease_owner == "b"
     assert not store.release_lease("s1", "a")
     assert store.release_lease("s1", "b")
     state = store.get_session("s1")
     assert (state.lease_owner, state.lease_expires_at) == (None, None)
-    assert store.acquire_lease("s1", "a", 60, T0)
+    assert take_lease(store, "s1", "a", 60, T0)
     with pytest.raises(SessionNotFound):
-        store.acquire_lease("nope", "a", 60, T0)
+        take_lease(store, "nope", "a", 60, T0)
 
 
 @pytest.mark.parametrize("case", ["expired", "stolen", "released"])
@@ -35,13 +36,13 @@ def test_swap_with_a_lost_lease_raises_lease_lost_and_writes_nothing(
     store: Store, case: str
 ) -> None:
     store.import_session("s1", {}, conversation(6), T0)
-    store.acquire_lease("s1", "job-a", 60, T0)
+    take_lease(store, "s1", "job-a", 60, T0)
     now = T0 + timedelta(seconds=30)
     if case == "expired":
         now = T0 + timedelta(seconds=60)
     elif case == "stolen":
         now = T0 + timedelta(seconds=61)
-        assert store.acquire_lease("s1", "job-b", 60, now)
+        assert take_lease(store, "s1", "job-b", 60, now)
     else:
         store.release_lease("s1", "job-a")
     before = store.get_session("s1")
@@ -53,7 +54,7 @@ def test_swap_with_a_lost_lease_raises_lease_lost_and_writes_nothing(
 
 def test_swap_while_holding_the_lease_succeeds(store: Store) -> None:
     store.import_session("s1", {}, conversation(6), T0)
-    assert store.acquire_lease("s1", "job-a", 60, T0)
+    assert take_lease(store, "s1", "job-a", 60, T0)
     revision_id = swap(store, "s1", 4, lease_owner="job-a", now=T0 + timedelta(seconds=59))
     assert store.get_session("s1").active_revision_id == revision_id
 
@@ -83,8 +84,8 @@ def test_a_successful_swap_resets_the_breaker_and_a_failed_one_leaves_it(store: 
     half_open = BreakerUpdate(state="half_open", failures=3, opened_at=T0)
     store.set_breaker("s1", half_open)
     with pytest.raises(RevisionConflict):
-        store.swap_revision("s1", expected_revision_id=12345, lease_owner=None, now=T0,
-                            run=job_run("s1"), revision=summary_revision(4, 6))
+        swap_in(store, "s1", expected_revision_id=12345, now=T0, run=job_run("s1"),
+                revision=summary_revision(4, 6))
     assert store.get_session("s1").breaker_state == "half_open"
     swap(store, "s1", 4)
     state = store.get_session("s1")

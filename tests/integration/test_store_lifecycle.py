@@ -19,6 +19,7 @@ from db import (
     Store,
 )
 from tests.integration.test_store import T0, conversation, job_run, message, swap
+from tests.support.store_jobs import take_lease
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ def test_delete_erases_every_row_of_the_session_and_says_how_many(store: Store) 
 
 def test_delete_is_refused_while_a_job_holds_the_lease_unless_forced(store: Store) -> None:
     compacted_session(store, "busy", 1)
-    assert store.acquire_lease("busy", "worker:task-1", 60, T0)
+    assert take_lease(store, "busy", "worker:task-1", 60, T0)
 
     with pytest.raises(SessionLeased):
         store.delete_session("busy", now=T0 + timedelta(seconds=30))
@@ -74,12 +75,12 @@ def test_delete_is_refused_while_a_job_holds_the_lease_unless_forced(store: Stor
     deleted = store.delete_session("busy", force=True, now=T0 + timedelta(seconds=30))
     assert deleted.broken_lease_owner == "worker:task-1"
     with pytest.raises(SessionNotFound):
-        store.snapshot("busy")
+        store.get_session("busy")
 
 
 def test_an_expired_lease_does_not_block_a_delete(store: Store) -> None:
     compacted_session(store, "stale", 1)
-    assert store.acquire_lease("stale", "worker:dead", 60, T0)
+    assert take_lease(store, "stale", "worker:dead", 60, T0)
     assert store.delete_session("stale", now=T0 + timedelta(seconds=61)).removed["sessions"] == 1
 
 
@@ -153,7 +154,7 @@ def test_a_message_a_rolled_back_compaction_read_cannot_be_popped(store: Store) 
 
 def test_a_pop_waits_until_an_expired_lease_is_released(store: Store) -> None:
     store.import_session("s", {}, conversation(4), T0)
-    assert store.acquire_lease("s", "worker:stalled", 60, T0)
+    assert take_lease(store, "s", "worker:stalled", 60, T0)
 
     with pytest.raises(SessionLeased):  # its job may wake, renew it and swap what it read
         store.pop_message("s", seq=4, now=T0 + timedelta(seconds=61))
@@ -220,7 +221,8 @@ def test_gc_pages_through_many_sessions_and_compaction_continues_on_the_kept_cha
     assert all(len(store.revisions(f"s{index}")) == 2 for index in range(5))
     store.append_messages("s0", conversation(2, prefix="n"), now=T0 + 3 * DAY)
     newest = swap(store, "s0", 8, label="after-gc", now=T0 + 3 * DAY)
-    assert store.get_revision(newest).parent_revision_id == store.revisions("s0")[1].id
+    latest, parent = store.revisions("s0")[:2]
+    assert (latest.id, latest.parent_revision_id) == (newest, parent.id)
 
 
 def test_gc_erases_sessions_idle_past_their_retention_but_not_one_a_job_holds(
@@ -229,8 +231,8 @@ def test_gc_erases_sessions_idle_past_their_retention_but_not_one_a_job_holds(
     for session_id in ("idle", "leased"):
         compacted_session(store, session_id, 1)
     store.append_messages("recent", conversation(2), now=T0 + 9 * DAY, create=True)
-    assert store.acquire_lease("leased", "worker:job-1", 3 * DAY.total_seconds(),
-                               T0 + 9 * DAY)
+    assert take_lease(store, "leased", "worker:job-1", 3 * DAY.total_seconds(),
+                      T0 + 9 * DAY)
     policy = replace(KEEP_ONE, session_retention_s=7 * DAY.total_seconds())
 
     counted = store.collect_garbage(policy, T0 + 10 * DAY, dry_run=True)

@@ -155,7 +155,7 @@ def _check_projection(store: Store, session_id: str, history: list[Any]) -> list
         if projection != [m.body for m in history]:
             problems.append("uncompacted projection differs from the history")
         return problems
-    revision = store.get_revision(active_id)
+    [revision] = [r for r in store.revisions(session_id) if r.id == active_id]
     covered = [m.body for m in history
                if m.seq <= revision.through_seq and m.role in ("system", "developer")]
     tail = [m.body for m in history if m.seq > revision.through_seq]

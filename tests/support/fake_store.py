@@ -32,7 +32,6 @@ from db import (
     SessionExists,
     SessionNotFound,
     SessionState,
-    Snapshot,
     SnapshotGate,
     ToolCallState,
 )
@@ -106,13 +105,12 @@ class FakeStore:
         return [m for m in self._messages[session_id] if m.seq > after_seq]
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:
-        snapshot = self.snapshot(session_id)
-        if snapshot.revision is None:
-            return [m.body for m in snapshot.messages]
-        through_seq = snapshot.revision.through_seq
-        covered = [m.body for m in snapshot.messages if m.seq <= through_seq]
-        tail = [m.body for m in snapshot.messages if m.seq > through_seq]
-        return [*covered, snapshot.revision.block, *tail]
+        _state, revision, active = self._read_active(session_id)
+        if revision is None:
+            return [m.body for m in active]
+        covered = [m.body for m in active if m.seq <= revision.through_seq]
+        tail = [m.body for m in active if m.seq > revision.through_seq]
+        return [*covered, revision.block, *tail]
 
     def list_sessions(self, *, after: str | None = None, limit: int = 100) -> list[SessionState]:
         ids = sorted(sid for sid in self._sessions if after is None or sid > after)
@@ -126,7 +124,7 @@ class FakeStore:
         holder = self._find(session_id).lease_owner
         if take_over is not None and holder is not None and holder.endswith(f":{take_over}"):
             self.release_lease(session_id, holder)
-        return self._find(session_id) if self.acquire_lease(session_id, owner, ttl_s, now) \
+        return self._find(session_id) if self._take_lease(session_id, owner, ttl_s, now) \
             else None
 
     def start_job_with_snapshot(
@@ -143,8 +141,8 @@ class FakeStore:
                      to_message: Callable[[MessageText], M],
                      gate: SnapshotGate = NO_GATE) -> JobSnapshot[M]:
         self._check("job_snapshot")
-        snapshot = self.snapshot(session_id)
-        if shut := gate.row_alone(snapshot.session, snapshot.revision):
+        state, revision, active = self._read_active(session_id)
+        if shut := gate.row_alone(state, revision):
             return shut
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])
@@ -152,15 +150,15 @@ class FakeStore:
         messages = [to_message(MessageText(
             m.seq, json.dumps(m.body), m.tokens,
             None if m.identifiers is None else json.dumps([list(i) for i in m.identifiers])))
-            for m in snapshot.messages]
-        return JobSnapshot(snapshot.session, snapshot.revision, messages, recent)
+            for m in active]
+        return JobSnapshot(state, revision, messages, recent)
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
         revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
     ) -> int:
         self._check("commit_job")
-        revision_id = self.swap_revision(
+        revision_id = self._swap(
             session_id, expected_revision_id=expected_revision_id, lease_owner=lease_owner,
             revision=revision, run=run, now=now, breaker=breaker)
         self.release_lease(session_id, lease_owner)
@@ -179,8 +177,7 @@ class FakeStore:
                 self._clear_marker(run.session_id, run.task_id)
         return run_id
 
-    def acquire_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
-        self._check("acquire_lease")
+    def _take_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         state = self._find(session_id)
@@ -219,25 +216,25 @@ class FakeStore:
         self._put(self._find(session_id), breaker_state=update.state,
                   breaker_failures=update.failures, breaker_opened_at=update.opened_at)
 
-    def snapshot(self, session_id: str) -> Snapshot:
-        self._check("snapshot")
+    def _read_active(self, session_id: str
+                     ) -> tuple[SessionState, RevisionRecord | None, list[MessageRecord]]:
+        """The session, its active revision and its active messages."""
         state = self._find(session_id)
         revision = self._active(state)
         through_seq = revision.through_seq if revision else 0
         active = [m for m in self._messages[session_id]
                   if m.seq > through_seq or m.role in INSTRUCTION_ROLES]
-        return Snapshot(state, revision, active)
+        return state, revision, active
 
     def revisions(self, session_id: str) -> list[RevisionRecord]:
         self._check("revisions")
         self._find(session_id)
         return [r for r in reversed(self._revisions) if r.session_id == session_id]
 
-    def swap_revision(
-        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str | None,
-        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None = None,
+    def _swap(
+        self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,
+        revision: NewRevision, run: NewRun, now: datetime, breaker: BreakerUpdate | None,
     ) -> int:
-        self._check("swap_revision")
         if run.session_id != session_id:
             raise ValueError(f"run is for {run.session_id!r}, not {session_id!r}")
         state = self._find(session_id)

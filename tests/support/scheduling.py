@@ -16,6 +16,7 @@ from sqlalchemy import Engine, update
 
 from db import NewMessage, Store
 from db.models import SessionRow
+from scheduler.selection import DueSession, ScanPolicy, StopReason, preview_scan
 from worker.broker.celery_app import create_app
 from worker.settings.config import Settings
 
@@ -80,3 +81,11 @@ def isolated_broker(database_url: str, **overrides: Any) -> Iterator[Broker]:
             client.delete(*keys)
         client.close()
         app.close()
+
+
+def scan_takes(store: Store, policy: ScanPolicy, now: datetime, *, limit: int | None = None
+               ) -> tuple[list[DueSession], StopReason]:
+    """The sessions one scan at ``now`` would take and why it would stop, as
+    ``compactor scan --dry-run`` shows them."""
+    preview = preview_scan(store, policy, now, limit=limit)
+    return preview.sessions, preview.stopped

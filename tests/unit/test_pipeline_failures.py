@@ -114,7 +114,7 @@ def test_an_unavailable_store_is_a_transient_failure_that_spares_the_breaker(
     harness: JobHarness,
 ) -> None:
     harness.add_session(SESSION, LONG_TURNS)
-    harness.store.fail_with("snapshot", StoreUnavailable("OperationalError: gone"))
+    harness.store.fail_with("job_snapshot", StoreUnavailable("OperationalError: gone"))
 
     result = harness.run(SESSION)
 

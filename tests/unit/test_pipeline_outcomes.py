@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from db import NewRevision, NewRun
 from tests.support.generated import generated_turns
 from tests.support.job_harness import LEASE_TTL_S, FakeClock, JobHarness
+from tests.support.store_jobs import swap_in, take_lease
 from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.schema import Summary, empty_summary
@@ -154,13 +155,13 @@ def swap_a_revision(harness: JobHarness, *, saving_tokens: int) -> int:
                            block_tokens, message.tokens,
                            state.projection_tokens + saving_tokens, None, None, "extractive")
     run = NewRun(SESSION, "earlier", 1, "test", "compacted", None, None, {}, None, now, now)
-    return harness.store.swap_revision(SESSION, expected_revision_id=state.active_revision_id,
-                                       lease_owner=None, revision=revision, run=run, now=now)
+    return swap_in(harness.store, SESSION, expected_revision_id=state.active_revision_id,
+                   revision=revision, run=run, now=now)
 
 
 def test_a_session_whose_lease_another_job_holds_is_skipped(harness: JobHarness) -> None:
     harness.add_session(SESSION, LONG_TURNS)
-    harness.store.acquire_lease(SESSION, "other-host:9:task-x", LEASE_TTL_S, harness.clock())
+    take_lease(harness.store, SESSION, "other-host:9:task-x", LEASE_TTL_S, harness.clock())
 
     result = harness.run(SESSION)
 
@@ -172,7 +173,7 @@ def test_a_redelivered_job_takes_over_the_lease_its_lost_delivery_left(
     harness: JobHarness,
 ) -> None:
     harness.add_session(SESSION, LONG_TURNS)
-    harness.store.acquire_lease(SESSION, "dead-host:7:task-r", LEASE_TTL_S, harness.clock())
+    take_lease(harness.store, SESSION, "dead-host:7:task-r", LEASE_TTL_S, harness.clock())
 
     result = harness.run(SESSION, task_id="task-r", redelivered=True)
 
@@ -185,7 +186,7 @@ def test_a_retry_takes_over_the_lease_its_attempt_left_when_the_database_was_dow
 ) -> None:
     # Attempt 1 failed with store_unavailable and could not release its lease.
     harness.add_session(SESSION, LONG_TURNS)
-    harness.store.acquire_lease(SESSION, "host:7:task-r", LEASE_TTL_S, harness.clock())
+    take_lease(harness.store, SESSION, "host:7:task-r", LEASE_TTL_S, harness.clock())
 
     other = harness.run(SESSION, task_id="task-s", attempt=2)
     result = harness.run(SESSION, task_id="task-r", attempt=2)
@@ -235,7 +236,7 @@ def test_a_lease_lost_mid_job_ends_in_conflict_and_leaves_the_new_holder_alone(
 
     def lose_the_lease() -> None:
         harness.clock.advance(LEASE_TTL_S + 1)
-        assert harness.store.acquire_lease(SESSION, "other:1:t", LEASE_TTL_S, harness.clock())
+        assert take_lease(harness.store, SESSION, "other:1:t", LEASE_TTL_S, harness.clock())
 
     harness.summarizer.before = lose_the_lease
     result = harness.run(SESSION)

@@ -7,11 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from db import job_transactions as job
+from db import job_lease
+from db import job_snapshot as job
 from db.records import MessageText, RevisionSizes
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-KEYS = [str(key) for key in job._SNAPSHOT_POSITIONS]
+KEYS = [str(key) for key in job.SNAPSHOT_POSITIONS]
 
 
 def row(part: int, **values: Any) -> tuple[Any, ...]:
@@ -22,17 +23,17 @@ NO_PROCESSORS = (None,) * len(KEYS)
 
 
 def message(seq: int) -> tuple[Any, ...]:
-    return row(job._MESSAGE_PART, message_seq=seq, message_body="{}", message_tokens=seq,
+    return row(job.MESSAGE_PART, message_seq=seq, message_body="{}", message_tokens=seq,
                message_identifiers=None)
 
 
 def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest_first(
 ) -> None:
-    head = row(job._HEAD_PART, id=1, session_id="s", metadata={}, head_seq=3,
+    head = row(job.HEAD_PART, id=1, session_id="s", metadata={}, head_seq=3,
                total_tokens=6, projection_tokens=6, tokens_since_compaction=6,
                created_at=T0, last_appended_at=T0, breaker_state="closed",
                breaker_failures=0)
-    sizes = [row(job._SIZE_PART, size_revision_id=revision_id, size_before=before,
+    sizes = [row(job.SIZE_PART, size_revision_id=revision_id, size_before=before,
                  size_after=after) for revision_id, before, after in ((5, 50, 5), (7, 70, 7))]
     rows = [message(3), sizes[0], message(1), head, sizes[1], message(2)]
 
@@ -47,10 +48,10 @@ def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest
 
 
 def test_only_the_head_rows_values_go_through_the_processors_of_their_columns() -> None:
-    head = row(job._HEAD_PART, id=1, session_id="s", metadata={}, head_seq=1,
+    head = row(job.HEAD_PART, id=1, session_id="s", metadata={}, head_seq=1,
                total_tokens=1, projection_tokens=1, tokens_since_compaction=1,
                created_at=T0, breaker_state="closed", breaker_failures=0)
-    created = job._SNAPSHOT_POSITIONS["created_at"]
+    created = job.SNAPSHOT_POSITIONS["created_at"]
     processors = tuple((lambda value: value.replace(year=2030)) if position == created
                        else None for position in range(len(KEYS)))
 
@@ -64,5 +65,5 @@ def test_only_the_head_rows_values_go_through_the_processors_of_their_columns() 
 
 def test_the_leased_snapshot_names_its_columns_where_the_plain_snapshot_does() -> None:
     # snapshot_from_rows reads both statements' rows by _SNAPSHOT_KEYS' positions.
-    for statement in job._LEASED_SNAPSHOT_STATEMENTS.values():
-        assert tuple(str(c.key) for c in statement.selected_columns) == job._SNAPSHOT_KEYS
+    for statement in job_lease._LEASED_SNAPSHOT_STATEMENTS.values():
+        assert tuple(str(c.key) for c in statement.selected_columns) == job.SNAPSHOT_KEYS

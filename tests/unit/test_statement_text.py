@@ -12,12 +12,12 @@ from psycopg import _queries
 from sqlalchemy import ClauseElement
 from sqlalchemy.dialects.postgresql import psycopg
 
-from db import job_transactions as job
+from db import job_lease, job_snapshot, job_swap
 
 
-@pytest.mark.parametrize("statement", [job._SNAPSHOT_STATEMENT,
-                                       *job._LEASED_SNAPSHOT_STATEMENTS.values(),
-                                       job._CHECKED_SWAP],
+@pytest.mark.parametrize("statement", [job_snapshot.SNAPSHOT_STATEMENT,
+                                       *job_lease._LEASED_SNAPSHOT_STATEMENTS.values(),
+                                       job_swap._CHECKED_SWAP],
                          ids=["snapshot", "lease_and_snapshot", "take_over_and_snapshot", "swap"])
 def test_a_jobs_one_statement_reads_and_writes_are_cached_by_psycopg(
     statement: ClauseElement,
