@@ -49,14 +49,20 @@ def register(app: typer.Typer) -> None:
 def worker_command(
     concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery's own log level.")] = "INFO",
+    task_events: Annotated[bool, typer.Option(
+        "-E", "--task-events", help="Send Celery's task events (what Flower shows).")] = False,
 ) -> None:
     """Start a Celery worker on the compaction queue (prefork pool, fair scheduling)."""
     settings = get_settings()
     argv = [
         "--pool=prefork", f"--concurrency={concurrency or settings.worker_concurrency}",
         f"--queues={settings.queue_name}", f"--loglevel={loglevel}", "-O", "fair",
-        "--without-gossip", "--without-mingle",
+        "--without-gossip", "--without-mingle", *(["--task-events"] if task_events else []),
     ]
+    if settings.metrics_port is not None:
+        from worker.broker.serve import set_metrics_environment
+
+        set_metrics_environment()
     # This process becomes the worker (same pid, signals and environment), without the
     # command line's modules that every pool child would otherwise inherit (worker/broker/serve.py).
     # -P: the working directory (a data directory) is not on the module path.
