@@ -84,11 +84,16 @@ def compact_command(
         "and write nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run the compaction pipeline in-process for debugging and small installs."""
+    """Run the compaction pipeline in-process for debugging and small installs.
+
+    Each job's compaction.job event goes to stderr as the job ends; the results table
+    (or --json) to stdout at the end.
+    """
     from scheduler.cli.previews import print_compaction_plans
     from worker.job import pipeline
     from worker.job.outcome import emit_job_event
     from worker.job.values import JobRequest
+    from worker.logging import get_logger
     from worker.runtime import build_runtime
 
     if not inline and not dry_run:
@@ -108,17 +113,16 @@ def compact_command(
             previews = [preview_compaction(JobRequest(sid, "operator", force), runtime.deps,
                                            runtime.policy) for sid in ids]
         else:
-            results = [pipeline.run(JobRequest(sid, "operator", force), runtime.deps,
-                                    runtime.policy) for sid in ids]
+            results = []
+            for sid in ids:  # each event as its job ends: the operator's progress
+                results.append(pipeline.run(JobRequest(sid, "operator", force), runtime.deps,
+                                            runtime.policy))
+                emit_job_event(get_logger(), results[-1])
     finally:
         runtime.close()
     if dry_run:
         print_compaction_plans(previews, as_json)
         return
-    from worker.logging import get_logger
-
-    for result in results:
-        emit_job_event(get_logger(), result)
     _print_results(results, as_json)
     if any(r.outcome.value in ("failed", "rejected") for r in results):
         raise typer.Exit(1)
