@@ -16,7 +16,7 @@ from worker.errors import Outcome
 from worker.job.figures import JobFigures
 from worker.job.outcome import job_event_fields
 from worker.job.values import JobResult
-from worker.metrics import enable_metrics
+from worker.metrics import MULTIPROC_ENV, enable_metrics
 
 EVENTS_PER_CHILD = 2_000
 SCRAPES = 20
@@ -53,7 +53,8 @@ def count_in_child(events: int, pipe_w: int) -> None:
 
 def run(processes: int, events: int) -> tuple[float, float]:
     """Fork ``processes`` counting children; return (median µs/event, median scrape ms)."""
-    enable_metrics(tempfile.mkdtemp(prefix="metrics-bench-"))  # emptied: this run only
+    os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="metrics-bench-")  # this run only
+    enable_metrics()
     from prometheus_client import CollectorRegistry, generate_latest  # after: multiprocess
     from prometheus_client.multiprocess import MultiProcessCollector
 

@@ -1,7 +1,8 @@
-"""Beat's scheduler: Celery's persistent one, except that an entry it cannot send (Redis
-is down) is one JSON error line, not a traceback, and is sent again every few seconds
-until Redis takes it, so a scan missed during an outage still runs once Redis is back
-(Celery's own scheduler logs the failure and waits for the next due time: with a
+"""Beat's scheduler: Celery's persistent one, except that each send is one JSON event
+(``beat.sent``: the entry, its task and the message's id), and an entry it cannot send
+(Redis is down) is one JSON error line, not a traceback, and is sent again every few
+seconds until Redis takes it, so a scan missed during an outage still runs once Redis is
+back (Celery's own scheduler logs the failure and waits for the next due time: with a
 nightly scan, a day)."""
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ class CatchUpScheduler(PersistentScheduler):  # type: ignore[misc]
 
     def _send(self, entry: ScheduleEntry, producer: Any) -> bool:
         try:
-            self.apply_async(entry, producer=producer, advance=False)
+            sent = self.apply_async(entry, producer=producer, advance=False)
         except Exception as exc:  # Celery wraps every send failure in SchedulingError
             get_logger().error("beat.send_failed", entry=entry.name, task=entry.task,
                                error_class=type(exc.__cause__ or exc).__name__,
                                error=str(exc)[:300], will_catch_up=True)
             return False
+        get_logger().info("beat.sent", entry=entry.name, task=entry.task, task_id=sent.id)
         return True

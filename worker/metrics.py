@@ -2,18 +2,20 @@
 event's own fields (so a metric never disagrees with the event), and the endpoint.
 
 Multiprocess mode for the prefork pool: the worker's main process points
-``PROMETHEUS_MULTIPROC_DIR`` at an emptied directory before the pool forks, every process
-writes its samples there, and the main process serves them all (``MultiProcessCollector``)
-with the fleet-state gauges read at scrape time (``worker/metrics_state.py``).
-prometheus-client reads that variable when it is first imported, so it is imported here
-only after :func:`enable_metrics`; with metrics off nothing is recorded.
+``PROMETHEUS_MULTIPROC_DIR`` at a directory of its own (``compactor-metrics`` under the
+configured one) before the pool forks, every process writes its samples there, and the
+main process serves them all (``MultiProcessCollector``) with the fleet-state gauges read
+at scrape time (``worker/metrics_state.py``). prometheus-client chooses multiprocess mode
+when it is first imported, by that variable alone: `compactor worker` sets it before the
+worker's interpreter starts, and a worker that finds the choice already made without it
+refuses to start. With metrics off nothing is recorded.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import shutil
+import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -26,6 +28,11 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The worker's own directory under the configured one: the only place it deletes files.
+OWN_DIRNAME = "compactor-metrics"
+# prometheus-client's sample files: ``<type>_<pid>.db``, ``gauge_<mode>_<pid>.db``.
+SAMPLE_FILE = re.compile(r"(counter|histogram|summary|gauge_(live)?(all|min|max|sum|mostrecent))"
+                         r"_\d+\.db")
 # Seconds; jobs run from milliseconds (skips) to minutes (long LLM spans).
 DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _enabled_in_pid: int | None = None
@@ -120,21 +127,38 @@ def record_job_event(event: Mapping[str, Any]) -> None:
         job_metrics().observe(event)
 
 
-def enable_metrics(directory: str | None = None) -> Path:
+class MetricsSetupError(Exception):
+    """Raised when prometheus-client was imported before multiprocess mode was set up."""
+
+
+def choose_multiproc_dir() -> str:
+    """The directory under which the worker keeps its samples: ``PROMETHEUS_MULTIPROC_DIR``,
+    else a fresh temporary one; set in the environment so that prometheus-client, whoever
+    imports it first, chooses multiprocess mode."""
+    directory = os.environ.get(MULTIPROC_ENV) or tempfile.mkdtemp(prefix="compactor-metrics-")
+    os.environ[MULTIPROC_ENV] = directory
+    return directory
+
+
+def enable_metrics() -> Path:
     """Prepare multiprocess collection in the worker's main process, before the pool
-    forks: the directory (``PROMETHEUS_MULTIPROC_DIR``, else a fresh temporary one) is
-    created and emptied of an earlier run's samples."""
+    forks: the worker's own directory under the configured one is created and emptied of
+    an earlier run's sample files (nothing else in it or around it is touched).
+
+    Raises:
+        MetricsSetupError: prometheus-client was imported in single-process mode.
+    """
     global _enabled_in_pid
-    if "prometheus_client.values" in sys.modules and _enabled_in_pid is None:
-        # Its value class was chosen without the directory: samples would stay per process.
-        raise RuntimeError("prometheus_client was imported before the metrics were set up")
-    path = Path(directory or os.environ.get(MULTIPROC_ENV)
-                or tempfile.mkdtemp(prefix="compactor-metrics-"))
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None and not getattr(values.ValueClass, "_multiprocess", False):
+        raise MetricsSetupError(
+            f"prometheus_client was imported before the worker set {MULTIPROC_ENV}, so its "
+            f"samples would stay in each pool process; start it with `compactor worker`, "
+            f"or set {MULTIPROC_ENV} to a directory in its environment")
+    path = Path(choose_multiproc_dir()) / OWN_DIRNAME
     path.mkdir(parents=True, exist_ok=True)
     for stale in path.iterdir():
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
+        if SAMPLE_FILE.fullmatch(stale.name) and stale.is_file():
             stale.unlink()
     os.environ[MULTIPROC_ENV] = str(path)
     _enabled_in_pid = os.getpid()

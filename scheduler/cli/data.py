@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ def intake_policy(name: PolicyName) -> IntakePolicy:
             PolicyName.LENIENT: IntakePolicy.lenient}[name]()
 
 
+# How often a long export reports its count on stderr (s).
+EXPORT_PROGRESS_EVERY_S = 2.0
 # Keyed by ImportStatus's values (a StrEnum): the module loads no intake.
 STATUS_STYLES = {"imported": "green", "repaired": "yellow", "rejected": "bold red",
                  "exists": "dim"}
@@ -243,21 +246,26 @@ def export_command(
     """Export sessions as JSONL, in the format `compactor import` reads.
 
     With -o, a new file (mode 0600) is written beside FILE and renamed over it only when
-    complete; nothing already in the directory is followed or overwritten meanwhile.
+    complete; nothing already in the directory is followed or overwritten meanwhile. The
+    count exported so far goes to stderr every few seconds (export.progress).
     """
+    from worker.logging import get_logger
     from worker.platform.ingest import export_session, iter_session_ids
 
     settings = get_settings()
+    where = output or "stdout"
     with open_store(settings) as store:
         for session_id in session or ():
             store.get_session(session_id)  # unknown ids fail before anything is written
         session_ids = session or iter_session_ids(store)
         with open_output(output) as out:
-            count = 0
+            count, reported_at = 0, time.monotonic()
             for session_id in session_ids:
                 out.write(dumps_json(export_session(store, session_id, view)) + "\n")
                 count += 1
-    where = output or "stdout"
+                if time.monotonic() - reported_at >= EXPORT_PROGRESS_EVERY_S:
+                    get_logger().info("export.progress", sessions=count, output=str(where))
+                    reported_at = time.monotonic()
     stderr_console().print(f"exported {count} sessions ({view.value}) to {shown(where)}",
                            highlight=False)
 

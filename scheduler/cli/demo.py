@@ -2,12 +2,14 @@
 sample sessions, scan, compact them with a real worker process, show what it did.
 
 Everything it starts (the worker, an embedded Redis) is stopped before it returns, on
-errors and Ctrl-C too; it uses a queue and a Redis key prefix of its own.
+errors and Ctrl-C too; each run uses a queue and a Redis key prefix of its own, so runs
+started together on one Redis neither take nor delete each other's jobs and keys.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
     from worker.platform.ingest import SessionReport
     from worker.settings.config import Settings
 
-DEMO_QUEUE = "compactor-demo"
-DEMO_KEY_PREFIX = "compactor-demo:"
+# Each run's queue and key prefix: this, then a random tag.
+DEMO_NAME = "compactor-demo"
 # Applied only where the operator set nothing: a model window that the generated long
 # sessions exceed, and no quiet period (every session was imported a moment ago).
 DEMO_DEFAULTS: dict[str, Any] = {"model_context_tokens": 32_000, "quiet_period_s": 0}
@@ -55,9 +57,10 @@ def demo_command(
     embedded: Annotated[bool, typer.Option(
         "--embedded-redis", help="Use a private embedded Redis even when one is reachable.")
     ] = False,
-    queue: Annotated[str, typer.Option(help="Queue of the demo's jobs.")] = DEMO_QUEUE,
-    key_prefix: Annotated[str, typer.Option(help="Redis key prefix of the demo.")] =
-    DEMO_KEY_PREFIX,
+    queue: Annotated[str | None, typer.Option(
+        help="Queue of the demo's jobs (default: compactor-demo-<random tag>).")] = None,
+    key_prefix: Annotated[str | None, typer.Option(
+        help="Redis key prefix of the demo (default: compactor-demo-<random tag>:).")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
     timeout_s: Annotated[float, typer.Option(
         "--timeout", min=1, help="Longest wait for the jobs (s).")] = 300.0,
@@ -66,13 +69,15 @@ def demo_command(
 
     Uses the embedded SQLite file under COMPACTOR_DATA_DIR (never COMPACTOR_DATABASE_URL),
     the Redis at COMPACTOR_REDIS_URL or, when none answers, a private embedded one, and
-    its own queue and key prefix. Where unset, COMPACTOR_MODEL_CONTEXT_TOKENS is 32000 and
+    a queue and key prefix of its own for this run (only its own keys are deleted at the
+    end). Where unset, COMPACTOR_MODEL_CONTEXT_TOKENS is 32000 and
     COMPACTOR_QUIET_PERIOD_S is 0 for this run. Running it again imports nothing new
     (`exists`) and finds nothing due.
     """
-    if not queue or not key_prefix:
+    if queue == "" or key_prefix == "":
         fail("--queue and --key-prefix must not be empty", exit_code=2)
-    settings = demo_settings(queue, key_prefix)
+    run_name = f"{DEMO_NAME}-{secrets.token_hex(4)}"
+    settings = demo_settings(queue or run_name, key_prefix or f"{run_name}:")
     try:
         all_ended_well = run_demo(settings, sessions, count, seed, force_embedded=embedded,
                                   concurrency=concurrency, timeout_s=timeout_s)

@@ -49,14 +49,20 @@ def register(app: typer.Typer) -> None:
 def worker_command(
     concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery's own log level.")] = "INFO",
+    task_events: Annotated[bool, typer.Option(
+        "-E", "--task-events", help="Send Celery's task events (what Flower shows).")] = False,
 ) -> None:
     """Start a Celery worker on the compaction queue (prefork pool, fair scheduling)."""
     settings = get_settings()
     argv = [
         "--pool=prefork", f"--concurrency={concurrency or settings.worker_concurrency}",
         f"--queues={settings.queue_name}", f"--loglevel={loglevel}", "-O", "fair",
-        "--without-gossip", "--without-mingle",
+        "--without-gossip", "--without-mingle", *(["--task-events"] if task_events else []),
     ]
+    if settings.metrics_port is not None:
+        from worker.broker.serve import set_metrics_environment
+
+        set_metrics_environment()
     # This process becomes the worker (same pid, signals and environment), without the
     # command line's modules that every pool child would otherwise inherit (worker/broker/serve.py).
     # -P: the working directory (a data directory) is not on the module path.
@@ -78,11 +84,16 @@ def compact_command(
         "and write nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run the compaction pipeline in-process for debugging and small installs."""
+    """Run the compaction pipeline in-process for debugging and small installs.
+
+    Each job's compaction.job event goes to stderr as the job ends; the results table
+    (or --json) to stdout at the end.
+    """
     from scheduler.cli.previews import print_compaction_plans
     from worker.job import pipeline
     from worker.job.outcome import emit_job_event
     from worker.job.values import JobRequest
+    from worker.logging import get_logger
     from worker.runtime import build_runtime
 
     if not inline and not dry_run:
@@ -102,17 +113,16 @@ def compact_command(
             previews = [preview_compaction(JobRequest(sid, "operator", force), runtime.deps,
                                            runtime.policy) for sid in ids]
         else:
-            results = [pipeline.run(JobRequest(sid, "operator", force), runtime.deps,
-                                    runtime.policy) for sid in ids]
+            results = []
+            for sid in ids:  # each event as its job ends: the operator's progress
+                results.append(pipeline.run(JobRequest(sid, "operator", force), runtime.deps,
+                                            runtime.policy))
+                emit_job_event(get_logger(), results[-1])
     finally:
         runtime.close()
     if dry_run:
         print_compaction_plans(previews, as_json)
         return
-    from worker.logging import get_logger
-
-    for result in results:
-        emit_job_event(get_logger(), result)
     _print_results(results, as_json)
     if any(r.outcome.value in ("failed", "rejected") for r in results):
         raise typer.Exit(1)

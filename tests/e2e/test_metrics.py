@@ -1,11 +1,14 @@
 """What an operator's monitoring sees of a real worker (prefork, metrics on, ``-E``): its
 ``/metrics`` endpoint scraped over HTTP while jobs succeed, fail and are rejected, and
 Celery's own task events (what Flower counts) read from the broker, where a failed or
-rejected job is ``task-failed`` without a traceback or a retry."""
+rejected job is ``task-failed`` without a traceback or a retry. The worker's interpreter
+imports prometheus_client before anything else (a ``sitecustomize``, as a plugin would),
+and its metrics directory holds files that are not the worker's: both are survived."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -28,8 +31,14 @@ from tests.support.e2e import (
     wait_until,
 )
 from tests.support.openai_server import OpenAIServer
-from tests.support.worker_process import WorkerProcess
+from tests.support.worker_process import (
+    REPO_ROOT,
+    CompactorWorker,
+    WorkerProcess,
+    parse_log_lines,
+)
 from worker.broker.celery_app import create_app
+from worker.metrics import OWN_DIRNAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -90,22 +99,56 @@ def task_events(job_env: JobEnv) -> Iterator[TaskEvents]:
         app.close()
 
 
+def import_prometheus_first(worker: WorkerProcess, site_dir: Path) -> Path:
+    """Have every interpreter of ``worker`` import prometheus_client before anything else;
+    the returned file gets a line per interpreter that did."""
+    site_dir.mkdir()
+    mark = site_dir / "imported"
+    (site_dir / "sitecustomize.py").write_text(
+        "import prometheus_client  # noqa: F401\n"
+        f"open({str(mark)!r}, 'a').write('imported\\n')\n")
+    worker.env["PYTHONPATH"] = f"{site_dir}:{REPO_ROOT}"
+    return mark
+
+
+def tree_of(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` (a directory as None), with each file's content."""
+    return {str(path.relative_to(root)): None if path.is_dir() else path.read_bytes()
+            for path in sorted(root.rglob("*"))}
+
+
 @pytest.fixture
 def metrics_worker(job_env: JobEnv, tmp_path: Path, redis_client: Any,
                    task_events: TaskEvents) -> Iterator[WorkerProcess]:
-    """A worker with metrics on and task events sent; its metrics directory holds a stale
-    file from an earlier run, which the start must wipe."""
+    """``compactor worker -E`` with metrics on, in an interpreter that imported
+    prometheus_client first; its metrics directory holds other programs' files and
+    folders, which it must leave alone, and its own subdirectory a stale sample file from
+    an earlier run, which the start must remove."""
     metrics_dir = tmp_path / "metrics"
-    metrics_dir.mkdir()
-    (metrics_dir / "counter_1.db").write_bytes(b"stale")
+    (metrics_dir / "other" / "deeper").mkdir(parents=True)
+    (metrics_dir / "notes.txt").write_text("not the worker's")
+    (metrics_dir / "counter_1.db").write_bytes(b"another program's samples")
+    (metrics_dir / "other" / "gauge_all_2.db").write_bytes(b"another program's samples")
+    (metrics_dir / "other" / "deeper" / "keep.txt").write_text("not the worker's")
+    own = metrics_dir / OWN_DIRNAME
+    own.mkdir()
+    (own / "counter_1.db").write_bytes(b"stale")
+    (own / "README").write_text("not a sample file")
+    others = {path: content for path, content in tree_of(metrics_dir).items()
+              if not path.startswith(OWN_DIRNAME)}
     env = {**job_env.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-    worker = WorkerProcess(env, tmp_path / "worker.log", concurrency=2, queue=job_env.queue,
-                           send_events=True)
+    worker = CompactorWorker(env, tmp_path / "worker.log", concurrency=2, send_events=True)
+    mark = import_prometheus_first(worker, tmp_path / "site")
     try:
         yield worker.start()
+        assert mark.read_text().count("imported") >= 1
     finally:
         worker.stop()
-    assert not (metrics_dir / "counter_1.db").exists()
+    after = tree_of(metrics_dir)
+    assert {path: content for path, content in after.items()
+            if not path.startswith(OWN_DIRNAME)} == others
+    assert f"{OWN_DIRNAME}/counter_1.db" not in after
+    assert after[f"{OWN_DIRNAME}/README"] == b"not a sample file"
 
 
 def scrape(job_env: JobEnv) -> Samples:
@@ -171,3 +214,23 @@ def test_metrics_and_celery_events_follow_a_success_a_failure_and_a_rejection(
                     if e["task_id"] == task_id]) == 1
     log = metrics_worker.events()  # every line is one JSON object
     assert not [e for e in log if "Traceback" in str(e) or e.get("exc_info")]
+
+
+def test_a_worker_whose_prometheus_client_was_imported_single_process_refuses_to_start(
+    job_env: JobEnv, tmp_path: Path,
+) -> None:
+    """``celery -A ... worker`` in an interpreter that imported prometheus_client before
+    ``PROMETHEUS_MULTIPROC_DIR`` was set: one error line and exit 78, not a worker whose
+    endpoint would show no job."""
+    env = {key: value for key, value in job_env.env.items() if key != "PROMETHEUS_MULTIPROC_DIR"}
+    worker = WorkerProcess(env, tmp_path / "worker.log", queue=job_env.queue)
+    worker.env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    import_prometheus_first(worker, tmp_path / "site")
+    result = subprocess.run(worker.argv(), env=worker.env, cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 78, result.stderr[-2000:]
+    [refusal] = [event for event in parse_log_lines(result.stderr)
+                 if event.get("event") == "metrics.refused"]
+    assert "PROMETHEUS_MULTIPROC_DIR" in refusal["message"]
+    assert "\n" not in refusal["message"]
+    assert "Traceback" not in result.stderr

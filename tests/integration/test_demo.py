@@ -182,3 +182,33 @@ def test_ctrl_c_stops_the_worker_and_frees_unfinished_sessions(tmp_path: Path) -
     again = ENQUEUED.search(rest)
     assert again is not None, rest
     assert int(again.group(1)) == int(enqueued.group(1)) - len(finished), rest
+
+
+RUN_QUEUE = re.compile(r"\(queue '(?P<queue>[^']+)', key prefix '(?P<prefix>[^']+)'\)")
+
+
+def test_two_demos_started_together_on_one_redis_both_compact(tmp_path: Path) -> None:
+    """With the default queue and key prefix, two runs on the system Redis at once: each
+    takes only its own jobs and deletes only its own keys."""
+    demos = [Demo(tmp_path / f"data-{index}") for index in range(2)]
+    for demo in demos:
+        demo.args = []  # each run chooses its own queue and key prefix
+    runs = [subprocess.Popen(demo.argv("--count", "6"), env=demo.env, cwd=REPO_ROOT,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for demo in demos]
+    try:
+        outputs = [run.communicate(timeout=150)[0] for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.send_signal(signal.SIGINT)  # the demo stops what it started
+                run.wait(60)
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    names = [RUN_QUEUE.search(output) for output in outputs]
+    assert names[0] is not None and names[1] is not None, outputs
+    assert names[0]["queue"] != names[1]["queue"]
+    assert names[0]["prefix"] != names[1]["prefix"]
+    for output, name in zip(outputs, names, strict=True):
+        assert name is not None and name["queue"].startswith("compactor-demo-")
+        assert_compacted_and_saved(output)
+        assert redis_keys(name["prefix"]) == []

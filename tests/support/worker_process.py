@@ -124,4 +124,4 @@ class CompactorWorker(WorkerProcess):
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "scheduler", "worker", "--concurrency",
-                str(self.concurrency)]
+                str(self.concurrency), *(["-E"] if self.send_events else [])]

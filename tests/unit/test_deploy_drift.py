@@ -323,3 +323,50 @@ def test_every_worker_grace_period_outlasts_the_worst_case_job() -> None:
 def test_compose_durations_read_as_compose_does() -> None:
     assert [compose_duration_s(v) for v in ("2m", "32m", "1m30s", "1h")] == [
         120, 1920, 90, 3600]
+
+
+# --- reproducible installs ------------------------------------------------------------
+
+REPO = DEPLOY.parent
+CONSTRAINTS = REPO / "constraints.txt"
+
+
+def pinned_versions() -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version.strip(), f"constraints.txt: not a pin: {line!r}"
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def test_constraints_pin_every_dependency_within_pyproject_and_not_the_project() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pins = pinned_versions()
+    assert canonicalize_name(project["name"]) not in pins
+    declared = [*project["dependencies"], *(requirement for extra in
+                project["optional-dependencies"].values() for requirement in extra)]
+    for text in declared:
+        requirement = Requirement(text)
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None, f"constraints.txt does not pin {requirement.name}"
+        assert requirement.specifier.contains(pinned, prereleases=True), (text, pinned)
+
+
+def test_the_venv_and_the_image_install_with_the_constraints() -> None:
+    make_installs = [line for line in (REPO / "Makefile").read_text().splitlines()
+                     if "pip install" in line and "-e '.[" in line and "CONSTRAINTS" not in line]
+    assert make_installs and all("-c constraints.txt" in line for line in make_installs)
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    wheel_builds = [line for line in dockerfile.splitlines() if "pip wheel" in line]
+    assert wheel_builds and all("-c constraints.txt" in line for line in wheel_builds)
+    assert "!constraints.txt" in (DEPLOY / "Dockerfile.dockerignore").read_text()
+    assert "MIT License" in (REPO / "LICENSE").read_text(encoding="utf-8")

@@ -4,7 +4,10 @@ fleet-state gauges are read at most once per interval however often they are scr
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,7 +17,7 @@ from tests.unit.test_outcome_event import a_result
 from worker.errors import Outcome
 from worker.job.figures import JobFigures
 from worker.job.outcome import job_event_fields, rejected_message_fields
-from worker.metrics import build_job_metrics
+from worker.metrics import MULTIPROC_ENV, SAMPLE_FILE, build_job_metrics
 from worker.metrics_state import FleetState, FleetStateCollector
 
 
@@ -106,3 +109,28 @@ def test_the_readme_names_exactly_the_metrics_the_endpoint_exposes() -> None:
     # "`compactor_tokens_before_total`, `_after_total`, `_saved_total`" names three.
     named |= {f"compactor_tokens{suffix}" for suffix in re.findall(r"`(_[a-z]+_total)`", section)}
     assert {name.removesuffix("_total") for name in named} == exposed
+
+
+# Every kind of metric prometheus_client has, in multiprocess mode, in a fresh process.
+WRITE_EVERY_KIND = """
+from prometheus_client import Counter, Gauge, Histogram, Summary
+Counter("c", "c").inc()
+Histogram("h", "h").observe(1)
+Summary("s", "s").observe(1)
+for mode in ("all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum",
+             "mostrecent", "livemostrecent"):
+    Gauge("g_" + mode, "g", multiprocess_mode=mode).set(1)
+"""
+
+
+def test_the_sample_file_pattern_matches_every_file_prometheus_client_writes(
+    tmp_path: Path,
+) -> None:
+    """What a worker's start deletes is exactly prometheus_client's own naming."""
+    subprocess.run([sys.executable, "-c", WRITE_EVERY_KIND], check=True, timeout=60,
+                   env=os.environ | {MULTIPROC_ENV: str(tmp_path)})
+    written = sorted(path.name for path in tmp_path.iterdir())
+    assert len(written) == 3 + 10, written
+    assert all(SAMPLE_FILE.fullmatch(name) for name in written), written
+    for other in ("counter.db", "counter_1.db.bak", "notes_1.db", "gauge_1.db", "x/counter_1"):
+        assert not SAMPLE_FILE.fullmatch(other), other

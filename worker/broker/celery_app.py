@@ -36,7 +36,7 @@ from worker.broker.transport import ITEM_POLICY_OPTION, item_policy_option
 from worker.logging import get_logger
 from worker.memory import map_large_blocks, return_free_heap, use_one_malloc_arena
 from worker.settings.config import Settings, get_settings
-from worker.settings.errors import settings_or_exit
+from worker.settings.errors import EXIT_INVALID_SETTINGS, settings_or_exit
 
 _INCLUDE = ["worker.broker.tasks", "scheduler.tasks"]
 EXIT_CHECK_FAILED = 1
@@ -185,11 +185,16 @@ def _check_and_log() -> int:
 @celeryd_init.connect
 def _prepare_metrics(**_: Any) -> None:
     """With ``metrics_port`` set, every process of this worker records its samples in one
-    emptied directory, set up before the pool forks (``worker/metrics.py``)."""
+    emptied directory, set up before the pool forks (``worker/metrics.py``); a worker
+    whose metrics could not be collected refuses to start (exit 78, one line)."""
     if get_settings().metrics_port is not None:
-        from worker.metrics import enable_metrics
+        from worker.metrics import MetricsSetupError, enable_metrics
 
-        enable_metrics()
+        try:
+            enable_metrics()
+        except MetricsSetupError as exc:
+            get_logger().error("metrics.refused", message=str(exc))
+            raise SystemExit(EXIT_INVALID_SETTINGS) from None
 
 
 @worker_init.connect

@@ -21,6 +21,15 @@ def keep_out_terminal_only_modules() -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
 
 
+def set_metrics_environment() -> None:
+    """Put ``PROMETHEUS_MULTIPROC_DIR`` in the environment the worker execs with, so that
+    prometheus-client chooses multiprocess mode whatever imports it first (a
+    ``sitecustomize``, a Celery plugin)."""
+    from worker.metrics import choose_multiproc_dir
+
+    choose_multiproc_dir()
+
+
 def serve_worker(argv: list[str]) -> None:
     """Run Celery's worker command alone (not its whole command group: `repl` imports
     prompt_toolkit and pygments into every child) with ``argv``, as ``app.worker_main`` runs it."""
