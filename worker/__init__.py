@@ -1,7 +1,8 @@
 """The worker, by role: ``compaction/`` (the pure core), ``job/`` (one job over its ports),
 ``summarizers/`` (extractive and LLM, with the OpenAI client), ``platform/`` (what an agent
 platform calls), ``shared_state/`` (what the fleet keeps in Redis), ``broker/`` (the Celery
-entrypoints), ``settings/``, ``tokenizer/`` (tiktoken loaded offline); at the root, the
+entrypoints), ``settings/``, ``tokenizer/`` (tiktoken loaded offline), ``tracing/``
+(OpenTelemetry spans, loaded only when configured); at the root, the
 process-wide pieces: the error tree, logging, secret scrubbing, metrics, the allocator,
 start checks and the runtime that builds a process's dependencies.
 

@@ -52,18 +52,19 @@ WORKER_PARTS_MAY_IMPORT: dict[str, set[str]] = {
     "memory": set(),
     "metrics": set(),
     "scrub": set(),
+    "tracing": set(),
     "tokenizer": {"compaction"},
     "errors": {"compaction", "db", "job"},
     "settings": {"compaction", "db", "logging", "scrub"},
-    "summarizers": {"compaction", "errors", "scrub", "shared_state", "tokenizer"},
+    "summarizers": {"compaction", "errors", "scrub", "shared_state", "tokenizer", "tracing"},
     "shared_state": {"broker", "compaction", "db", "errors", "logging"},
-    "job": {"compaction", "db", "errors", "logging", "metrics", "summarizers"},
+    "job": {"compaction", "db", "errors", "logging", "metrics", "summarizers", "tracing"},
     "platform": {"broker", "compaction", "db", "errors", "logging", "settings", "tokenizer"},
     "checks": {"compaction", "db", "errors", "scrub", "settings", "summarizers", "tokenizer"},
     "metrics_state": {"db", "logging", "settings", "shared_state"},
     "runtime": {"compaction", "db", "job", "settings", "shared_state", "summarizers", "tokenizer"},
     "broker": {"checks", "compaction", "db", "errors", "job", "logging", "memory", "metrics",
-               "metrics_state", "runtime", "settings", "shared_state"},
+               "metrics_state", "runtime", "settings", "shared_state", "tracing"},
 }
 MAX_WORKER_ROOT_MODULES = 8
 

@@ -37,6 +37,7 @@ from worker.logging import get_logger
 from worker.memory import map_large_blocks, return_free_heap, use_one_malloc_arena
 from worker.settings.config import Settings, get_settings
 from worker.settings.errors import EXIT_INVALID_SETTINGS, settings_or_exit
+from worker.tracing.spans import is_tracing_configured
 
 _INCLUDE = ["worker.broker.tasks", "scheduler.tasks"]
 EXIT_CHECK_FAILED = 1
@@ -225,6 +226,21 @@ def _parse_pool_child_declaration() -> None:
 
 
 @worker_process_init.connect
+def _start_tracing(**_: Any) -> None:
+    """Trace this pool child's jobs when the ``OTEL_*`` variables ask for it; otherwise
+    nothing of OpenTelemetry is loaded."""
+    if not is_tracing_configured():
+        return
+    try:
+        from worker.tracing.export import start_tracing
+    except ImportError as exc:  # jobs still run, untraced
+        get_logger().error("tracing.unavailable", error_class=type(exc).__name__,
+                           failure_message=f"{exc}: install the otel extra")
+        return
+    start_tracing()
+
+
+@worker_process_init.connect
 def _prepare_child(**_: Any) -> None:
     """Build the runtime before the first job, not during it."""
     from worker.runtime import get_runtime  # the runtime belongs to pool children only
@@ -271,6 +287,15 @@ def _forget_child(pid: int | None = None, **_: Any) -> None:
     from worker.metrics import mark_child_dead
 
     mark_child_dead(pid or os.getpid())
+
+
+@worker_process_shutdown.connect
+def _flush_traces(**_: Any) -> None:
+    """Export the child's last spans before it exits."""
+    if "worker.tracing.export" in sys.modules:  # only a tracing child loaded it
+        from worker.tracing.export import stop_tracing
+
+        stop_tracing()
 
 
 @worker_shutting_down.connect

@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import sys
 
+from worker.tracing.spans import is_tracing_configured
+
 # Optional imports that only dress output for a terminal, which a worker never writes to:
 # structlog's console tracebacks (rich, with pygments and attrs, in every child) and
 # the highlighted results of Celery's inspection commands (``celery.bin.base``: pygments).
 # Both libraries import them in ``try: ... except ImportError``, and a name bound to None
 # in ``sys.modules`` makes its import raise ImportError.
 TERMINAL_ONLY_MODULES = ("rich", "pygments")
+# redis-py imports OpenTelemetry's metrics SDK whenever it is installed (in a ``try``, as
+# above); a worker that does not trace keeps it out, so that nothing of it is loaded.
+TRACING_ONLY_MODULES = ("opentelemetry",)
 
 
 def keep_out_terminal_only_modules() -> None:
-    """Have the terminal-only optional imports fail, before anything tries them."""
-    for name in TERMINAL_ONLY_MODULES:
+    """Have the terminal-only optional imports fail, before anything tries them, and
+    OpenTelemetry's too when the worker does not trace."""
+    unused = TERMINAL_ONLY_MODULES + (() if is_tracing_configured() else TRACING_ONLY_MODULES)
+    for name in unused:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
 
 

@@ -14,6 +14,7 @@ from worker.job.figures import JobFigures, figure_docs
 from worker.job.values import JobResult
 from worker.logging import JOB_EVENT
 from worker.metrics import record_job_event
+from worker.tracing.spans import AttributeValue
 
 EVENT_TABLE_START = "<!-- event-table:start -->"
 EVENT_TABLE_END = "<!-- event-table:end -->"
@@ -82,6 +83,17 @@ def job_event_fields(result: JobResult, *, will_retry: bool = False) -> dict[str
         "run_recorded": result.run_recorded,
     }
     return {**fields, **result.figures.as_dict()}
+
+
+# Left off the job's span: a failure's text may quote a provider; the steps are spans.
+SPAN_FIELDS_LEFT_OUT = frozenset({"failure_message", "durations_ms", "will_retry"})
+
+
+def job_span_attributes(result: JobResult) -> dict[str, AttributeValue]:
+    """The job span's attributes: the event's ids, outcome, reason and figures, each
+    under ``compaction.`` (none of a message's text)."""
+    return {f"compaction.{name}": value for name, value in job_event_fields(result).items()
+            if name not in SPAN_FIELDS_LEFT_OUT and isinstance(value, str | bool | int | float)}
 
 
 def rejected_message_fields(task_id: str | None, reason: str, failure_class: str,

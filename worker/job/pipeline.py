@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -66,9 +66,12 @@ from worker.errors import (
     to_job_error,
 )
 from worker.job.heartbeat import LeaseHeartbeat
+from worker.job.outcome import job_span_attributes
 from worker.job.values import JobDeps, JobPolicy, JobRequest, JobResult, JobTrace, Skip
 from worker.summarizers import Summarizer, SummaryDraft, SummaryWork
+from worker.tracing.spans import open_span
 
+JOB_SPAN = "compaction.job"
 # How many of the newest revisions the trigger weighs (their savings guard re-compaction).
 RECENT_HISTORY = 2
 
@@ -129,7 +132,20 @@ def run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
     lease with the snapshot (on PostgreSQL one statement), and the one write that ends
     the job."""
     with _collector_paused():
-        return _run(request, deps, policy)
+        return _traced(request, lambda: _run(request, deps, policy))
+
+
+def _traced(request: JobRequest, job: Callable[[], JobResult]) -> JobResult:
+    """Run ``job`` inside the job's span (its steps' and LLM calls' parent, the Celery
+    task's child), noted with what its outcome event reports."""
+    with open_span(JOB_SPAN, {"compaction.session_id": request.session_id,
+                              "compaction.task_id": request.task_id}) as span:
+        result = job()
+        if span.is_recording():
+            span.note(job_span_attributes(result))
+            if result.outcome in (Outcome.FAILED, Outcome.REJECTED):
+                span.fail(result.failure_class or result.reason)
+        return result
 
 
 @contextmanager
@@ -163,7 +179,8 @@ def _run(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> JobResult:
 def record_failure(request: JobRequest, deps: JobDeps, policy: JobPolicy,
                    exc: CompactionError) -> JobResult:
     """End a job that must not run (rejected message, delivery cap) with its outcome."""
-    return _fail(JobTrace(request, started_at=deps.clock()), deps, policy, exc)
+    return _traced(request, lambda: _fail(JobTrace(request, started_at=deps.clock()), deps,
+                                           policy, exc))
 
 
 def _renew_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> bool:

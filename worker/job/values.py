@@ -19,6 +19,7 @@ from worker.errors import CompactionError, Outcome
 from worker.job.figures import JobFigures
 from worker.job.ports import JobStore, ProviderBreakerPort
 from worker.summarizers import Summarizer
+from worker.tracing.spans import open_span
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,11 @@ class JobTrace:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
+        """Time a step (``durations_ms``), inside its span when the process traces."""
         began = time.monotonic()
         try:
-            yield
+            with open_span(f"compaction.{name}", expected=(Skip,)):
+                yield
         finally:
             self.durations_ms[name] = round((time.monotonic() - began) * 1000, 3)
 

@@ -10,6 +10,7 @@ smaller chunks.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -176,7 +177,10 @@ class LLMSummarizer:
         if len(calls) == 1:
             return [calls[0]()]
         with ThreadPoolExecutor(max_workers=self._concurrency) as pool:
-            futures: list[Future[T]] = [pool.submit(call) for call in calls]
+            # Each call runs in a copy of this thread's context: its LLM span's parent
+            # is the job's step, its log lines carry the task's ids.
+            futures: list[Future[T]] = [pool.submit(contextvars.copy_context().run, call)
+                                        for call in calls]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
                 future.cancel()

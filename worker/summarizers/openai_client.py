@@ -18,6 +18,9 @@ is the endpoint's fault: ``worker.summarizers.openai_reply`` reads the body and 
 ``LLMReply.content`` is its reply verbatim, and
 ``worker.compaction.validation.parse_summary`` reads it (a JSON object in prose
 included) and names what is wrong (``malformed_json``, schema).
+
+Each call is one client span when the worker traces (``worker.tracing``), with the
+GenAI semantic conventions' attributes: model, token usage, finish reason.
 """
 
 from __future__ import annotations
@@ -46,7 +49,11 @@ from worker.summarizers.openai_errors import (
 )
 from worker.summarizers.openai_reply import CompletionReply, read_completion
 from worker.tokenizer.offline import load_encoding
+from worker.tracing.spans import AttributeValue, open_span
 
+GEN_AI_OPERATION = "chat"
+GEN_AI_PROVIDER = "openai"
+DEFAULT_PORTS = {"http": 80, "https": 443}
 KEYLESS_PLACEHOLDER = "unused"  # local servers want no key, the SDK insists on one
 SCHEMA_NAME = "summary"
 
@@ -89,6 +96,8 @@ class LLMReply:
     latency_s: float
     retries: int  # HTTP requests beyond the first: SDK retries and rejected output modes
     mode: OutputMode
+    response_model: str | None = None
+    response_id: str | None = None
 
     @property
     def is_truncated(self) -> bool:
@@ -236,15 +245,32 @@ class LLMClient:
         """
         started = time.monotonic()
         tally = _Tally()
-        try:
-            reply = self._call(messages, schema, max_output_tokens, tally, started)
-        except CompactionError:
-            if usage is not None:
-                usage.add_failure(retries=tally.retries, latency_s=time.monotonic() - started)
-            raise
+        with open_span(f"{GEN_AI_OPERATION} {self._config.model}",
+                       self._request_attributes(max_output_tokens), client=True) as span:
+            try:
+                reply = self._call(messages, schema, max_output_tokens, tally, started)
+            except CompactionError:
+                if usage is not None:
+                    usage.add_failure(retries=tally.retries,
+                                      latency_s=time.monotonic() - started)
+                raise
+            if span.is_recording():
+                span.note(reply_attributes(reply))
         if usage is not None:
             usage.add(reply)
         return reply
+
+    def _request_attributes(self, max_output_tokens: int) -> dict[str, AttributeValue]:
+        """The LLM call span's request attributes (GenAI semantic conventions)."""
+        url = self._sdk.base_url
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": GEN_AI_OPERATION, "gen_ai.provider.name": GEN_AI_PROVIDER,
+            "gen_ai.system": GEN_AI_PROVIDER, "gen_ai.request.model": self._config.model,
+            "gen_ai.request.max_tokens": max_output_tokens,
+            "server.address": url.host, "server.port": url.port or DEFAULT_PORTS[url.scheme]}
+        if self._config.temperature is not None:
+            attributes["gen_ai.request.temperature"] = self._config.temperature
+        return attributes
 
     def _call(self, messages: list[dict[str, Any]], schema: dict[str, Any],
               max_output_tokens: int, tally: _Tally, started: float) -> LLMReply:
@@ -307,7 +333,22 @@ class LLMClient:
             prompt_tokens = counter.count_messages(parse_message(m) for m in messages)
             completion_tokens = counter.count_text(text)
         return LLMReply(text, choice.finish_reason, prompt_tokens, completion_tokens,
-                        latency_s, retries, mode)
+                        latency_s, retries, mode, completion.model, completion.id)
+
+
+def reply_attributes(reply: LLMReply) -> dict[str, AttributeValue]:
+    """The LLM call span's reply attributes (GenAI semantic conventions, then ours)."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.usage.input_tokens": reply.prompt_tokens,
+        "gen_ai.usage.output_tokens": reply.completion_tokens,
+        "gen_ai.response.finish_reasons": [reply.finish_reason or "unknown"],
+        "compaction.llm.output_mode": reply.mode.value,
+        "compaction.llm.retries": reply.retries}
+    if reply.response_model:
+        attributes["gen_ai.response.model"] = reply.response_model
+    if reply.response_id:
+        attributes["gen_ai.response.id"] = reply.response_id
+    return attributes
 
 
 def build_response_format(mode: OutputMode, schema: dict[str, Any]) -> ResponseFormat | openai.Omit:

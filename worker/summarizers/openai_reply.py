@@ -41,6 +41,8 @@ class CompletionReply(_Part):
 
     choices: list[ReplyChoice] = Field(min_length=1)
     usage: ReplyUsage | None = None
+    id: str | None = None
+    model: str | None = None  # the model that answered (a deployment may name another)
 
 
 def read_completion(body: bytes, content_type: str) -> CompletionReply:
