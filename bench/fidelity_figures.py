@@ -233,6 +233,11 @@ def target_rows(runs: Sequence[SessionRun]) -> list[dict[str, Any]]:
                                 ("decision's pinned value", 99))]
     rows.append(_target(f"lowest kind visible ({lowest['group'] if lowest else '-'})",
                         ">= 80%", lowest["visible_pct"] if lowest else None, 80))
+    said = retention_rows(runs, lambda fact: fact.kind if fact.source in SAID_SOURCES else None)
+    lowest_said = min(said, key=lambda row: row["visible_pct"] or 0.0, default=None)
+    said_name = lowest_said["group"] if lowest_said else "-"
+    rows.append(_target(f"lowest kind said by user/assistant visible ({said_name})", ">= 97%",
+                        lowest_said["visible_pct"] if lowest_said else None, 97))
     if len(rounds) > 1:
         over = sum(row["over_budget"] for row in rounds)
         rows.append({"target": "summaries over budget, all rounds", "wanted": "0",

@@ -19,7 +19,6 @@ from bench.fidelity_values import (
     ARGUMENT_KEYS,
     CODING_KINDS,
     CUSTOMER_KINDS,
-    PHRASES,
     ValueFactory,
     catalog_item,
     code_line,
@@ -257,13 +256,13 @@ def _decision(b: _Builder) -> _Plant | None:
     return b.plant(kind, "user" if b.rng.random() < 0.25 else "assistant", pinned=True)
 
 
-def _phrase(plant: _Plant) -> str:
-    return PHRASES[plant.kind].format(plant.value)
+def _phrase(b: _Builder, plant: _Plant) -> str:
+    return b.values.phrase(plant.kind, plant.value)
 
 
 def _request_text(b: _Builder, said: list[_Plant], pinned: list[_Plant]) -> str:
     asks = ("Can you look into {}?", "Could you help me with {}?", "Please check {}.")
-    text = b.rng.choice(asks).format(", ".join(_phrase(p) for p in said))
+    text = b.rng.choice(asks).format(", ".join(_phrase(b, p) for p in said))
     if pinned:
         text += f" We decided to keep {pinned[0].value}; do not change it."
     return text
@@ -272,7 +271,7 @@ def _request_text(b: _Builder, said: list[_Plant], pinned: list[_Plant]) -> str:
 def _assistant_text(lead: str, plants: list[_Plant], b: _Builder) -> str:
     if not plants:
         return b.rng.choice(("Let me look.", "Checking now.", "One moment."))
-    return f"{lead} {', '.join(_phrase(p) for p in plants)}."
+    return f"{lead} {', '.join(_phrase(b, p) for p in plants)}."
 
 
 def _decision_text(plants: list[_Plant]) -> str:
@@ -299,7 +298,7 @@ def _tool_output(b: _Builder, plants: list[_Plant]) -> str:
     lines = [(code_line if b.rng.random() < 0.6 else passing_test_line)(b.rng)
              for _ in range(b.rng.randint(60, 240))]
     for plant in others:
-        lines.insert(b.rng.randrange(len(lines)), f"    # see {_phrase(plant)}")
+        lines.insert(b.rng.randrange(len(lines)), f"    # see {_phrase(b, plant)}")
     for plant in errors:
         if b.rng.random() < 0.5:
             lines.insert(0, f"Error: {plant.value} while running {noise_name(b.rng)}")

@@ -1,7 +1,9 @@
 """The rules that find identifiers in one text, as written: one C-level scan picks the
 words worth a look (a digit, a path or URL sign, an error's shape), a cached classifier
 names each word's kind, and a few labelled rules read values a word alone cannot type
-(``"reservation_id": "HATHAT"``, ``HTTP 503``, ``order id is X``).
+(``"reservation_id": "HATHAT"``, ``HTTP 503``, ``order id is X``). A word no specific
+rule types is judged by its shape: letters and digits joined by any separators are one
+identifier, kept whole, unless the shape says number, date, time, measure or code name.
 """
 
 from __future__ import annotations
@@ -48,11 +50,33 @@ _EMAIL = re.compile(r"[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 _AT_PIN = re.compile(r"@?[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?@[\^~]?v?\d[\w.*+-]*")
 _PIN = re.compile(r"[A-Za-z][\w.-]*(?:==|>=|<=|~=|!=)v?\d[\w.*+-]*(?:,(?:==|>=|<=|~=|!=|<|>)"
                   r"v?\d[\w.*+-]*)*")
+# A name with a version after any pin or tag sign: ``tool:3.2``, ``lib-1.2.3``,
+# ``@scope/pkg~=1.2``.
+_NAMED_VERSION = re.compile(r"@?[A-Za-z][\w.-]*?(?:/[A-Za-z][\w.-]*)?(?:[=<>~!]=|@[\^~]?|[:/-])"
+                            r"[\^~]?v?\d+(?:\.\d+)+[\w.+-]*")
+_HEX_CODE = re.compile(r"0[xX][0-9a-fA-F]{4,16}")
+# Any letters and digits joined by separators, each run kept whole. What is not an
+# identifier is ruled out by shape below: numbers, dates, times, measures.
+_COMPOUND = re.compile(r"[#+]?[A-Za-z0-9]+(?:[-_.:/+~]{1,2}[A-Za-z0-9]+)+")
+_SEGMENT = re.compile(r"[A-Za-z0-9]+")
+_DATE_TIME = re.compile(r"\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}(?:T\d{1,2}(?::\d\d){1,2}(?:\.\d+)?"
+                        r"(?:Z|[+-]\d\d:?\d\d)?)?|\d{1,2}(?::\d\d){1,2}(?:\.\d+)?(?:[ap]m)?",
+                        re.IGNORECASE)
+# ``5000ms``, ``1.5GB``, ``24-hour``, ``64-bit``.
+_MEASURE = re.compile(r"\d+(?:[.,:]\d+)*[A-Za-z]{1,3}|\d+(?:-[a-z]+)+")
+_CODE_NAME_SEGMENT = re.compile(r"[a-z]*\d{0,4}")
+_NAME_AND_NUMBER = re.compile(r"[a-z]+-\d{1,2}")
+_ERROR_LEAD = re.compile(r"E\d|E_|ERR(?:OR)?[-_.:]")
+_TICKET_SHAPE = re.compile(r"#?[A-Z]{2,10}[-_.:]?\d+(?:[-_.:]\d+)*")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 _ABSOLUTE_PATH = re.compile(r"(?:~|\.\.?)?(?:/[\w.@+-]+){2,}/?|~/[\w.@+-]+(?:/[\w.@+-]+)*")
 _RELATIVE_PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)+\.([A-Za-z][A-Za-z0-9]{0,7})")
+# Three or more parts are a path without an extension (``and/or`` is two).
+_NESTED_PATH = re.compile(r"[\w.-]+(?:/[\w.-]*[A-Za-z][\w.-]*){2,}/?")
 _WINDOWS_PATH = re.compile(r"[A-Za-z]:\\(?:[\w.-]+\\)*[\w.-]+")
 _FILE_NAME = re.compile(r"[\w-]+\.([A-Za-z]+)")
+# ``key=`` before a value that may hold a pin of its own (``pin=name==1.2``).
+_KEY_PREFIX = re.compile(r"[\w.-]+=(?!=)")
 _LINE_SUFFIX = re.compile(r"(?::\d+)+:?$|::.*$")
 _ERROR_CODE = re.compile(r"E\d{3,5}(?:-[A-Z][A-Z0-9]*)*|(?:ORA|PLS|TNS|ERR|SQLSTATE)[-_]?\d{3,5}"
                          r"(?:[-_][A-Z0-9]+)*|ERR(?:_[A-Z0-9]+)+")
@@ -83,14 +107,16 @@ _CODE_IN_ARRAY = re.compile(r"[\[,]\s*\"(?P<v>[A-Z0-9]{5,12})\"(?=\s*[,\]])")
 _HTTP_STATUS = re.compile(r"HTTP(?:/\d(?:\.\d)?)?[ :]+[45]\d\d\b")
 _STATUS_CODE = re.compile(r"(?i:\bstatus(?: code)?)[ :]+[45]\d\d\b")
 # Each starts with a literal, which the regex engine finds fast.
-_PHONE_GROUPED = re.compile(r"\+\d{1,3}[ .-]?(?:\(\d{3}\)|\d{3})[ .-]?\d{3}[ .-]\d{4}\b"
-                            r"|\+\d{1,3} \d{2,4} \d{3,4} \d{3,4}\b"
+_PHONE_GROUPED = re.compile(r"\+\d{1,3}(?:[ .-]\d{2,5}){1,5}\b"
+                            r"|\+\d{1,3}[ .-]?(?:\(\d{3}\)|\d{3})[ .-]?\d{3}[ .-]\d{4}\b"
                             r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}\b")
+_PHONE_DIGITS = 7
 _SPACED = re.compile(r"\S+")
 _LABELLED = re.compile(
     r"(?i:\b(?:reservation|booking|confirmation|order|ticket|account|user|customer|member"
     r"|transaction|invoice|case|flight|record|locator)(?:\s+(?:id|number|code|no\.?))?"
-    r"\s*(?:is|:|=)?\s*)(?P<v>#?[A-Z0-9]{5,12})\b"
+    r"\s*(?:is|:|=)?\s*)(?P<v>#?[A-Z0-9]{5,12})"
+    rf"(?=[{_TRAILING}]*(?:[{_DELIMITERS}]|$))"
 )
 
 
@@ -144,6 +170,8 @@ def _find_labelled(text: str, found: list[tuple[int, str, str]], said: bool) -> 
             if start in covered:
                 continue
             value = match.group(group)
+            if rule is _PHONE_GROUPED and sum(map(str.isdigit, value)) < _PHONE_DIGITS:
+                continue
             typed = classify_word(value, True) if group else None
             kind = typed[2] if typed and typed[2] != "short_version" else _labelled_kind(rule)
             found.append((start, value, kind))
@@ -170,7 +198,8 @@ def classify_word(word: str, said: bool) -> tuple[int, str, str] | None:
     if typed is not None or "=" not in trimmed or _PIN.fullmatch(trimmed):
         return None if typed is None else (0, typed[0], typed[1])
     # ``key=value`` (log fields, options): the value, as written.
-    offset = trimmed.rindex("=") + 1
+    key = _KEY_PREFIX.match(trimmed)
+    offset = key.end() if key else trimmed.rindex("=") + 1
     inner = classify_word(trimmed[offset:], said)
     return None if inner is None else (offset + inner[0], inner[1], inner[2])
 
@@ -185,8 +214,10 @@ def _classify(word: str, said: bool) -> tuple[str, str] | None:
     if "@" in word:
         if _EMAIL.fullmatch(word):
             return word, "email"
-        return (word, "version") if _AT_PIN.fullmatch(word) else None
-    if _PIN.fullmatch(word):
+        if _AT_PIN.fullmatch(word) or _NAMED_VERSION.fullmatch(word):
+            return word, "version"
+        return None
+    if _PIN.fullmatch(word) or _NAMED_VERSION.fullmatch(word):
         return word, "version"
     if len(word) == 36 and _UUID.fullmatch(word):
         return word, "uuid"
@@ -202,7 +233,9 @@ def _classify_path(word: str) -> str | None:
         if _ABSOLUTE_PATH.fullmatch(path) or _WINDOWS_PATH.fullmatch(path):
             return path
         relative = _RELATIVE_PATH.fullmatch(path)
-        return path if relative and not relative.group(1).isdigit() else None
+        if relative:
+            return None if relative.group(1).isdigit() else path
+        return path if _NESTED_PATH.fullmatch(path) else None
     if "." in word:
         name = _FILE_NAME.fullmatch(_LINE_SUFFIX.sub("", word))
         if name and name.group(1) in _EXTENSIONS:
@@ -215,7 +248,10 @@ def _classify_code(word: str, said: bool) -> tuple[str, str] | None:
     if _ERROR_CODE.fullmatch(word) or word in _ERRNO_NAMES or _ERROR_NAME.fullmatch(word):
         return word, "error"
     if _ERROR_CONSTANT.fullmatch(word):
-        return (word, "error") if any(part in word for part in _ERROR_WORDS) else None
+        if _ERROR_LEAD.match(word) or any(part in word for part in _ERROR_WORDS):
+            return word, "error"
+        if not any(char.isdigit() for char in word):
+            return None  # a constant in code (``RETRY_LIMIT``)
     if _PHONE.fullmatch(word):
         return word, "phone"
     if _VERSION.fullmatch(word):
@@ -238,15 +274,38 @@ def _classify_id(word: str, said: bool) -> tuple[str, str] | None:
         return None  # a word
     if _HASH.fullmatch(word):
         return word, "hash"
-    if _CODE.fullmatch(word):
+    if _CODE.fullmatch(word) or _HEX_CODE.fullmatch(word):
         return word, "id"
+    if word[0] == "#" and len(word) > 3 and word[1:].isalnum():
+        return word, "id"  # a numbered record: #CP885879
     if _TOKEN.fullmatch(word) and not word.islower() and not word.isupper():
         return word, "id"
-    if _SNAKE.fullmatch(word):
-        # Bare in a tool's output, ``queue_2`` is a name in code, not an id to keep.
-        return (word, "id") if said else None
-    if _KEBAB.fullmatch(word) and any(
-        len(part) >= 5 and any(c.isdigit() for c in part) for part in word.split("-")
-    ):
+    if _COMPOUND.fullmatch(word):
+        return _classify_compound(word, said)
+    if (word.isalnum() and len(word) >= 6 and sum(char.isdigit() for char in word) >= 4
+            and not _MEASURE.fullmatch(word)):
         return word, "id"
     return None
+
+
+def _classify_compound(word: str, said: bool) -> tuple[str, str] | None:
+    """Letters and digits joined by separators: an identifier unless its shape says it
+    is a number, a date, a time, a measure, a standard's name or a code-local name."""
+    segments = _SEGMENT.findall(word)
+    if all(segment.isdigit() for segment in segments):
+        digits = sum(map(len, segments))
+        return (word, "phone") if word[0] == "+" and digits >= 7 else None
+    if _DATE_TIME.fullmatch(word) or _MEASURE.fullmatch(word):
+        return None
+    if len(segments) == 2 and segments[0].upper() in _NOT_TICKETS and segments[1].isdigit():
+        return None  # UTF-8, SHA-256
+    if word == word.lower():
+        # A short number after a lower-case name is code's (``queue_2``, ``x86_64``) in a
+        # tool's output, and a model's or a standard's name (``gpt-4``) when said.
+        if not said and all(map(_CODE_NAME_SEGMENT.fullmatch, segments)):
+            return None
+        if said and _NAME_AND_NUMBER.fullmatch(word):
+            return None
+    if _ERROR_LEAD.match(word):
+        return word, "error"
+    return word, "ticket" if _TICKET_SHAPE.fullmatch(word) else "id"
