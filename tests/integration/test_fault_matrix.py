@@ -82,6 +82,11 @@ def session_fault(reason: str) -> Expected:
     return Expected(Outcome.FAILED, reason, 1, 0, False)
 
 
+# The model's summary contradicts the span's record: the deterministic summary is committed
+# in its place, no breaker counts it, no retry.
+REPLACED = Expected(Outcome.FALLBACK, "summary_contradicts_history", 0, 0, False)
+
+
 def configuration_fault(reason: str) -> Expected:
     """The service is set up wrong (a refused key): no breaker counts it, no retry."""
     return Expected(Outcome.FAILED, reason, 0, 0, False)
@@ -103,6 +108,7 @@ MATRIX: dict[Behaviour, Expected] = {
     Behaviour.CONTEXT_LENGTH: session_fault("context_length_exceeded"),
     Behaviour.JSON_MODE_ONLY: COMPACTED,
     Behaviour.PLAIN_TEXT_FENCED: COMPACTED,
+    Behaviour.LYING: REPLACED,
 }
 # Where the point changes the outcome.
 EXCEPTIONS: dict[tuple[Behaviour, Point], Expected] = {
@@ -244,7 +250,7 @@ def assert_job_ended_as_expected(job: CaseRuntime, session_id: str, result: JobR
     revisions = store.revisions(session_id)
     [run] = [r for r in store.runs(session_id=session_id) if r.task_id != "seed"]
     assert run.outcome == expected.outcome.value
-    if expected.outcome is Outcome.COMPACTED:
+    if expected.outcome in (Outcome.COMPACTED, Outcome.FALLBACK):
         assert len(revisions) == revisions_before + 1
         assert session.active_revision_id == revisions[0].id == run.revision_id
     else:

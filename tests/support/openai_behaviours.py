@@ -34,6 +34,7 @@ class Behaviour(StrEnum):
     CONTEXT_LENGTH = "context_length"
     JSON_MODE_ONLY = "json_mode_only"
     PLAIN_TEXT_FENCED = "plain_text_fenced"
+    LYING = "lying"  # flips call outcomes, reopens answered requests, invents identifiers
 
 
 _ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429,
@@ -190,7 +191,9 @@ def compose_content(behaviour: Behaviour, request: ChatRequest,
         return json.dumps(fake_summaries.build_wrong_schema_summary(prompt_text)), "stop"
     if behaviour is Behaviour.EMPTY_SECTIONS:
         return json.dumps(fake_summaries.build_empty_summary(sections)), "stop"
-    summary = fake_summaries.build_summary(prompt_text, sections)
+    build = (fake_summaries.build_lying_summary if behaviour is Behaviour.LYING
+             else fake_summaries.build_summary)
+    summary = build(prompt_text, sections)
     limit_tokens = _summary_limit_tokens(request)
     if limit_tokens is not None:
         summary = fake_summaries.fit_summary(summary, limit_tokens, counter.count_text)
