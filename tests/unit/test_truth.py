@@ -16,6 +16,7 @@ from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.merge import merge_summaries
 from worker.compaction.outcomes import classify_calls
+from worker.compaction.pruning import prune_groups
 from worker.compaction.requests import continues_conversation
 from worker.compaction.schema import Summary, empty_summary
 from worker.compaction.truth import (
@@ -186,3 +187,23 @@ def test_a_request_that_repeats_an_answered_ones_first_words_is_not_a_reopening(
     record, summary = record_and_extractive(messages)
     assert summary.pending and summary.resolved
     assert find_contradictions(summary, record) == []
+
+
+def test_an_identifier_cut_short_by_a_clipped_line_is_not_invented() -> None:
+    # HAT166 only in a tool output that pruning shortens: only the index holds it.
+    messages = [{"role": "user", "content": "Which flights go to Boston?"},
+                *exchange("c1", "search_flights", {"to": "BOS"},
+                          json.dumps([{"n": i, "pad": "x" * 400} for i in range(40)]
+                                     + [{"flight_number": "HAT166"}]))]
+    stored = to_stored(messages, shared_counter())
+    groups = group_messages(stored)
+    pruned = prune_groups(groups, audit_mode=False, counter=shared_counter())
+    record = read_record(pruned, outcomes=classify_calls(groups),
+                         artifacts=extract_identifiers(stored), prior=None,
+                         tail_continues=False)
+    cut = empty_summary().model_copy(update={"key_decisions": ["Offered HAT16"]})
+    invented = empty_summary().model_copy(update={"key_decisions": ["Offered HAT999"]})
+    assert "HAT166" not in "\n".join(record.texts)
+    assert find_contradictions(cut, record) == []
+    assert find_contradictions(invented, record) == [
+        Contradiction("invented_identifier", ("HAT999",))]

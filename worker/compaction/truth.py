@@ -65,12 +65,14 @@ class SpanRecord:
     prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
 
     def unknown(self, values: Sequence[str]) -> list[str]:
-        """The ``values`` neither the index nor the span's and prior's texts hold; the
-        texts are read only for values the index lacks (a clipped one, a prior's)."""
+        """The ``values`` neither the index nor the span's and prior's texts hold (whole or
+        in part); the texts are read only for values the index lacks (a clipped one, a
+        prior's)."""
         missing = [value for value in values if value not in self.known_values]
         if not missing:
             return []
-        joined = "\n".join(self.texts)
+        # A value cut short (a clipped line) is part of an indexed one.
+        joined = "\n".join([*self.texts, *self.known_values])
         if len(missing) > MAX_PLAIN_SEARCHES:
             grams = TextGrams(joined, asked=len(missing))
             return [value for value in missing if not grams.contains(value)]
