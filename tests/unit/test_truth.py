@@ -207,3 +207,21 @@ def test_an_identifier_cut_short_by_a_clipped_line_is_not_invented() -> None:
     assert find_contradictions(cut, record) == []
     assert find_contradictions(invented, record) == [
         Contradiction("invented_identifier", ("HAT999",))]
+
+
+def test_the_failing_line_a_summary_quotes_from_a_pruned_output_is_the_records() -> None:
+    # "batch_94" is code in a tool output (not indexed), on the line that says it failed.
+    run = "\n".join([*["tests/test_a.py::test_x PASSED"] * 80,
+                     "FAILED tests/test_sync.py::test_sync - batch_94 lost E8028-SCHEMA"])
+    messages = [{"role": "user", "content": "Please run the sync tests."},
+                *exchange("c1", "run_tests", {"path": "tests/test_sync.py"}, run)]
+    stored = to_stored(messages, shared_counter())
+    groups = group_messages(stored)
+    pruned = prune_groups(groups, audit_mode=False, counter=shared_counter())
+    outcomes, artifacts = classify_calls(groups), extract_identifiers(stored)
+    record = read_record(pruned, outcomes=outcomes, artifacts=artifacts, prior=None,
+                         tail_continues=False)
+    summary = fallback_summary(pruned, artifacts=artifacts, outcomes=outcomes,
+                               budget_tokens=2_000, counter=shared_counter())
+    assert any("batch_94" in item for item in summary.completed_actions)
+    assert find_contradictions(summary, record) == []

@@ -90,9 +90,10 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
                            tail_continues=tail_continues)
     prior_items = [prior.goal, *(i for n in LIST_SECTIONS for i in prior.items_of(n))] \
         if prior else []
+    # The outcomes' lines too: read from the original results, which pruning may cut.
     texts = [*(m.message.text for m in messages),
              *(c.function.arguments for m in messages for c in m.message.tool_calls or ()),
-             *prior_items]
+             *(line for outcome in outcomes for line in outcome.lines), *prior_items]
     return SpanRecord(
         outcomes=tuple(outcomes),
         settled_requests=tuple(r for r in (*ledger.answered, *ledger.acted_on)
