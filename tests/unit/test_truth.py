@@ -225,3 +225,13 @@ def test_the_failing_line_a_summary_quotes_from_a_pruned_output_is_the_records()
                                budget_tokens=2_000, counter=shared_counter())
     assert any("batch_94" in item for item in summary.completed_actions)
     assert find_contradictions(summary, record) == []
+
+
+def test_requests_that_open_with_the_same_words_are_not_one_request_open_and_done() -> None:
+    messages = [
+        {"role": "user", "content": "Could you help me with the phone number +44 20 7946 2849?"},
+        {"role": "assistant", "content": "That number belongs to order #W9720136."},
+        {"role": "user", "content": "Could you help me with the phone number (721) 555-5256?"}]
+    record, summary = record_and_extractive(messages)
+    assert summary.pending and summary.resolved
+    assert find_contradictions(summary, record) == []

@@ -168,9 +168,7 @@ def _reopened(items: dict[str, list[str]], record: SpanRecord) -> Iterator[Contr
     """Open items quoting a request the span answered or acted on; calls said to lack a
     result that has one."""
     answered = {o.call_id for o in record.outcomes}
-    # A quote an open request starts with too tells them apart from nothing.
-    still_open = set(_quotes_of(record.open_requests))
-    settled = [q for q in _quotes_of(record.settled_requests) if q not in still_open]
+    settled = _quotes_of(record.settled_requests, among=record.open_requests)
     for item in (i for name in OPEN_SECTIONS for i in items[name]):
         body = _body(normalize_item(item))
         if any(body.startswith(quote) for quote in settled):
@@ -212,9 +210,14 @@ def _body(key: str) -> str:
     return _LABEL.sub("", key, count=1)
 
 
-def _quotes_of(requests: Sequence[str]) -> list[str]:
+def _quotes_of(requests: Sequence[str], among: Sequence[str] = ()) -> list[str]:
     """How an item quotes each request: its body starts with the request's first words,
-    normalized (none too short)."""
-    quotes = (normalize_item(" ".join(r.split()[:QUOTE_WORDS])) for r in requests)
-    return [quote for quote in dict.fromkeys(quotes) if len(quote) >= MIN_QUOTE_CHARS]
+    normalized. A quote too short, or one that two distinct requests (of ``requests`` and
+    ``among``) start with, tells nothing apart and is left out."""
+    def quote(request: str) -> str:
+        return normalize_item(" ".join(request.split()[:QUOTE_WORDS]))
+
+    starts = Counter(quote(r) for r in {*requests, *among})
+    return [q for q in dict.fromkeys(map(quote, requests))
+            if len(q) >= MIN_QUOTE_CHARS and starts[q] == 1]
 
