@@ -7,6 +7,12 @@ figures measure the prompt, the validation and the re-attachment, not a model).
 
 Every job is forced (a small growth is compacted too). The tail is min(8,000, a tenth of
 the session) tokens; the summary budget and everything else are the production defaults.
+
+Truth: after each job the active summary is read against the original messages it covers
+(``count_untruths``): its lines that state a call outcome (ok / failed) the classification
+of the call's original result refutes, and its items listed both as open and as done.
+The same is measured over the shared corpus's sessions (``--corpus``, one forced job
+each), where present.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 from bench.fidelity_figures import (
     Observation,
     SessionRun,
+    count_untruths,
     lag_rows,
     listed_open,
     projection_text,
@@ -40,6 +47,7 @@ from bench.fidelity_figures import (
 from bench.fidelity_sessions import SHAPES, PlantedSession, generate_session
 from bench.report import bench_parser, describe_machine, print_header, print_load, print_table
 from db import Store, upgrade_database
+from tests.support.corpus import corpus_path, load_corpus
 from tests.support.openai_server import OpenAIServer
 from worker.compaction import SummaryBudget, TokenCounter, parse_message
 from worker.job import pipeline
@@ -78,9 +86,14 @@ def main() -> None:
         for kind in args.summarizers:
             runs = [_compact_rounds(session, kind, url, base_url, counter) for session in sessions]
             report["summarizers"][kind] = _figures(runs)
+            report["summarizers"][kind]["corpus_truth"] = [
+                _corpus_truth(name, kind, url, base_url, counter) for name in args.corpus
+                if corpus_path(name).is_file()]
     print_load()
     for kind, figures in report["summarizers"].items():
         _print_figures(kind, figures)
+        print(f"\ntruth over the corpus ({kind}: one forced job per session):")
+        _print_rows(figures["corpus_truth"])
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
@@ -95,12 +108,17 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--growth", type=float, default=0.20, help="share of the session")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--corpus", type=lambda text: [n for n in text.split(",") if n],
+                        default=None, help="corpus files to measure truth on "
+                        "(default dev,dev_long; none with --quick)")
     parser.add_argument("--database-url", default=None,
                         help="a throwaway database (default: a temporary SQLite file)")
     parser.add_argument("--json", default=None, help="also write the report here (path)")
     args = parser.parse_args()
     if args.sizes is None:
         args.sizes = QUICK_SIZES if args.quick else FULL_SIZES if args.full else DEFAULT_SIZES
+    if args.corpus is None:
+        args.corpus = [] if args.quick else ["dev", "dev_long"]
     if args.quick:
         args.rounds = min(args.rounds, 2)
     return args
@@ -161,6 +179,36 @@ def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
     return SessionRun(session, summarizer, tuple(observations))
 
 
+def _corpus_truth(name: str, summarizer: str, database_url: str, base_url: str | None,
+                  counter: TokenCounter) -> dict[str, Any]:
+    """One forced job per corpus session; its summary's untruths against the originals."""
+    reasons: dict[str, int] = {}
+    false_outcomes = open_and_done = 0
+    records = load_corpus(name)
+    for record in records:
+        rows = count_messages([parse_message(m) for m in record["messages"]], counter)
+        session_id = f"truth-{uuid.uuid4().hex[:8]}-{summarizer}"
+        runtime = _runtime(database_url, summarizer, base_url, sum(r.tokens for r in rows))
+        try:
+            runtime.store.import_session(session_id, {"bench": "fidelity"}, rows,
+                                         datetime.now(UTC) - IMPORTED_AGO)
+            result = pipeline.run(JobRequest(session_id, "bench", force=True), runtime.deps,
+                                  runtime.policy)
+            reasons[result.reason] = reasons.get(result.reason, 0) + 1
+            revisions = runtime.store.revisions(session_id)
+            if revisions:
+                covered = [m.body for m in runtime.store.messages(session_id)
+                           if m.seq <= revisions[0].through_seq]
+                false, both = count_untruths(revisions[0].summary, covered)
+                false_outcomes, open_and_done = false_outcomes + false, open_and_done + both
+        finally:
+            runtime.close()
+    _progress(f"{summarizer} corpus {name}: {len(records)} sessions, {reasons}")
+    return {"corpus": name, "sessions": len(records),
+            "reasons": ",".join(f"{k}={v}" for k, v in sorted(reasons.items())),
+            "false_outcome_lines": false_outcomes, "open_and_done": open_and_done}
+
+
 def _observe(store: Store, session_id: str, session: PlantedSession, round_index: int,
              outcome: str, history_tokens: int, counter: TokenCounter,
              budget: SummaryBudget) -> Observation:
@@ -176,6 +224,10 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
         recalled = frozenset(value for value in values if value not in visible
                              and is_recalled(store, session_id, value))
     keys = [request.key for request in session.requests if request.round <= round_index]
+    false_outcomes, open_and_done = count_untruths(
+        revision.summary if revision else None,
+        [m.body for m in store.messages(session_id)
+         if revision and m.seq <= revision.through_seq])
     return Observation(
         round=round_index, outcome=outcome,
         through_seq=revision.through_seq if revision else 0,
@@ -184,7 +236,7 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
         history_tokens=history_tokens,
         goal=str(revision.summary.get("goal") or "") if revision else "", visible=visible,
         listed_open=listed_open(keys, revision.summary if revision else None),
-        recalled=recalled)
+        recalled=recalled, false_outcomes=false_outcomes, open_and_done=open_and_done)
 
 
 def is_recalled(store: Store, session_id: str, value: str) -> bool:

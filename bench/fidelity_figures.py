@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.fidelity_sessions import Fact, PlantedSession
-from worker.compaction import parse_message
+from worker.compaction import (
+    StoredMessage,
+    Summary,
+    classify_calls,
+    extract_identifiers,
+    find_contradictions,
+    group_messages,
+    parse_message,
+    read_record,
+)
 
 LAGS = (0, 1, 5, 10)  # compactions after the one that first covered a round's facts
 SAID_SOURCES = frozenset({"user", "assistant", "tool_argument"})
@@ -32,6 +41,8 @@ class Observation:
     visible: frozenset[str]  # fact values that occur in the projection
     listed_open: frozenset[str]  # request keys the summary lists as pending or remaining
     recalled: frozenset[str] | None = None  # hidden values a recall found (first round only)
+    false_outcomes: int = 0  # summary lines stating an outcome the originals refute
+    open_and_done: int = 0  # items listed both as open and as done
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,24 @@ def projection_text(projection: Iterable[Mapping[str, Any]]) -> str:
 def visible_values(values: Iterable[str], text: str) -> frozenset[str]:
     """The values that occur verbatim in ``text``."""
     return frozenset(value for value in values if value in text)
+
+
+def count_untruths(summary: Mapping[str, Any] | None,
+                   messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The active summary against the originals it covers (``messages``, in seq order):
+    how many of its lines state a call outcome the classification of the call's original
+    result refutes, and how many of its items are listed both as open and as done."""
+    if not summary:
+        return 0, 0
+    stored = [StoredMessage(index + 1, parse_message(dict(body)), 0)
+              for index, body in enumerate(messages)]
+    groups = group_messages(stored)
+    record = read_record(groups, outcomes=classify_calls(groups),
+                         artifacts=extract_identifiers(stored), prior=None,
+                         tail_continues=False)
+    found = find_contradictions(Summary.model_validate(dict(summary)), record)
+    return (sum(c.kind == "false_outcome" for c in found),
+            sum(c.kind == "open_and_done" for c in found))
 
 
 def listed_open(keys: Iterable[str], summary: Mapping[str, Any] | None) -> frozenset[str]:
@@ -149,6 +178,8 @@ def round_rows(runs: Sequence[SessionRun]) -> list[dict[str, Any]]:
             "open_listed": sum(len(set(open_keys(run, seen)) & seen.listed_open)
                                for run, seen in present),
             "joined_goals_current": _count_current_goals(present),
+            "false_outcome_lines": sum(seen.false_outcomes for _, seen in present),
+            "open_and_done": sum(seen.open_and_done for _, seen in present),
             "not_compacted": sum(seen.outcome != "compacted" for _, seen in present),
         })
     return rows
@@ -244,6 +275,11 @@ def target_rows(runs: Sequence[SessionRun]) -> list[dict[str, Any]]:
                      "figure": over, "met": over == 0})
         rows.append(_target("facts of each round visible one round later (lowest)",
                             ">= 90%", min(one_round_on, default=None), 90))
+        for name, key in (("false outcome lines (ok/failed against the originals)",
+                           "false_outcome_lines"), ("items both open and done", "open_and_done")):
+            figure = sum(row[key] for row in rounds)
+            rows.append({"target": f"{name}, all rounds", "wanted": "0", "figure": figure,
+                         "met": figure == 0})
         stale = sum(row["stale"] for row in rounds[1:])
         rows.append({"target": "answered requests listed as open, rounds 1+", "wanted": "0",
                      "figure": stale, "met": stale == 0})

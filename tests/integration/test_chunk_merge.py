@@ -132,7 +132,7 @@ def test_a_million_token_span_is_summarized_through_a_32k_window(
         # No identifier list in the prompts: whatever reaches the summary came from a chunk.
         draft = summarizer.summarize(
             SummaryWork(
-                span=span, prior=None, artifacts=(), failures=(), span_tokens=span_tokens,
+                span=span, prior=None, artifacts=(), outcomes=(), span_tokens=span_tokens,
                 budget_tokens=4_096,
             )
         )

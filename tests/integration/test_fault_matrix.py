@@ -83,6 +83,11 @@ def session_fault(reason: str) -> Expected:
     return Expected(Outcome.FAILED, reason, 1, 0, False)
 
 
+# The model's summary contradicts the span's record: the deterministic summary is committed
+# in its place, no breaker counts it, no retry.
+REPLACED = Expected(Outcome.FALLBACK, "summary_contradicts_history", 0, 0, False)
+
+
 def configuration_fault(reason: str) -> Expected:
     """The service is set up wrong (a refused key): no breaker counts it, no retry."""
     return Expected(Outcome.FAILED, reason, 0, 0, False)
@@ -110,6 +115,7 @@ MATRIX: dict[Behaviour, Expected] = {
     # SDK retries both as connection errors (the HTTP client raises them while reading).
     Behaviour.CUT_CONNECTION: provider_fault("connection"),
     Behaviour.BAD_ENCODING: provider_fault("connection"),
+    Behaviour.LYING: REPLACED,
 }
 # Where the point changes the outcome.
 EXCEPTIONS: dict[tuple[Behaviour, Point], Expected] = {
@@ -251,7 +257,7 @@ def assert_job_ended_as_expected(job: CaseRuntime, session_id: str, result: JobR
     revisions = store.revisions(session_id)
     [run] = [r for r in store.runs(session_id=session_id) if r.task_id != "seed"]
     assert run.outcome == expected.outcome.value
-    if expected.outcome is Outcome.COMPACTED:
+    if expected.outcome in (Outcome.COMPACTED, Outcome.FALLBACK):
         assert len(revisions) == revisions_before + 1
         assert session.active_revision_id == revisions[0].id == run.revision_id
     else:

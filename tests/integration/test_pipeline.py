@@ -177,6 +177,48 @@ def test_the_llm_summary_keeps_every_reservation_id_of_a_corpus_span(
     assert {r for r in reservation_ids if r not in summary} == set()
 
 
+def test_a_lying_models_summary_is_rejected_and_the_deterministic_one_committed(
+    make_harness: MakeHarness, server: OpenAIServer,
+) -> None:
+    harness = make_harness()
+    session_id = add_session(harness)
+    server.set_behaviour("lying")
+
+    result = harness.run(session_id)
+
+    [revision] = harness.store.revisions(session_id)
+    [run] = harness.store.runs(session_id=session_id)
+    assert (result.outcome, result.reason) == (Outcome.FALLBACK, "summary_contradicts_history")
+    assert (revision.summarizer, run.outcome, run.revision_id) == ("fallback", "fallback",
+                                                                   revision.id)
+    assert run.figures["outcome_reason"] == "summary_contradicts_history"
+    # What was refuted, by kind with counts and ids: the model's words stay out.
+    message = run.failure_message or ""
+    assert run.failure_class == "SummaryInvalid"
+    for kind in ("false_outcome", "reopened_request", "invented_identifier"):
+        assert kind in message
+    assert "INV-740213" in message and "Please check" not in message
+    assert "INV-740213" not in json.dumps(revision.summary)
+    assert projection_violations(harness.store, session_id) == []
+
+
+@pytest.mark.corpus
+def test_a_truthful_and_a_lying_model_on_a_corpus_session(
+    make_harness: MakeHarness, server: OpenAIServer,
+) -> None:
+    records = [r for r in load_corpus("dev") if r["session_id"] == CORPUS_SESSION_ID]
+    outcomes = []
+    for behaviour in ("ok", "lying"):
+        harness = make_harness()
+        session_id = f"{CORPUS_SESSION_ID}-{behaviour}"
+        import_records(harness.store, [{**records[0], "session_id": session_id}])
+        server.set_behaviour(behaviour)
+        result = harness.run(session_id)
+        outcomes.append((result.outcome, result.reason))
+    assert outcomes == [(Outcome.COMPACTED, "over_trigger"),
+                        (Outcome.FALLBACK, "summary_contradicts_history")]
+
+
 class InterferingSummarizer:
     """Summarizes with the real summarizer after ``interfere`` moved the active revision,
     as a competing job or an operator's rollback would mid-job."""

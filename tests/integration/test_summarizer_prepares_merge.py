@@ -46,7 +46,7 @@ def span_work(counter: TokenCounter) -> SummaryWork:
                      StoredMessage(n + 1, parse_message({"role": "assistant",
                                                          "content": done}), 20)]
     return SummaryWork(span=tuple(group_messages(messages)), prior=None,
-                       artifacts=tuple(extract_identifiers(messages)), failures=(),
+                       artifacts=tuple(extract_identifiers(messages)), outcomes=(),
                        span_tokens=800, budget_tokens=2_000, counter=counter)
 
 

@@ -7,7 +7,9 @@ summary is read-only context, as the prompt says: nothing of it is repeated. It 
 the prompt's merge rules as a careful model would, reading the transcript's quoted
 messages: the goal as it stands now (the newest conversation's first request, else the
 prior's), the prior's pending items the transcript answers copied verbatim into resolved,
-and errors that ended a tool call listed in pending.
+and errors that ended a tool call listed in pending. The lying model's summary
+(``build_lying_summary``) is that one with lies added: each call's outcome flipped, the
+requests the agent answered listed as open, identifiers no input holds.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from worker.compaction.outcomes import CallStatus, classify_result, failing_lines
 from worker.compaction.prompts import QUOTE_PREFIX
-from worker.compaction.salience import failing_lines
 from worker.compaction.schema import SUMMARY_SECTIONS
 
 ARTIFACTS_SECTION = "relevant_artifacts"
@@ -40,6 +42,13 @@ _TRANSCRIPT = re.compile(r"<<<TRANSCRIPT (\d+) BEGIN>>>\n(.*?)\n<<<TRANSCRIPT \1
                          re.DOTALL)
 _HEADER = re.compile(r"\[seq \d+\] (user|assistant|tool result) ?(?:\(([^)]*)\))?:")
 _BOUNDARY = re.compile(r"(?i:conversation has ended|session boundary)")
+# The prompt's fence lines frame the input; they are not part of it.
+_FENCE_LINE = re.compile(r"^<<<[^\n]*>>>$", re.MULTILINE)
+# A careful model lists as open only what is open: no quoted line fills these.
+OPEN_SECTIONS = ("pending", "remaining_work")
+_CALL = re.compile(r"^\[seq \d+\] assistant → tool call ([\w.-]+)\((.*)\)$", re.MULTILINE)
+# Shaped like the span's codes and ids, held by no input.
+INVENTED_IDENTIFIERS = ("INV-740213", "ZZQ9X7")
 
 
 def extract_identifiers(text: str) -> list[str]:
@@ -74,7 +83,7 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
     """Build the deterministic summary of ``prompt_text`` with the given section keys."""
     prior = _read_prior(prompt_text)
     messages = _read_transcript(prompt_text)
-    prompt_text = _PRIOR_FENCE.sub("", prompt_text)
+    prompt_text = _FENCE_LINE.sub("", _PRIOR_FENCE.sub("", prompt_text))
     partials = extract_summaries(prompt_text)
     lines = _snippets(prompt_text) or ["(no content)"]
     ruled = {"goal": _goal(messages, prior), "resolved": _settled(messages, prior),
@@ -89,9 +98,10 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
             summary[section] = goals[0] if goals else ruled["goal"] or lines[0]
         else:
             carried = [item for part in partials for item in _strings(part.get(section))]
-            derived = f"{section.replace('_', ' ')}: {lines[index % len(lines)]}"
+            derived = [] if section in OPEN_SECTIONS \
+                else [f"{section.replace('_', ' ')}: {lines[index % len(lines)]}"]
             found = ruled.get(section) or []
-            summary[section] = _unique([*carried, *found, derived])[:MAX_ENTRIES_PER_SECTION]
+            summary[section] = _unique([*carried, *found, *derived])[:MAX_ENTRIES_PER_SECTION]
     return summary
 
 
@@ -212,3 +222,50 @@ def _strings(value: object) -> Iterator[str]:
 
 def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def build_lying_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS
+                        ) -> dict[str, Any]:
+    """The ``ok`` summary of ``prompt_text`` with lies a careless model tells: every call
+    reported with the outcome its result (as the prompt shows it) does not have, each
+    request the agent answered listed as unanswered, identifiers that occur nowhere."""
+    summary = build_summary(prompt_text, sections)
+    messages = _read_transcript(prompt_text)
+    results = [text for role, text in messages if role == "tool result"]
+    flipped = [f"called {name}({_first_value(arguments)}) → "
+               + ("failed" if result is CallStatus.SUCCEEDED else "ok")
+               for (name, arguments), result in zip(
+                   _CALL.findall(prompt_text),
+                   [classify_result(text)[0] for text in results], strict=False)]
+    answered = _answered(messages)
+    invented = [f"Fixed {value} in the deployment" for value in INVENTED_IDENTIFIERS]
+    return {**summary,
+            "completed_actions": [*flipped, *invented,
+                                  *_strings(summary.get("completed_actions"))],
+            "pending": [*(f"Unanswered user request: {_one_snippet(text)}"
+                          for text in answered), *_strings(summary.get("pending"))],
+            ARTIFACTS_SECTION: [*INVENTED_IDENTIFIERS,
+                                *_strings(summary.get(ARTIFACTS_SECTION))]}
+
+
+def _first_value(arguments: str) -> str:
+    """A call's first argument value, as a summary names the call by it."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return ""
+    first = next(iter(value.values()), "") if isinstance(value, dict) and value else ""
+    return first if isinstance(first, str) else ""
+
+
+def _answered(messages: list[tuple[str, str]]) -> list[str]:
+    """The user's texts the assistant answered in words before the user spoke again."""
+    answered: list[str] = []
+    asked: str | None = None
+    for role, text in messages:
+        if role == "user":
+            asked = text
+        elif role == "assistant" and text.strip() and asked is not None:
+            answered.append(asked)
+            asked = None
+    return answered

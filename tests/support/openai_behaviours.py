@@ -47,6 +47,7 @@ class Behaviour(StrEnum):
     TRUNCATED_BODY = "truncated_body"  # a completion's JSON cut in half, length to match
     CUT_CONNECTION = "cut_connection"  # the body promised, half sent, connection closed
     BAD_ENCODING = "bad_encoding"  # a completion labelled Content-Encoding: gzip, plain
+    LYING = "lying"  # flips call outcomes, reopens answered requests, invents identifiers
 
 
 _ALIASES = {"500": Behaviour.ERROR_500, "429": Behaviour.RATE_LIMIT_429,
@@ -248,7 +249,9 @@ def compose_content(behaviour: Behaviour, request: ChatRequest,
         return json.dumps(fake_summaries.build_wrong_schema_summary(prompt_text)), "stop"
     if behaviour is Behaviour.EMPTY_SECTIONS:
         return json.dumps(fake_summaries.build_empty_summary(sections)), "stop"
-    summary = fake_summaries.build_summary(prompt_text, sections)
+    build = (fake_summaries.build_lying_summary if behaviour is Behaviour.LYING
+             else fake_summaries.build_summary)
+    summary = build(prompt_text, sections)
     limit_tokens = _summary_limit_tokens(request)
     if limit_tokens is not None:
         summary = fake_summaries.fit_summary(summary, limit_tokens, counter.count_text)

@@ -30,6 +30,7 @@ from worker.compaction.grouping import Group, group_messages
 from worker.compaction.identifiers import Artifact, extract_identifiers
 from worker.compaction.merge import merge_summaries
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
+from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
 from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
 from worker.compaction.validation import validate_summary
@@ -77,7 +78,8 @@ def summarize(messages: list[dict[str, Any]], budget_tokens: int = 2_000) -> Sum
             "Compacted seq 5 to 15: 2 user, 5 assistant, 4 tool messages",
             "looked up with get_user_details \u00d71 (mia_li_3668)",
             "looked up with get_reservation_details \u00d72 (ZFA04Y, 4WQ150)",
-            "called cancel_reservation(ZFA04Y) → Error: reservation ZFA04Y cannot be cancelled "
+            "called cancel_reservation(ZFA04Y) → failed: Error: reservation ZFA04Y cannot be "
+                "cancelled "
             "after 24 hours",
             "I have cancelled ZFA04Y now.",
         ]),
@@ -102,18 +104,25 @@ def test_artifacts_are_listed_by_salience_without_tool_names() -> None:
     assert summarize(SPAN).relevant_artifacts == ["HAT170", "ZFA04Y", "4WQ150", "mia_li_3668"]
 
 
-def test_a_pruned_result_is_reported_by_its_status_not_its_size() -> None:
+def test_a_pruned_result_is_reported_by_its_original_outcome_never_ok_by_default() -> None:
     record = json.dumps({"order_id": "#W2378156", "status": "processed", "items": ["x"] * 400})
+    run = "\n".join(["collected 200 items", *["tests/test_a.py::test_x PASSED"] * 200,
+                     "FAILED tests/test_sync.py::test_sync - E8028-SCHEMA"])
     messages = [{"role": "user", "content": "Please refund order #W2378156."},
                 *exchange("c1", "refund", {"order_id": "#W2378156"}, record),
                 *exchange("c2", "refund", {"order_id": "#W2378157"}, "[" + "1, " * 400 + "2]"),
+                *exchange("c3", "run_tests", {"path": "tests/test_sync.py"}, run),
                 {"role": "assistant", "content": "The refund is on its way."}]
     stored = to_stored(messages, shared_counter(), first_seq=1)
     span = prune_groups(group_messages(stored), audit_mode=False, counter=shared_counter())
     summary = fallback_summary(span, artifacts=extract_identifiers(stored), budget_tokens=2_000,
-                               counter=shared_counter())
-    assert "called refund(#W2378156) → ok (status: processed)" in summary.completed_actions
-    assert "called refund(#W2378157) → ok" in summary.completed_actions
+                               counter=shared_counter(),
+                               outcomes=classify_calls(group_messages(stored)))
+    assert summary.completed_actions[1:] == [
+        "called refund(#W2378156) → unknown (status: processed)",
+        "called refund(#W2378157) → unknown",
+        "called run_tests(tests/test_sync.py) → failed: FAILED tests/test_sync.py::test_sync - "
+        "E8028-SCHEMA"]
     assert "digest" not in "\n".join(summary.completed_actions)
 
 

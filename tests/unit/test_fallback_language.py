@@ -18,7 +18,8 @@ from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.merge import merge_summaries
-from worker.compaction.salience import featured_values, find_failures, rank_artifacts
+from worker.compaction.outcomes import find_failures
+from worker.compaction.salience import featured_values, rank_artifacts
 from worker.compaction.schema import Summary
 
 BLOCK_TOKENS = 4_096
@@ -47,10 +48,11 @@ def test_decisions_and_confirmations_are_recognised_with_what_they_answer() -> N
 
 def test_completed_actions_carry_their_results_and_the_agents_reports() -> None:
     actions = summarize(CODING_SPAN).completed_actions
-    assert "called run_tests(tests/test_db.py) → FAILED tests/test_db.py::test_up - " \
-           "ERR-3283: bad row / === 1 failed ===" in actions
-    assert "called edit_file(src/db.py) → wrote src/db.py (4 lines changed)" in actions
-    assert "called run_tests(tests/test_db.py) → === 3 passed in 0.2s ===" in actions
+    assert "called run_tests(tests/test_db.py) → failed: FAILED tests/test_db.py::test_up - " \
+           "ERR-3283: bad row" in actions
+    assert "called edit_file(src/db.py) → unknown (wrote src/db.py (4 lines changed))" \
+        in actions
+    assert "called run_tests(tests/test_db.py) → ok" in actions
     assert actions[-1] == "Fixed: the import works and the tests pass."
 
 

@@ -4,21 +4,17 @@ within a tier an error code, then the newest, then the rarer value."""
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import exchange
-from worker.compaction import salience
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import Artifact, extract_identifiers
+from worker.compaction.outcomes import find_failures
 from worker.compaction.salience import (
-    TAIL_LINES,
-    failing_lines,
     failure_values,
     featured_values,
-    find_failures,
     rank_artifacts,
     rerank_featured,
 )
@@ -77,25 +73,6 @@ def test_featuring_more_values_of_a_ranking_ranks_as_ranking_anew(
     assert rerank_featured(ranked, featured) == rank_artifacts(artifacts, featured=featured)
 
 
-@pytest.mark.parametrize(
-    ("result", "lines"),
-    [
-        ("Error: not enough seats on HAT229", ("Error: not enough seats on HAT229",)),
-        ("collected 3 items\nFAILED tests/test_db.py::test_up - ERR-3283: bad row\n"
-         "=== 1 failed, 2 passed ===",
-         ("FAILED tests/test_db.py::test_up - ERR-3283: bad row", "=== 1 failed, 2 passed ===")),
-        ("compiling\nlinking\nexit code 2", ("exit code 2",)),
-        ("=== 12 passed, 0 failed in 3.1s ===", ()),
-        ("2024-05-01 ERROR retrying upstream\n2024-05-01 INFO ok", ()),
-    ],
-    ids=["leading-error", "test-run", "exit-code", "passing-run", "log-mentioning-error"],
-)
-def test_a_failure_is_read_from_how_a_result_starts_or_ends(
-    result: str, lines: tuple[str, ...]
-) -> None:
-    assert failing_lines(result) == lines
-
-
 def test_the_error_codes_on_a_failed_calls_last_lines_are_its_failure_values() -> None:
     messages = exchange("c1", "run_tests", {"target": "src/db.py"},
                         "FAILED tests/test_db.py::test_up - ERR-3283: bad row\n"
@@ -111,48 +88,3 @@ def test_the_error_codes_on_a_failed_calls_last_lines_are_its_failure_values() -
     assert {"ERR-3283", "OPS-12", "sqlalchemy==2.0.1"} <= featured_values(
         [failure], decided, artifacts)
     assert "src/db.py" not in featured_values([failure], decided, artifacts)
-
-
-def _failing_lines_of_all_lines(text: str) -> tuple[str, ...]:
-    """failing_lines as first written, over every line of the text: the reference."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return ()
-    if salience._FAILED_LEAD.match(text):
-        return (lines[0], *lines[1:][-TAIL_LINES + 1:]) if len(lines) > 1 else (lines[0],)
-    if not salience._FAILED_END.search(lines[-1]):
-        return ()
-    details = [line for line in lines[-TAIL_LINES:-1] if salience._FAILURE_DETAIL.search(line)]
-    return (*details, lines[-1])
-
-
-LINE_PIECES = st.sampled_from(["Error: disk full", "2 failed, 3 passed", "FAILED t.py", "ok",
-                               "  ", "E1234 here", "x" * 900, "", "ValueError: bad",
-                               "y" * 200, "exit code 3"])
-BREAKS = st.sampled_from(["\n", "\r\n", "\r", "\n\n", "\u2028", "\x1c"])
-
-
-@given(st.lists(st.tuples(LINE_PIECES, BREAKS), max_size=40), st.booleans())
-# Long lines that a slice of the text's ends cuts: the cut line must not count.
-@example([("see FAILED " + "a" * 1_500, "\n"), ("b" * 1_500, "\r\n"), ("2 failed", "")], False)
-@example([("Error: " + "a" * 3_000, "\r\n"), ("b" * 1_500, "\n"), ("c" * 1_500, "")], False)
-def test_failing_lines_reads_only_the_ends_and_answers_as_over_every_line(
-    pieces: list[tuple[str, str]], lead_blank: bool,
-) -> None:
-    text = ("\n \n" if lead_blank else "") + "".join(line + end for line, end in pieces)
-    assert failing_lines(text) == _failing_lines_of_all_lines(text)
-
-
-END_WORDS = st.sampled_from(["fail", "FAILED", "fa\u0131led", "1 failed", "2 ErrorS", "EXIT CODE 7",
-                             "exit status: 1", "Ex\u0131T code 2", "IOError:", "BuildException:",
-                             "passed", "ok", " ", "\u017f", "K", "x", '"error": null', "3",
-                             "Failed", "ERROR:", "Exception :", "exit", "code", "Exit Status",
-                             "error", "\t", ":"])
-
-
-@given(st.lists(END_WORDS, max_size=6))
-def test_a_last_line_is_read_as_failed_exactly_when_the_pattern_finds_it(
-    words: list[str],
-) -> None:
-    line = "".join(words)
-    assert salience._ends_in_failure(line) == bool(salience._FAILED_END.search(line))

@@ -85,6 +85,13 @@ if TYPE_CHECKING:
         parse_message,
         parse_message_json,
     )
+    from worker.compaction.outcomes import (
+        CallOutcome,
+        CallStatus,
+        Failure,
+        classify_calls,
+        find_failures,
+    )
     from worker.compaction.plan import Boundary, TriggerPolicy, decide_compaction, plan_boundary
     from worker.compaction.prompts import (
         PROMPT_VERSION,
@@ -92,11 +99,10 @@ if TYPE_CHECKING:
         build_summarize_messages,
     )
     from worker.compaction.pruning import prune_groups
+    from worker.compaction.requests import continues_conversation
     from worker.compaction.salience import (
-        Failure,
         failure_values,
         featured_values,
-        find_failures,
         rank_artifacts,
         rerank_featured,
     )
@@ -110,6 +116,7 @@ if TYPE_CHECKING:
     from worker.compaction.strategies import StrategyConfig, StrategyName, apply_strategy
     from worker.compaction.substrings import TextGrams
     from worker.compaction.tokens import TokenCounter
+    from worker.compaction.truth import SpanRecord, find_contradictions, read_record
     from worker.compaction.validation import parse_summary, validate_summary
 
 _DEFINED_IN = {
@@ -178,12 +185,16 @@ _DEFINED_IN = {
     "build_merge_messages": "worker.compaction.prompts",
     "build_summarize_messages": "worker.compaction.prompts",
     "prune_groups": "worker.compaction.pruning",
-    "Failure": "worker.compaction.salience",
+    "CallOutcome": "worker.compaction.outcomes",
+    "CallStatus": "worker.compaction.outcomes",
+    "Failure": "worker.compaction.outcomes",
+    "classify_calls": "worker.compaction.outcomes",
+    "find_failures": "worker.compaction.outcomes",
     "failure_values": "worker.compaction.salience",
     "featured_values": "worker.compaction.salience",
-    "find_failures": "worker.compaction.salience",
     "rank_artifacts": "worker.compaction.salience",
     "rerank_featured": "worker.compaction.salience",
+    "continues_conversation": "worker.compaction.requests",
     "Summary": "worker.compaction.schema",
     "render_summary_block": "worker.compaction.schema",
     "summary_block_message": "worker.compaction.schema",
@@ -194,6 +205,9 @@ _DEFINED_IN = {
     "apply_strategy": "worker.compaction.strategies",
     "TextGrams": "worker.compaction.substrings",
     "TokenCounter": "worker.compaction.tokens",
+    "SpanRecord": "worker.compaction.truth",
+    "read_record": "worker.compaction.truth",
+    "find_contradictions": "worker.compaction.truth",
     "parse_summary": "worker.compaction.validation",
     "validate_summary": "worker.compaction.validation",
 }
@@ -219,6 +233,8 @@ __all__ = [
     "Breaker",
     "BreakerScope",
     "BreakerState",
+    "CallOutcome",
+    "CallStatus",
     "ChatMessage",
     "ChunkPlan",
     "CompactionError",
@@ -235,6 +251,7 @@ __all__ = [
     "Problem",
     "ProblemKind",
     "SessionFailure",
+    "SpanRecord",
     "StoredMessage",
     "StrategyConfig",
     "StrategyName",
@@ -254,8 +271,10 @@ __all__ = [
     "build_merge_messages",
     "build_summarize_messages",
     "check_session",
+    "classify_calls",
     "clean_text",
     "collect_artifacts",
+    "continues_conversation",
     "count_identifier_lines",
     "decide_compaction",
     "dump_artifacts_json",
@@ -266,6 +285,7 @@ __all__ = [
     "failure_values",
     "fallback_summary",
     "featured_values",
+    "find_contradictions",
     "find_control_character",
     "find_failures",
     "find_open_tool_calls",
@@ -284,6 +304,7 @@ __all__ = [
     "plan_summary_calls",
     "prune_groups",
     "rank_artifacts",
+    "read_record",
     "render_summary_block",
     "rerank_featured",
     "search_text",

@@ -4,7 +4,6 @@ LLM's, built by plain-language rules from the span, for when no LLM may or can b
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -14,16 +13,9 @@ from worker.compaction.budget import fit_summary, truncate_text
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
-from worker.compaction.pruning import DIGEST_FIRST_LINE, DIGEST_MARKER
+from worker.compaction.outcomes import CallOutcome, CallStatus, Failure, classify_calls
 from worker.compaction.requests import RequestLedger, read_requests
-from worker.compaction.salience import (
-    Failure,
-    failing_lines,
-    featured_values,
-    find_failures,
-    rank_artifacts,
-    rerank_featured,
-)
+from worker.compaction.salience import featured_values, rank_artifacts, rerank_featured
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.tokens import TokenCounter
 
@@ -40,6 +32,14 @@ MAX_ARTIFACTS = 60
 # Item prefixes a later span's summary recognises when it settles them.
 UNANSWERED = "Unanswered user request: "
 OPEN_ERROR = "Open error: "
+ANSWERED = "Answered: "
+ACTED_ON = "Acted on: "
+# How a completed action's line states its call's outcome (the truth check reads them).
+ARROW = " → "
+SAID_OK = "ok"
+SAID_FAILED = "failed: "
+SAID_UNKNOWN = "unknown"
+NO_RESULT = "no result yet"
 
 
 class _Cue:
@@ -75,8 +75,10 @@ _AGENT_DECISION = _Cue(
     r"\bconfirmed\b|\bcannot\b|\bcan't\b|\bunable\b|\bnot eligible\b|\bdenied\b"
     r"|\bapproved\b|\bunfortunately\b|\bnot (?:possible|allowed|permitted)\b"
 )
-# A question or a conditional about work is not a report of it.
-_NOT_DONE = re.compile(r"\?\s*\Z|(?i:\b(?:if|whether|could|would|cannot|can't|can be)\b)")
+# A question, a conditional or a promise about work is not a report of it.
+_NOT_DONE = re.compile(
+    r"\?\s*\Z|(?i:\b(?:if|whether|could|would|cannot|can't|can be|will|shall|once|"
+    r"as soon as|going to|about to|ready to|let me|i'll|we'll|you'll|it'll|confirm)\b)")
 # Work reported done, in the agent's words.
 _DONE = _Cue(
     r"\b(?:done|fixed|successfully|has been|have been|completed|cancell?ed|booked|"
@@ -91,7 +93,6 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 _LOOKUP = re.compile(r"(?i:\A(?:get|search|list|find|read|fetch|lookup|view|show|cat|grep|ls|"
                      r"think|calculate|query|check|describe)(?:_|\b|[A-Z]))")
 # A pinned version as people write it: "sqlalchemy==2.0.1", "node@20.1", "v1 >= 1.4".
-_STATUS_FIELD = re.compile(r'"status"\s*:\s*"([^"]{1,40})"')
 _VERSION_PIN = re.compile(r"\b([A-Za-z][\w.-]*?)\s*(?:==|>=|<=|~=|@)\s*(v?\d[\w.+-]*\w)")
 
 
@@ -102,8 +103,9 @@ def fallback_summary(
     budget_tokens: int,
     counter: TokenCounter,
     prior: Summary | None = None,
-    failures: Sequence[Failure] | None = None,
+    outcomes: Sequence[CallOutcome] | None = None,
     ranked: Sequence[Artifact] | None = None,
+    tail_continues: bool = False,
 ) -> Summary:
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
@@ -114,16 +116,22 @@ def fallback_summary(
     resolved: answered requests, fixed errors, and the prior's items the span settled
     (verbatim, the merge contract); pending: the open request, calls without a result,
     errors not fixed; relevant artifacts: the span's identifiers by salience.
-    ``failures``: the span's failed results when the caller already read them;
-    ``ranked``: ``artifacts`` as ``rank_artifacts`` orders them with the error codes that
-    ended ``failures`` featured (``failure_values``), when the caller already has them.
+    ``outcomes``: the span's calls classified from their original results (``span`` may be
+    pruned), else classified from ``span``; a call's line states its outcome, never one
+    read from a digest. ``ranked``: ``artifacts`` as ``rank_artifacts`` orders them with
+    the error codes that ended the failures featured (``failure_values``), when the caller
+    already has them. ``tail_continues``: the verbatim tail goes on with the span's latest
+    conversation (its goal is not answered yet).
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
-    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal))
-    failures = find_failures(span) if failures is None else failures
-    failed = _FailedLines()
-    succeeded = _succeeded_tools(messages, failed)
-    fixed = _fixed_failures(succeeded, failures)
+    outcomes = classify_calls(span) if outcomes is None else outcomes
+    by_call = {outcome.call_id: outcome for outcome in outcomes}
+    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal),
+                           outcomes={key: o.status for key, o in by_call.items()},
+                           tail_continues=tail_continues)
+    failures = [outcome for outcome in outcomes if outcome.failed]
+    succeeded = _succeeded_tools(outcomes)
+    fixed = _fixed_failures(outcomes, failures)
     sentences = _Sentences()
     decisions = _draft_decisions(messages, counter, sentences)
     # By identity: ``fixed`` holds some of these very failures (comparing each with each
@@ -135,11 +143,14 @@ def fallback_summary(
         constraints_and_preferences=_pick_sentences(
             ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter, sentences),
         completed_actions=[*_describe_span(messages),
-                           *_draft_actions(messages, artifacts, counter, failed),
+                           *_draft_actions(messages, artifacts, counter, by_call),
                            *_draft_completions(ledger.agent_texts, counter, sentences)],
         key_decisions=decisions,
         resolved=[*_settled_pending(prior, messages, succeeded), *_superseded(prior, decisions),
-                  *(f"Answered: {_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered),
+                  *(f"{ANSWERED}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered
+                    if t not in ledger.open_requests),
+                  *(f"{ACTED_ON}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.acted_on
+                    if t not in ledger.open_requests),
                   *(f"Fixed: {_describe_failure(f, counter)}" for f in fixed)],
         pending=[*_draft_pending(span, ledger, counter),
                  *(f"{OPEN_ERROR}{error}" for error in open_errors)],
@@ -250,10 +261,8 @@ class _Lookups:
 
 
 def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifact],
-                   counter: TokenCounter, failed: _FailedLines) -> list[str]:
-    """Each call that changed something, with its result; look-ups tallied per tool."""
-    results = {m.message.tool_call_id: m.message.text for m in messages
-               if m.message.role is Role.TOOL and m.message.tool_call_id}
+                   counter: TokenCounter, outcomes: Mapping[str, CallOutcome]) -> list[str]:
+    """Each call that changed something, with its outcome; look-ups tallied per tool."""
     passed = _PassedValues(a for a in artifacts
                            if a.kind != "tool" and "tool_argument" in a.sources)
     lookups: dict[str, _Lookups] = {}
@@ -268,10 +277,9 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
                 tally.values.update((v, None) for v in values[:MAX_CALL_VALUES])
                 continue
             shown = ", ".join(values[:MAX_CALL_VALUES])
-            outcome = results.get(call.id)
-            result = ("no result yet" if outcome is None
-                      else _digest_result(outcome, counter, failed))
-            actions.append(f"called {name}({shown}) → {result}")
+            outcome = outcomes.get(call.id)
+            result = NO_RESULT if outcome is None else _say_outcome(outcome, counter)
+            actions.append(f"called {name}({shown}){ARROW}{result}")
     looked = [f"looked up with {name} {TIMES}{t.calls}"
               + (f" ({', '.join(list(t.values)[:MAX_CALL_VALUES])})" if t.values else "")
               for name, t in lookups.items()]
@@ -322,55 +330,32 @@ class _PassedValues:
         return self._values
 
 
-def _digest_result(text: str, counter: TokenCounter, failed: _FailedLines) -> str:
-    """A result in a few words: what failed, a record's status, or how a run ended."""
-    stripped = text.strip()
-    if not stripped:
-        return "(empty)"
-    lines = failed[stripped]
-    if lines:
-        return _clip(" / ".join(lines), SENTENCE_TOKENS, counter)
-    if stripped.startswith(DIGEST_MARKER):
-        # A pruned result: its size says nothing; its first line may hold the status.
-        first = stripped.partition(DIGEST_FIRST_LINE)[2]
-        status = _STATUS_FIELD.search(first)
-        return f"ok (status: {status.group(1)})" if status else "ok"
-    try:
-        value = json.loads(stripped)
-    except ValueError:
-        # A run or a build reports its outcome on its last line.
-        return _clip(stripped.splitlines()[-1], RESULT_TOKENS, counter)
-    status = value.get("status") if isinstance(value, dict) else None
-    return f"ok (status: {status})" if isinstance(status, str) else "ok"
+def _say_outcome(outcome: CallOutcome, counter: TokenCounter) -> str:
+    """A call's outcome as classified from its original result: failed with the line
+    that says so, ok, or unknown (never "ok" for a result that does not say)."""
+    if outcome.status is CallStatus.FAILED:  # its first line; an open error shows them all
+        return SAID_FAILED + _clip(outcome.lines[0], SENTENCE_TOKENS, counter)
+    if outcome.status is CallStatus.SUCCEEDED:
+        return SAID_OK
+    said = f" ({_clip(outcome.lines[0], RESULT_TOKENS, counter)})" if outcome.lines else ""
+    return SAID_UNKNOWN + said
 
 
 def _describe_failure(failure: Failure, counter: TokenCounter) -> str:
     return f"{failure.tool} failed: {_clip(' / '.join(failure.lines), SENTENCE_TOKENS, counter)}"
 
 
-def _fixed_failures(last_success: Mapping[str, int], failures: Sequence[Failure]
+def _fixed_failures(outcomes: Sequence[CallOutcome], failures: Sequence[Failure]
                     ) -> list[Failure]:
-    """Failures followed later in the span by a result of the same tool that did not fail
-    (``last_success``: ``_succeeded_tools`` of the span)."""
-    return [f for f in failures if last_success.get(f.tool, -1) > f.seq]
+    """Failures followed later in the span by a call of the same tool on the same target
+    that succeeded."""
+    fixes = {(o.tool, o.target): o.seq for o in outcomes if o.status is CallStatus.SUCCEEDED}
+    return [f for f in failures if fixes.get((f.tool, f.target), -1) > f.seq]
 
 
-class _FailedLines(dict[str, tuple[str, ...]]):
-    """Each tool result's ``failing_lines``, read on first use: the span's successes and
-    each call's outcome read the same results (~25 us each at the end of a long line)."""
-
-    def __missing__(self, text: str) -> tuple[str, ...]:
-        lines = self[text] = failing_lines(text)
-        return lines
-
-
-def _succeeded_tools(messages: Sequence[StoredMessage], failed: _FailedLines
-                     ) -> dict[str, int]:
-    """Each tool's last result in the span that did not fail: tool name → seq."""
-    names = {c.id: c.function.name for m in messages for c in m.message.tool_calls or ()}
-    return {m.message.name or names.get(m.message.tool_call_id or "", ""): m.seq
-            for m in messages
-            if m.message.role is Role.TOOL and not failed[m.message.text]}
+def _succeeded_tools(outcomes: Sequence[CallOutcome]) -> dict[str, int]:
+    """Each tool's last call in the span that succeeded: tool name → seq."""
+    return {o.tool: o.seq for o in outcomes if o.status is CallStatus.SUCCEEDED}
 
 
 def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage],

@@ -1,14 +1,16 @@
 """What the user asked in a span, read from plain language: the goal as it stands now
-(the first request of the latest conversation), the requests answered, the one still open.
+(the first request of the latest conversation), the requests answered or acted on (a call
+that succeeded followed them), the one still open.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.compaction.messages import Role, StoredMessage
+from worker.compaction.outcomes import CallStatus
 
 MAX_ANSWERED = 4
 
@@ -29,33 +31,65 @@ _STOP = "###STOP###"
 @dataclass(frozen=True, slots=True)
 class RequestLedger:
     """The span's user and agent texts, its current goal ("" when the span starts no
-    conversation and a prior goal stands), answered requests (newest last), open ones."""
+    conversation and a prior goal stands), answered requests (newest last; never the
+    goal's own while the tail goes on with it), requests acted on (the newest
+    ``MAX_ANSWERED`` of the two together), open ones."""
 
     user_texts: tuple[str, ...]
     agent_texts: tuple[str, ...]
     goal: str
     answered: tuple[str, ...]
     open_requests: tuple[str, ...]
+    acted_on: tuple[str, ...] = ()
 
 
-def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool) -> RequestLedger:
+def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
+                  outcomes: Mapping[str, CallStatus] | None = None,
+                  tail_continues: bool = False) -> RequestLedger:
     """Read the span's requests; ``has_prior_goal`` keeps a prior goal unless the span
-    starts a new conversation."""
+    starts a new conversation. ``outcomes`` (call id → status): a request a succeeded
+    call followed is acted on, not open; ``tail_continues``: the verbatim tail goes on
+    with the latest conversation, so its goal is not answered yet."""
     user_texts = tuple(m.message.text for m in messages if m.message.role is Role.USER)
     agent_texts = tuple(m.message.text for m in messages if m.message.role is Role.ASSISTANT)
-    answered: list[str] = []
+    settled: list[tuple[str, bool]] = []  # (request, acted on rather than answered)
     current: str | None = None
     for stored in messages:
-        text = stored.message.text
-        if stored.message.role is Role.USER and REQUEST.search(text) \
-                and not _BOUNDARY.search(text):
+        message, text = stored.message, stored.message.text
+        if message.role is Role.USER and REQUEST.search(text) and not _BOUNDARY.search(text):
             current = text
-        elif stored.message.role is Role.ASSISTANT and text.strip() and current is not None:
-            answered.append(current)  # the agent answered
+        elif message.role is not Role.ASSISTANT or current is None:
+            continue
+        elif text.strip():
+            settled.append((current, False))  # the agent answered
             current = None
-    return RequestLedger(user_texts, agent_texts, _find_goal(user_texts, has_prior_goal),
-                         tuple(answered[-MAX_ANSWERED:]),
-                         () if current is None else (current,))
+        elif any((outcomes or {}).get(call.id) is CallStatus.SUCCEEDED
+                 for call in message.tool_calls or ()):
+            settled.append((current, True))
+            current = None
+    goal = _find_goal(user_texts, has_prior_goal)
+    if tail_continues and goal:
+        settled = [(text, acted) for text, acted in settled
+                   if acted or text.replace(_STOP, "").strip() != goal]
+    newest = settled[-MAX_ANSWERED:]
+    return RequestLedger(user_texts, agent_texts, goal,
+                         tuple(text for text, acted in newest if not acted),
+                         () if current is None else (current,),
+                         tuple(text for text, acted in newest if acted))
+
+
+def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredMessage]
+                           ) -> bool:
+    """Tell whether ``tail`` goes on with the span's latest conversation: it holds
+    messages and its first user words start no new one (no boundary, greeting or stop)."""
+    if not tail:
+        return False
+    said = [m.message.text for m in span if m.message.role is Role.USER and m.message.text]
+    if said and _STOP in said[-1]:
+        return False
+    first = next((m.message.text for m in tail
+                  if m.message.role is Role.USER and m.message.text.strip()), None)
+    return first is None or not (_BOUNDARY.search(first) or _GREETING.match(first))
 
 
 def _find_goal(user_texts: Sequence[str], has_prior_goal: bool) -> str:

@@ -2,6 +2,8 @@
 
 Every failure is a ``SummaryInvalid`` whose ``reason`` is one of ``REASONS``; a missing
 identifier is never a failure by itself: the merge re-attaches it to relevant_artifacts.
+A summary that says what the span's record refutes (``truth.py``) is
+``summary_contradicts_history``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from worker.compaction.schema import (
     count_summary_tokens,
 )
 from worker.compaction.tokens import TokenCounter
+from worker.compaction.truth import SpanRecord, describe_contradictions, find_contradictions
 
 REASONS = (
     "truncated",
@@ -30,6 +33,7 @@ REASONS = (
     "empty_sections",
     "over_budget",
     "not_smaller",
+    "summary_contradicts_history",
 )
 _FENCED = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
 _MAX_ERRORS_SHOWN = 5
@@ -44,6 +48,7 @@ def validate_summary(
     replaced_tokens: int,
     counter: TokenCounter,
     min_span_tokens_for_content: int = 500,
+    record: SpanRecord | None = None,
 ) -> MergedSummary:
     """Check the span's summary and the merged one; return the merged one to store.
 
@@ -51,7 +56,8 @@ def validate_summary(
     a goal and the span's own summary some progress (the other load-bearing sections).
     The span's summary must fit ``budget_tokens``, and so must the merged block (the
     merge fitted it; its count is carried, not redone), which must also be smaller than
-    ``replaced_tokens`` (prior block plus span).
+    ``replaced_tokens`` (prior block plus span). With the span's ``record``, the span's
+    summary must say nothing it refutes (``truth.find_contradictions``).
 
     Raises:
         SummaryInvalid: with ``reason`` one of ``REASONS``.
@@ -71,6 +77,10 @@ def validate_summary(
             f"{replaced_tokens} tokens it replaces",
             reason="not_smaller",
         )
+    contradictions = find_contradictions(span_summary, record) if record else []
+    if contradictions:
+        raise SummaryInvalid(describe_contradictions(contradictions),
+                             reason="summary_contradicts_history")
     return merged
 
 

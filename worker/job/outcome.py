@@ -28,7 +28,8 @@ RESULT_FIELDS: dict[str, str] = {
     "trigger": "why the job was sent: `over_trigger` or `dirty` (scan), `trigger` or a "
                "caller's reason, `operator` (inline)",
     "outcome": "`compacted`, `fallback` (the deterministic summary was committed because "
-               "the provider breaker is open), `skipped` (nothing to do, e.g. `under_trigger`, "
+               "the provider breaker is open, or in place of a model's summary that "
+               "contradicts the span's record), `skipped` (nothing to do, e.g. `under_trigger`, "
                "`anti_thrash`, `lease_held`), `breaker_open` (the session's breaker is open), "
                "`conflict` (the active revision changed under the job; nothing written), "
                "`rejected` (malformed message, unknown session), `failed`",
@@ -37,7 +38,10 @@ RESULT_FIELDS: dict[str, str] = {
               "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "
               "`invalid_response` (the endpoint answered 2xx with no chat completion: HTML, "
               "undecodable or cut JSON, no choices; a provider failure), `auth_failed`, "
-              "`schema_mismatch`, `not_smaller`, `truncated`, `delivery_cap`, "
+              "`schema_mismatch`, `not_smaller`, `truncated`, "
+              "`summary_contradicts_history` (the summary states what the span's originals "
+              "refute: `failure_message` lists each kind with its count and ids), "
+              "`delivery_cap`, "
               "`store_unavailable`, `time_limit` (the soft time limit), `stored_message_invalid` "
               "(a stored message no longer parses: a row written around ingest), "
               "`worker_lost` (the worker died or was killed; recorded afterwards by its "
@@ -45,7 +49,8 @@ RESULT_FIELDS: dict[str, str] = {
               "`internal_error`, ...)",
     "summarizer": "`llm`, `extractive` or `fallback`; null when no summary was made",
     "failure_class": "the error class (`ProviderError`, `SummaryInvalid`, `StaleSnapshot`, "
-                     "...), null on success",
+                     "...), null on success (a `fallback` that replaced a contradicting "
+                     "summary names it)",
     "failure_message": "a short description of the failure (never message contents)",
     "will_retry": "true when the job is retried with backoff (transient failures with retries "
                   "left); false on the last attempt, whose `reason` is the final failure's",

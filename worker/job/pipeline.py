@@ -31,7 +31,7 @@ from worker.compaction import (
     Boundary,
     Breaker,
     BreakerState,
-    Failure,
+    CallOutcome,
     Group,
     MergedSummary,
     StoredMessage,
@@ -40,16 +40,18 @@ from worker.compaction import (
     admit,
     apply_strategy,
     breaker_after_failure,
+    classify_calls,
     collect_artifacts,
+    continues_conversation,
     decide_compaction,
     featured_values,
-    find_failures,
     group_messages,
     merge_summaries,
     parse_message,
     parse_message_json,
     plan_boundary,
     prune_groups,
+    read_record,
     rerank_featured,
     summary_block_message,
     validate_summary,
@@ -63,6 +65,7 @@ from worker.errors import (
     Outcome,
     ProviderBreakerOpen,
     StoredMessageInvalid,
+    SummaryInvalid,
     to_job_error,
 )
 from worker.job.heartbeat import LeaseHeartbeat
@@ -74,6 +77,8 @@ from worker.tracing.spans import open_span
 JOB_SPAN = "compaction.job"
 # How many of the newest revisions the trigger weighs (their savings guard re-compaction).
 RECENT_HISTORY = 2
+# The validation reason under which a model's summary is replaced by the deterministic one.
+CONTRADICTS = "summary_contradicts_history"
 
 
 @dataclass(frozen=True)
@@ -252,21 +257,43 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
 
 def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: JobPlan,
                     work: SummaryWork, draft: SummaryDraft) -> JobResult:
+    rejected: SummaryInvalid | None = None
+    try:
+        revision = _merge_and_validate(trace, deps, plan, work, draft)
+    except SummaryInvalid as exc:
+        if exc.reason != CONTRADICTS or not admitted.summarizer.uses_provider:
+            raise
+        # The model said what the span's record refutes: the deterministic summary, true to
+        # the record by construction, replaces it; the run row keeps what was refuted. The
+        # provider answered, so its breaker's trial proved nothing.
+        deps.provider_breaker.fail_trial()
+        rejected, admitted = exc, Admitted(deps.fallback, Outcome.FALLBACK, admitted.open_breaker)
+        with trace.step("summarize_fallback"):
+            draft = deps.fallback.summarize(work)
+        trace.summarizer = draft.kind
+        revision = _merge_and_validate(trace, deps, plan, work, draft)
+    else:
+        if admitted.summarizer.uses_provider:
+            deps.provider_breaker.record_success()
+    reason = rejected.reason if rejected else plan.decision
+    with trace.step("swap"):
+        trace.revision_id = _swap(trace, deps, plan, work, draft, revision, admitted,
+                                  reason, rejected)
+    trace.parent_revision_id = plan.session.active_revision_id
+    if admitted.open_breaker is None:  # the swap closed it
+        trace.breaker_state = BreakerState.CLOSED.value
+    result = trace.result(admitted.outcome, reason, rejected)
+    return dataclasses.replace(result, queue_marker_cleared=True)
+
+
+def _merge_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
+                        draft: SummaryDraft) -> Revision:
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=work.budget_tokens,
                                  identifiers=_ranked_identifiers(work, draft))
     with trace.step("validate"):
-        revision = _validate(trace, deps, plan, work, draft, merged)
-    if admitted.summarizer.uses_provider:
-        deps.provider_breaker.record_success()
-    with trace.step("swap"):
-        trace.revision_id = _swap(trace, deps, plan, work, draft, revision, admitted)
-    trace.parent_revision_id = plan.session.active_revision_id
-    if admitted.open_breaker is None:  # the swap closed it
-        trace.breaker_state = BreakerState.CLOSED.value
-    result = trace.result(admitted.outcome, plan.decision, None)
-    return dataclasses.replace(result, queue_marker_cleared=True)
+        return _validate(trace, deps, plan, work, draft, merged)
 
 
 def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -354,12 +381,14 @@ def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
 @dataclass(frozen=True)
 class PrunedSpan:
     """The plan's span as the summarizer reads it (old tool outputs pruned), with what
-    only the span as stored tells: its failed tool results, its seqs and its tokens."""
+    only the span as stored tells: its calls' outcomes, its seqs and its tokens; and
+    whether the verbatim tail goes on with the span's latest conversation."""
 
     groups: tuple[Group, ...]
-    failures: tuple[Failure, ...]
+    outcomes: tuple[CallOutcome, ...]
     seqs: tuple[int, ...]
     tokens: int
+    tail_continues: bool
 
 
 def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
@@ -369,8 +398,10 @@ def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
     if policy.span_strategy is not None:
         groups = apply_strategy(groups, policy.span_strategy, deps.counter)
     messages = [m for group in stored for m in group.messages]
-    return PrunedSpan(tuple(groups), tuple(find_failures(stored)),
-                      tuple(m.seq for m in messages), sum(m.tokens for m in messages))
+    tail = [m for group in plan.boundary.tail for m in group.messages]
+    return PrunedSpan(tuple(groups), tuple(classify_calls(stored)),
+                      tuple(m.seq for m in messages), sum(m.tokens for m in messages),
+                      continues_conversation(messages, tail))
 
 
 def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
@@ -385,10 +416,11 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
         span=span.groups,
         prior=Summary.model_validate(prior.summary) if prior else None,
         artifacts=tuple(collect_artifacts(zip(indexed, found, strict=True))),
-        failures=span.failures,
+        outcomes=span.outcomes,
         span_tokens=span.tokens,
         budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
         counter=deps.counter,
+        tail_continues=span.tail_continues,
     )
     work.use_stored_line_counts()
     trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
@@ -413,6 +445,8 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         budget_tokens=work.budget_tokens,
         replaced_tokens=work.span_tokens + plan.prior_summary_tokens,
         counter=deps.counter,
+        record=read_record(work.span, outcomes=work.outcomes, artifacts=work.artifacts,
+                           prior=work.prior, tail_continues=work.tail_continues),
     )
     block = summary_block_message(validated.fitted.text)
     # The block was counted once, at the merge; only the message's framing is added.
@@ -429,9 +463,11 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
 
 
 def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
-          draft: SummaryDraft, revision: Revision, admitted: Admitted) -> int:
-    """Compare-and-swap the revision in, with the run row, the lease release and the
-    queue marker, in one store transaction."""
+          draft: SummaryDraft, revision: Revision, admitted: Admitted, reason: str,
+          rejected: SummaryInvalid | None) -> int:
+    """Compare-and-swap the revision in, with the run row (``rejected``: the summary it
+    replaced, when one was), the lease release and the queue marker, in one store
+    transaction."""
     now, session = deps.clock(), plan.session
     new_revision = NewRevision(
         through_seq=plan.boundary.through_seq, snapshot_head_seq=session.head_seq,
@@ -446,7 +482,7 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     return deps.store.commit_job(
         session.session_id, expected_revision_id=session.active_revision_id,
         lease_owner=deps.lease_owner(trace.request), revision=new_revision,
-        run=trace.new_run(admitted.outcome, plan.decision, None, now), now=now,
+        run=trace.new_run(admitted.outcome, reason, rejected, now), now=now,
         breaker=_breaker_update(open_breaker) if open_breaker else None,
     )
 

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from worker.compaction import (
     Artifact,
+    CallOutcome,
     Failure,
     Group,
     Summary,
@@ -29,19 +30,27 @@ from worker.compaction import (
 class SummaryWork:
     """Everything a summarizer needs for one job, already pruned and indexed.
 
-    ``failures`` are the span's failed tool results, read once from the span as stored
-    (before pruning shortens old tool outputs): the summarizers and the merge's ranking
-    share them. ``counter`` is the job's (``TokenCounter.for_job``): what the summarizer
-    counts, the merge and validation need not encode again (None: the summarizer's own).
+    ``outcomes`` are the span's tool results classified once from the span as stored
+    (before pruning shortens old tool outputs): the summarizers, the merge's ranking and
+    the truth check share them. ``counter`` is the job's (``TokenCounter.for_job``): what
+    the summarizer counts, the merge and validation need not encode again (None: the
+    summarizer's own).
     """
 
     span: tuple[Group, ...]
     prior: Summary | None
     artifacts: tuple[Artifact, ...]
-    failures: tuple[Failure, ...]
+    outcomes: tuple[CallOutcome, ...]
     span_tokens: int
     budget_tokens: int
     counter: TokenCounter | None = None
+    # Whether the verbatim tail goes on with the span's latest conversation.
+    tail_continues: bool = False
+
+    @functools.cached_property
+    def failures(self) -> tuple[Failure, ...]:
+        """The outcomes of the calls that failed."""
+        return tuple(outcome for outcome in self.outcomes if outcome.failed)
 
     @functools.cached_property
     def ranked_artifacts(self) -> tuple[Artifact, ...]:

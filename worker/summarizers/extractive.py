@@ -7,7 +7,7 @@ from worker.compaction import TokenCounter, fallback_summary
 from worker.summarizers.base import SummaryDraft, SummaryWork
 
 # Stored as the revision's prompt_version, so a changed extraction is traceable too.
-EXTRACTIVE_VERSION = "extractive-v2"
+EXTRACTIVE_VERSION = "extractive-v3"
 
 
 class ExtractiveSummarizer:
@@ -24,11 +24,12 @@ class ExtractiveSummarizer:
         summary = fallback_summary(
             work.span,
             artifacts=work.artifacts,
-            failures=work.failures,
+            outcomes=work.outcomes,
             ranked=work.ranked_artifacts,
             budget_tokens=work.budget_tokens,
             counter=work.counter or self._counter,
             prior=work.prior,
+            tail_continues=work.tail_continues,
         )
         return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
                             prompt_version=EXTRACTIVE_VERSION)

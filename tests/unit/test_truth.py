@@ -1,0 +1,237 @@
+"""The truth check: a summary may say only what the span's record holds. Each lie a model
+tells is found with its kind and ids; the extractive summary of the same span tells none."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.unit.session_strategies import shared_counter, to_stored
+from tests.unit.test_fallback import exchange
+from worker.compaction.errors import SummaryInvalid
+from worker.compaction.fallback import fallback_summary
+from worker.compaction.grouping import group_messages
+from worker.compaction.identifiers import extract_identifiers
+from worker.compaction.merge import merge_summaries
+from worker.compaction.outcomes import classify_calls
+from worker.compaction.pruning import prune_groups
+from worker.compaction.requests import continues_conversation
+from worker.compaction.schema import Summary, empty_summary
+from worker.compaction.truth import (
+    Contradiction,
+    SpanRecord,
+    describe_contradictions,
+    find_contradictions,
+    read_record,
+)
+from worker.compaction.validation import validate_summary
+
+FAILED_RUN = "\n".join(["collected 90 items", *["tests/test_a.py::test_x PASSED"] * 89,
+                        "FAILED tests/test_sync.py::test_sync - E8028-SCHEMA"])
+SPAN = [
+    {"role": "user", "content": "Please cancel order #W2378156 for me."},
+    *exchange("c1", "cancel_pending_order", {"order_id": "#W2378156"},
+              json.dumps({"order_id": "#W2378156", "status": "cancelled"})),
+    {"role": "assistant", "content": "Order #W2378156 is cancelled."},
+    {"role": "user", "content": "Can you also run the sync tests in tests/test_sync.py?"},
+    *exchange("c2", "run_tests", {"path": "tests/test_sync.py"}, FAILED_RUN),
+    *exchange("c3", "deploy", {"env": "staging"}, json.dumps({"status": "ok"})),
+]
+
+
+def record_and_extractive(messages: list[dict[str, Any]], *, tail: int = 0
+                          ) -> tuple[SpanRecord, Summary]:
+    stored = to_stored(messages, shared_counter())
+    span, rest = (stored[:-tail], stored[-tail:]) if tail else (stored, [])
+    groups = group_messages(span)
+    outcomes, artifacts = classify_calls(groups), extract_identifiers(span)
+    continues = continues_conversation(span, rest)
+    record = read_record(groups, outcomes=outcomes, artifacts=artifacts, prior=None,
+                         tail_continues=continues)
+    summary = fallback_summary(groups, artifacts=artifacts, outcomes=outcomes,
+                               budget_tokens=2_000, counter=shared_counter(),
+                               tail_continues=continues)
+    return record, summary
+
+
+def with_items(summary: Summary, **items: list[str]) -> Summary:
+    return summary.model_copy(update={name: [*summary.items_of(name), *added]
+                                      for name, added in items.items()})
+
+
+def test_the_extractive_summary_of_the_span_contradicts_nothing() -> None:
+    record, summary = record_and_extractive(SPAN)
+    assert find_contradictions(summary, record) == []
+    assert "called run_tests(tests/test_sync.py) → failed: FAILED tests/test_sync.py::" \
+           "test_sync - E8028-SCHEMA" in summary.completed_actions
+    assert "called deploy() → ok" in summary.completed_actions
+
+
+@pytest.mark.parametrize(
+    ("lie", "expected"),
+    [
+        ({"completed_actions": ["called run_tests(tests/test_sync.py) → ok"]},
+         [Contradiction("false_outcome", ("c2",))]),
+        ({"completed_actions": ["run_tests passed"]}, [Contradiction("false_outcome", ("c2",))]),
+        ({"completed_actions": ["called deploy(staging) → failed"]},
+         [Contradiction("false_outcome", ("c3",))]),
+        # A record without a status is no success to report.
+        ({"completed_actions": ["called cancel_pending_order(#W2378156) → ok"]},
+         [Contradiction("false_outcome", ("c1",))]),
+        # Answered in the span, and listed so in resolved: reopened, and open and done.
+        ({"pending": ["Unanswered user request: Please cancel order #W2378156 for me."]},
+         [Contradiction("reopened_request"), Contradiction("open_and_done")]),
+        ({"pending": ["Tool call deploy (c3) has no result yet"]},
+         [Contradiction("reopened_call", ("c3",))]),
+        ({"pending": ["Roll back the staging deploy"],
+          "resolved": ["Done: roll back the staging deploy."]},
+         [Contradiction("open_and_done")]),
+        ({"relevant_artifacts": ["INV-740213"]},
+         [Contradiction("invented_identifier", ("INV-740213",))]),
+    ],
+    ids=["ok-for-failed", "passed-for-failed", "failed-for-ok", "ok-for-unknown",
+         "reopened-request", "reopened-call", "open-and-done", "invented-identifier"],
+)
+def test_each_lie_is_found_with_its_kind_and_ids(
+    lie: dict[str, list[str]], expected: list[Contradiction],
+) -> None:
+    record, summary = record_and_extractive(SPAN)
+    assert find_contradictions(with_items(summary, **lie), record) == expected
+
+
+def test_a_prior_item_copied_verbatim_is_the_priors_and_not_checked_again() -> None:
+    stored = to_stored(SPAN, shared_counter())
+    groups = group_messages(stored)
+    prior = empty_summary().model_copy(update={
+        "pending": ["Open error: run_tests failed: FAILED tests/test_sync.py - E1"]})
+    record = read_record(groups, outcomes=classify_calls(groups),
+                         artifacts=extract_identifiers(stored), prior=prior,
+                         tail_continues=False)
+    # Settled by the span (the merge contract), though no call of this span said E1.
+    settled = empty_summary().model_copy(update={"resolved": prior.pending})
+    assert find_contradictions(settled, record) == []
+
+
+def test_the_description_names_kinds_counts_and_ids_only() -> None:
+    found = [Contradiction("false_outcome", ("c2",)), Contradiction("false_outcome", ("c3",)),
+             Contradiction("reopened_request"),
+             Contradiction("invented_identifier", ("INV-740213",))]
+    assert describe_contradictions(found) == (
+        "the summary contradicts the span's record: false_outcome 2 (c2, c3); "
+        "reopened_request 1; invented_identifier 1 (INV-740213)")
+
+
+def test_validation_rejects_a_contradicting_summary_with_its_reason() -> None:
+    record, summary = record_and_extractive(SPAN)
+    lying = with_items(summary, completed_actions=["called run_tests(tests/test_sync.py) → ok"])
+    merged = merge_summaries(None, lying, budget_tokens=2_000, counter=shared_counter())
+    with pytest.raises(SummaryInvalid) as raised:
+        validate_summary(lying, merged, span_tokens=10_000, budget_tokens=2_000,
+                         replaced_tokens=10_000, counter=shared_counter(), record=record)
+    assert raised.value.reason == "summary_contradicts_history"
+    assert "false_outcome 1 (c2)" in raised.value.message
+
+
+def test_a_request_a_succeeded_call_acted_on_is_not_open() -> None:
+    messages = [{"role": "user", "content": "Please deploy build 4512 to staging."},
+                *exchange("c1", "deploy", {"build": "4512"}, json.dumps({"status": "done"}))]
+    record, summary = record_and_extractive(messages)
+    assert not any("deploy build 4512" in item for item in summary.pending)
+    assert "Acted on: Please deploy build 4512 to staging." in summary.resolved
+    assert find_contradictions(summary, record) == []
+
+
+def test_the_goal_is_not_answered_while_the_tail_goes_on_with_it() -> None:
+    messages = [{"role": "user", "content": "Could you rebook reservation ZFA04Y to Friday?"},
+                {"role": "assistant", "content": "Friday has two flights: HAT170 or HAT180."},
+                {"role": "user", "content": "HAT170 please."},
+                {"role": "assistant", "content": "Rebooking ZFA04Y on HAT170 now."}]
+    _, continued = record_and_extractive(messages, tail=2)
+    _, ended = record_and_extractive([*messages[:2], {"role": "user", "content": "###STOP###"},
+                                      {"role": "user", "content": "Hi, a new question."}],
+                                     tail=1)
+    assert not any("rebook reservation ZFA04Y" in item for item in continued.resolved)
+    assert "Answered: Could you rebook reservation ZFA04Y to Friday?" in ended.resolved
+
+
+def test_a_promise_or_question_of_the_agent_is_not_a_completed_action() -> None:
+    messages = [{"role": "user", "content": "Please cancel reservation ZFA04Y."},
+                {"role": "assistant", "content": "Once you confirm, your reservation will be "
+                 "cancelled. Shall I get it cancelled now?"}]
+    _, summary = record_and_extractive(messages)
+    assert not any("cancelled" in item for item in summary.completed_actions)
+
+
+def test_an_error_stays_open_until_the_same_call_on_the_same_target_succeeds() -> None:
+    passing = "=== 90 passed ==="
+    other = [*exchange("c1", "run_tests", {"path": "tests/test_sync.py"}, FAILED_RUN),
+             *exchange("c2", "run_tests", {"path": "tests/test_other.py"}, passing)]
+    same = [*other, *exchange("c3", "run_tests", {"path": "tests/test_sync.py"}, passing)]
+    _, still_open = record_and_extractive(other)
+    _, fixed = record_and_extractive(same)
+    assert [i for i in still_open.pending if i.startswith("Open error: run_tests")]
+    assert not [i for i in fixed.pending if i.startswith("Open error")]
+    assert [i for i in fixed.resolved if i.startswith("Fixed: run_tests failed")]
+
+
+def test_a_request_that_repeats_an_answered_ones_first_words_is_not_a_reopening() -> None:
+    # A customer who keeps asking: the open request shares the answered one's opening.
+    messages = [
+        {"role": "user", "content": "I really don't want to cancel and rebook, can you add "
+         "insurance to PEP4E0?"},
+        {"role": "assistant", "content": "Insurance cannot be added after booking."},
+        {"role": "user", "content": "I understand, but I really don't want to cancel and "
+         "rebook. Is there any way to add it?"}]
+    record, summary = record_and_extractive(messages)
+    assert summary.pending and summary.resolved
+    assert find_contradictions(summary, record) == []
+
+
+def test_an_identifier_cut_short_by_a_clipped_line_is_not_invented() -> None:
+    # HAT166 only in a tool output that pruning shortens: only the index holds it.
+    messages = [{"role": "user", "content": "Which flights go to Boston?"},
+                *exchange("c1", "search_flights", {"to": "BOS"},
+                          json.dumps([{"n": i, "pad": "x" * 400} for i in range(40)]
+                                     + [{"flight_number": "HAT166"}]))]
+    stored = to_stored(messages, shared_counter())
+    groups = group_messages(stored)
+    pruned = prune_groups(groups, audit_mode=False, counter=shared_counter())
+    record = read_record(pruned, outcomes=classify_calls(groups),
+                         artifacts=extract_identifiers(stored), prior=None,
+                         tail_continues=False)
+    cut = empty_summary().model_copy(update={"key_decisions": ["Offered HAT16"]})
+    invented = empty_summary().model_copy(update={"key_decisions": ["Offered HAT999"]})
+    assert "HAT166" not in "\n".join(record.texts)
+    assert find_contradictions(cut, record) == []
+    assert find_contradictions(invented, record) == [
+        Contradiction("invented_identifier", ("HAT999",))]
+
+
+def test_the_failing_line_a_summary_quotes_from_a_pruned_output_is_the_records() -> None:
+    # "batch_94" is code in a tool output (not indexed), on the line that says it failed.
+    run = "\n".join([*["tests/test_a.py::test_x PASSED"] * 80,
+                     "FAILED tests/test_sync.py::test_sync - batch_94 lost E8028-SCHEMA"])
+    messages = [{"role": "user", "content": "Please run the sync tests."},
+                *exchange("c1", "run_tests", {"path": "tests/test_sync.py"}, run)]
+    stored = to_stored(messages, shared_counter())
+    groups = group_messages(stored)
+    pruned = prune_groups(groups, audit_mode=False, counter=shared_counter())
+    outcomes, artifacts = classify_calls(groups), extract_identifiers(stored)
+    record = read_record(pruned, outcomes=outcomes, artifacts=artifacts, prior=None,
+                         tail_continues=False)
+    summary = fallback_summary(pruned, artifacts=artifacts, outcomes=outcomes,
+                               budget_tokens=2_000, counter=shared_counter())
+    assert any("batch_94" in item for item in summary.completed_actions)
+    assert find_contradictions(summary, record) == []
+
+
+def test_requests_that_open_with_the_same_words_are_not_one_request_open_and_done() -> None:
+    messages = [
+        {"role": "user", "content": "Could you help me with the phone number +44 20 7946 2849?"},
+        {"role": "assistant", "content": "That number belongs to order #W9720136."},
+        {"role": "user", "content": "Could you help me with the phone number (721) 555-5256?"}]
+    record, summary = record_and_extractive(messages)
+    assert summary.pending and summary.resolved
+    assert find_contradictions(summary, record) == []

@@ -1,0 +1,217 @@
+"""Each tool call's outcome, classified once from its result's full original text:
+succeeded, failed (with the lines that say so) or unknown. The extractive summary reports
+these and validation holds every summary to them; salience features the failures' codes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from worker.compaction.grouping import Group
+from worker.compaction.messages import Role
+
+MAX_LINES = 3
+LINE_CHARS = 200
+# Signals a failure gives anywhere in its output: a test runner's summary, a non-zero exit
+# code, a traceback or a top-level error line, an HTTP status of 400 or more.
+_FAILED = re.compile(
+    r"(?i:\b[1-9]\d* (?:failed|failing|failures?|errors?)\b)"
+    r"|\bFAILED\b|^(?:--- )?FAIL(?::|\b)"
+    r"|(?i:\bexit(?:ed)?(?: with)?(?: code| status)\b:? *[1-9]\d*\b)"
+    r"|(?i:\bexited with:? *[1-9]\d*\b)"
+    r"|(?i:[\"']?\b(?:returncode|return_code|exit_code|exitcode|exit_status)[\"']?\s*[:=]\s*"
+    r"[1-9]\d*\b)"
+    r"|Traceback \(most recent call last\)"
+    r"|^(?i:error|fatal|panic)(?:\[[\w-]+\])?:"
+    r"|^\w*(?:Error|Exception)\b:"
+    r"|(?i:\bHTTP/\d(?:\.\d)? [45]\d\d\b|\bstatus(?: code)?:? [45]\d\d\b)",
+    re.MULTILINE,
+)
+# Signals a success gives: passed tests, exit code 0, a short "... successful" reply.
+_SUCCEEDED = re.compile(
+    r"(?i:\b[1-9]\d* passed\b|\bexit(?:ed)?(?: with)?(?: code| status)\b:? *0\b"
+    r"|test result: ok\b|[\"']?\b(?:returncode|return_code|exit_code)[\"']?\s*[:=]\s*0\b)"
+    r"|^(?:ok|PASS)\b",
+    re.MULTILINE,
+)
+# Every match of the patterns above holds one of these on its line, lowercased: a result
+# can be megabytes, and only the lines holding one are searched.
+_ANCHORS = ("fail", " error", "rror:", "rror[", "xit", "turnc", "turn_c", "traceback",
+            "panic", "fatal", "xception:", "http/", "tatus 4", "tatus 5", "tatus: 4",
+            "tatus: 5", "tatus code", "passed", "test result", "\nok", "\npass")
+_SHORT_SUCCESS = re.compile(r"(?i:\A[^\n]{0,80}\b(?:successful(?:ly)?|succeeded|success)\b"
+                            r"[^\n]{0,80}\Z)")
+_FAILED_STATUS = frozenset({"error", "errored", "failed", "failure", "fail", "fatal",
+                            "rejected", "denied", "aborted", "crashed", "timeout",
+                            "timed_out", "invalid"})
+_OK_STATUS = frozenset({"ok", "success", "succeeded", "successful", "done", "completed",
+                        "complete", "passed", "pass"})
+_CODE_KEYS = ("returncode", "return_code", "exit_code", "exitCode", "exit_status")
+_HTTP_KEYS = ("status_code", "statusCode", "http_status", "status")
+
+
+class CallStatus(StrEnum):
+    """How a tool call ended, as its result says."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """A tool call's outcome: its call id, tool, seq (of the result), how it ended, its
+    lines (a failure's: the lines that say so; an unknown one's: a record's status or the
+    result's last line), and its target (the call's arguments)."""
+
+    call_id: str
+    tool: str
+    seq: int
+    status: CallStatus
+    lines: tuple[str, ...]
+    target: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status is CallStatus.FAILED
+
+
+# A failed call: what salience and the summaries name ``failures``.
+Failure = CallOutcome
+
+
+def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
+    """Classify one tool result from its full text; a failure comes with the lines that
+    say so, an unknown outcome with what the result last said."""
+    stripped = text.strip()
+    if not stripped:
+        return CallStatus.UNKNOWN, ()
+    if stripped[0] == "{":
+        record = _json_object(stripped)
+        if record is not None:
+            return _classify_record(record)
+    lines = _candidate_lines(text)
+    failing = _failing_lines(lines)
+    if failing:
+        return CallStatus.FAILED, failing
+    if any(_SUCCEEDED.search(line) for line in lines) or _SHORT_SUCCESS.match(stripped):
+        return CallStatus.SUCCEEDED, ()
+    if stripped[0] in "[{":  # a JSON value's last line is a fragment of it
+        return CallStatus.UNKNOWN, ()
+    return CallStatus.UNKNOWN, (_clip(stripped[stripped.rfind("\n") + 1:].strip()),)
+
+
+def failing_lines(text: str) -> tuple[str, ...]:
+    """Return the lines of a tool result that say it failed (none when it did not)."""
+    status, lines = classify_result(text)
+    return lines if status is CallStatus.FAILED else ()
+
+
+def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
+    """Return the outcome of every tool result of ``span``, in order."""
+    outcomes: list[CallOutcome] = []
+    for group in span:
+        calls = {c.id: c.function for m in group.messages for c in m.message.tool_calls or ()}
+        for stored in group.messages:
+            message = stored.message
+            if message.role is not Role.TOOL:
+                continue
+            call_id = message.tool_call_id or ""
+            function = calls.get(call_id)
+            tool = message.name or (function.name if function else "a tool")
+            status, lines = classify_result(message.text)
+            outcomes.append(CallOutcome(call_id, tool, stored.seq, status, lines,
+                                        _target(function.arguments if function else "")))
+    return outcomes
+
+
+def find_failures(span: Sequence[Group]) -> list[CallOutcome]:
+    """Return the span's tool results that report a failure, in order."""
+    return [outcome for outcome in classify_calls(span) if outcome.failed]
+
+
+def _target(arguments: str) -> str:
+    """A call's arguments in one canonical form: the same target compares equal."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False)
+    except ValueError:
+        return " ".join(arguments.split())
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _classify_record(record: dict[str, Any]) -> tuple[CallStatus, tuple[str, ...]]:
+    """A JSON result's outcome from its top-level fields; nested records are its data."""
+    for key in ("error", "errors"):
+        if record.get(key):
+            return CallStatus.FAILED, (_clip(f"{key}: {_one_line(record[key])}"),)
+    for key in ("success", "ok"):
+        if record.get(key) is False:
+            return CallStatus.FAILED, (f"{key}: false",)
+    status = record.get("status")
+    if isinstance(status, str) and status.casefold() in _FAILED_STATUS:
+        return CallStatus.FAILED, (_clip(f"status: {status}"),)
+    for key in _HTTP_KEYS:
+        code = record.get(key)
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+            return CallStatus.FAILED, (f"{key}: {code}",)
+    for key in _CODE_KEYS:
+        code = record.get(key)
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            return CallStatus.FAILED, (f"{key}: {code}",)
+    succeeded = ((isinstance(status, str) and status.casefold() in _OK_STATUS)
+                 or record.get("success") is True or record.get("ok") is True
+                 or any(record.get(key) == 0 for key in _CODE_KEYS))
+    if succeeded:
+        return CallStatus.SUCCEEDED, ()
+    return CallStatus.UNKNOWN, (_clip(f"status: {status}"),) if isinstance(status, str) else ()
+
+
+def _failing_lines(lines: list[str]) -> tuple[str, ...]:
+    """The lines a failure signal is on: the first ones and the last (a run's summary)."""
+    matched = list(dict.fromkeys(line.strip() for line in lines if _FAILED.search(line)))
+    if not matched:
+        return ()
+    shown = matched if len(matched) <= MAX_LINES else [*matched[:MAX_LINES - 1], matched[-1]]
+    return tuple(_clip(line) for line in shown)
+
+
+def _candidate_lines(text: str) -> list[str]:
+    """The lines of ``text`` holding an anchor, in order (every line when lowercasing
+    changes the text's length, so its offsets would not match)."""
+    low = text.lower()
+    if len(low) != len(text):
+        return text.splitlines()
+    starts: set[int] = {0} if low.startswith(("ok", "pass")) else set()
+    for anchor in _ANCHORS:
+        at = low.find(anchor)
+        while at >= 0:
+            starts.add(low.rfind("\n", 0, at + (anchor[0] == "\n")) + 1)
+            end = low.find("\n", at + 1)
+            at = low.find(anchor, end) if end >= 0 else -1
+    lines = []
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        lines.append(text[start:end if end >= 0 else len(text)])
+    return lines
+
+
+def _one_line(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return " ".join(text.split())
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= LINE_CHARS else line[:LINE_CHARS].rstrip() + " ..."

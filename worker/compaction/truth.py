@@ -1,0 +1,223 @@
+"""The truth check: a summary of a span may report only what the span's record says. Each
+call outcome it states (ok / failed) matches the classification of the original result; no
+request it calls open was answered or acted on; no item is both open and done; every
+identifier it quotes occurs in the span or the prior summary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from worker.compaction.grouping import Group
+from worker.compaction.identifier_rules import find_identifiers
+from worker.compaction.identifiers import Artifact
+from worker.compaction.merge import normalize_item
+from worker.compaction.messages import INSTRUCTION_ROLES
+from worker.compaction.outcomes import CallOutcome, CallStatus
+from worker.compaction.requests import read_requests
+from worker.compaction.schema import LIST_SECTIONS, Summary
+from worker.compaction.substrings import TextGrams
+
+OPEN_SECTIONS = ("pending", "remaining_work")
+DONE_SECTIONS = ("completed_actions", "resolved")
+# A request is quoted by its first words; fewer characters than this quote nothing.
+QUOTE_WORDS = 8
+MIN_QUOTE_CHARS = 20
+MAX_NAMED = 5
+# Up to this many values are searched in the texts one by one; more share a gram index.
+MAX_PLAIN_SEARCHES = 16
+# A call's outcome as a summary states it after the tool's name: "tool(args) → ok",
+# "tool failed", "tool: succeeded".
+_CLAIM = re.compile(
+    r"(?:\((?P<args>[^()]*)\))?\s*(?:→|->|:)?\s*"
+    r"(?P<word>ok|succeeded|successful|passed|failed|failing|errored)\b", re.IGNORECASE)
+_NAME_CHAR = re.compile(r"[\w.-]")
+_OUTCOME_WORD = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
+# Identifiers only: no outcome is stated there.
+CLAIM_SECTIONS = tuple(name for name in LIST_SECTIONS if name != "relevant_artifacts")
+_SAID_OK = frozenset({"ok", "succeeded", "successful", "passed"})
+_LABEL = re.compile(r"\A[\w ]{1,40}:\s+")
+_NO_RESULT = re.compile(r"\((?P<id>[^()\s]+)\) has no result yet")
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """One thing a summary says that the record refutes: its kind and the identifiers
+    (call ids, invented values) it concerns; never the summary's words."""
+
+    kind: str
+    ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SpanRecord:
+    """What the span's originals say, for the check: each call's outcome, the requests
+    answered or acted on and those still open, the values the span and prior hold."""
+
+    outcomes: tuple[CallOutcome, ...]
+    settled_requests: tuple[str, ...]
+    open_requests: tuple[str, ...]
+    known_values: frozenset[str]
+    texts: tuple[str, ...]  # the span's texts and arguments, and the prior summary's items
+    prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
+
+    def unknown(self, values: Sequence[str]) -> list[str]:
+        """The ``values`` neither the index nor the span's and prior's texts hold (whole or
+        in part); the texts are read only for values the index lacks (a clipped one, a
+        prior's)."""
+        missing = [value for value in values if value not in self.known_values]
+        if not missing:
+            return []
+        # A value cut short (a clipped line) is part of an indexed one.
+        joined = "\n".join([*self.texts, *self.known_values])
+        if len(missing) > MAX_PLAIN_SEARCHES:
+            grams = TextGrams(joined, asked=len(missing))
+            return [value for value in missing if not grams.contains(value)]
+        return [value for value in missing if value not in joined]
+
+
+def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
+                artifacts: Sequence[Artifact], prior: Summary | None,
+                tail_continues: bool) -> SpanRecord:
+    """Read the span's record: ``outcomes`` classified from the original results,
+    ``artifacts`` the identifiers ingest indexed from them (``span`` may be pruned)."""
+    messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
+    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal),
+                           outcomes={o.call_id: o.status for o in outcomes},
+                           tail_continues=tail_continues)
+    prior_items = [prior.goal, *(i for n in LIST_SECTIONS for i in prior.items_of(n))] \
+        if prior else []
+    # The outcomes' lines too: read from the original results, which pruning may cut.
+    texts = [*(m.message.text for m in messages),
+             *(c.function.arguments for m in messages for c in m.message.tool_calls or ()),
+             *(line for outcome in outcomes for line in outcome.lines), *prior_items]
+    return SpanRecord(
+        outcomes=tuple(outcomes),
+        settled_requests=tuple(r for r in (*ledger.answered, *ledger.acted_on)
+                               if r not in ledger.open_requests),
+        open_requests=ledger.open_requests,
+        known_values=frozenset(a.value for a in artifacts),
+        texts=tuple(texts),
+        prior_items=frozenset(normalize_item(item) for item in prior_items))
+
+
+def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
+    """Return what ``summary`` (of the span alone) says against ``record``; the prior's
+    items it copies verbatim (the merge contract) are the prior's, not checked again."""
+    items = {name: [i for i in summary.items_of(name)
+                    if normalize_item(i) not in record.prior_items] for name in LIST_SECTIONS}
+    return [*_false_outcomes(items, record), *_reopened(items, record),
+            *_open_and_done(items, record), *_invented(summary, items, record)]
+
+
+def describe_contradictions(found: Sequence[Contradiction]) -> str:
+    """One line for the run row: counts per kind and the ids concerned, no content."""
+    kinds = Counter(c.kind for c in found)
+    parts = []
+    for kind, count in kinds.items():
+        ids = list(dict.fromkeys(i for c in found if c.kind == kind for i in c.ids))
+        named = f" ({', '.join(ids[:MAX_NAMED])}{', ...' if len(ids) > MAX_NAMED else ''})" \
+            if ids else ""
+        parts.append(f"{kind} {count}{named}")
+    return f"the summary contradicts the span's record: {'; '.join(parts)}"
+
+
+def _false_outcomes(items: dict[str, list[str]], record: SpanRecord
+                    ) -> Iterator[Contradiction]:
+    """Outcomes stated for the span's calls that the classification refutes."""
+    by_tool: dict[str, list[CallOutcome]] = {}
+    for outcome in record.outcomes:
+        by_tool.setdefault(outcome.tool, []).append(outcome)
+    for item in (i for name in CLAIM_SECTIONS for i in items[name]):
+        if not _OUTCOME_WORD.search(item):
+            continue
+        for tool, claim in _claims(item, by_tool):
+            calls = _narrowed(by_tool[tool], claim.group("args") or "")
+            said_ok = claim.group("word").casefold() in _SAID_OK
+            wanted = CallStatus.SUCCEEDED if said_ok else CallStatus.FAILED
+            if not any(call.status is wanted for call in calls):
+                yield Contradiction("false_outcome", tuple(c.call_id for c in calls))
+
+
+def _claims(item: str, tools: dict[str, list[CallOutcome]]
+            ) -> Iterator[tuple[str, re.Match[str]]]:
+    """Each outcome ``item`` states right after the name of one of ``tools``."""
+    for tool in tools:
+        at = item.find(tool)
+        while at >= 0:
+            end = at + len(tool)
+            whole = not (at and _NAME_CHAR.match(item[at - 1])) \
+                and not (end < len(item) and _NAME_CHAR.match(item[end]))
+            claim = _CLAIM.match(item, end) if whole else None
+            if claim:
+                yield tool, claim
+            at = item.find(tool, end)
+
+
+def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
+    """The calls whose arguments hold the values a claim names (all when none does)."""
+    values = [v.strip() for v in args.split(",") if v.strip()]
+    named = [c for c in calls if values and all(v in c.target for v in values)]
+    return named or calls
+
+
+def _reopened(items: dict[str, list[str]], record: SpanRecord) -> Iterator[Contradiction]:
+    """Open items quoting a request the span answered or acted on; calls said to lack a
+    result that has one."""
+    answered = {o.call_id for o in record.outcomes}
+    settled = _quotes_of(record.settled_requests, among=record.open_requests)
+    for item in (i for name in OPEN_SECTIONS for i in items[name]):
+        body = _body(normalize_item(item))
+        if any(body.startswith(quote) for quote in settled):
+            yield Contradiction("reopened_request")
+        missing = _NO_RESULT.search(item)
+        if missing and missing.group("id") in answered:
+            yield Contradiction("reopened_call", (missing.group("id"),))
+
+
+def _open_and_done(items: dict[str, list[str]], record: SpanRecord
+                   ) -> Iterator[Contradiction]:
+    """Items listed both as open and as done: the same words, or the same request."""
+    open_items = [i for name in OPEN_SECTIONS for i in items[name]]
+    if not open_items:
+        return
+    done_bodies = {_body(normalize_item(i)) for name in DONE_SECTIONS for i in items[name]}
+    quotes = _quotes_of((*record.settled_requests, *record.open_requests))
+    for item in open_items:
+        body = _body(normalize_item(item))
+        quoted = [quote for quote in quotes if body.startswith(quote)]
+        if body in done_bodies or any(d.startswith(q) for q in quoted for d in done_bodies):
+            yield Contradiction("open_and_done")
+
+
+def _invented(summary: Summary, items: dict[str, list[str]], record: SpanRecord
+              ) -> Iterator[Contradiction]:
+    """Identifiers the summary quotes that neither the span nor the prior holds (a
+    relevant artifact the index lists as it is is not read again)."""
+    listed = [i for i in items["relevant_artifacts"] if i not in record.known_values]
+    text = "\n".join([summary.goal, *listed,
+                      *(i for name in CLAIM_SECTIONS for i in items[name])])
+    invented = record.unknown(list(dict.fromkeys(v for v, _ in find_identifiers(text))))
+    if invented:
+        yield Contradiction("invented_identifier", tuple(invented))
+
+
+def _body(key: str) -> str:
+    """An item's key without its label ("answered: ", "open error: ")."""
+    return _LABEL.sub("", key, count=1)
+
+
+def _quotes_of(requests: Sequence[str], among: Sequence[str] = ()) -> list[str]:
+    """How an item quotes each request: its body starts with the request's first words,
+    normalized. A quote too short, or one that two distinct requests (of ``requests`` and
+    ``among``) start with, tells nothing apart and is left out."""
+    def quote(request: str) -> str:
+        return normalize_item(" ".join(request.split()[:QUOTE_WORDS]))
+
+    starts = Counter(quote(r) for r in {*requests, *among})
+    return [q for q in dict.fromkeys(map(quote, requests))
+            if len(q) >= MIN_QUOTE_CHARS and starts[q] == 1]
+
