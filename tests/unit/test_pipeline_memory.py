@@ -8,7 +8,7 @@ import gc
 from tests.support.job_harness import JobHarness
 from tests.unit.session_strategies import shared_counter
 from worker.errors import Outcome
-from worker.job.pipeline import JobPlan
+from worker.job.planning import JobPlan
 
 SESSION = "s-memory"
 

@@ -14,43 +14,22 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from db import (
     BreakerUpdate,
     JobSnapshot,
-    MessageText,
     NewRevision,
-    RevisionRecord,
-    SessionState,
     SnapshotGate,
     StoreError,
-    decode_mention_lists,
 )
 from worker.compaction import (
-    Boundary,
-    Breaker,
     BreakerState,
-    CallOutcome,
-    Group,
     MergedSummary,
-    StoredMessage,
     Summary,
     TextGrams,
-    admit,
-    apply_strategy,
     breaker_after_failure,
-    classify_calls,
-    collect_artifacts,
-    continues_conversation,
-    decide_compaction,
     featured_values,
-    group_messages,
     merge_summaries,
     parse_message,
-    parse_message_json,
-    plan_boundary,
-    prune_groups,
     read_record,
     rerank_featured,
     summary_block_message,
@@ -58,69 +37,38 @@ from worker.compaction import (
     verbatim_items,
 )
 from worker.errors import (
-    BreakerOpen,
     BreakerScope,
     CompactionError,
     LeaseHeld,
     Outcome,
-    ProviderBreakerOpen,
-    StoredMessageInvalid,
     SummaryInvalid,
     to_job_error,
 )
+from worker.job.admission import (
+    Admitted,
+    admit_job,
+    admit_provider,
+    breaker_update,
+    session_breaker,
+)
 from worker.job.heartbeat import LeaseHeartbeat
 from worker.job.outcome import job_span_attributes
+from worker.job.planning import (
+    RECENT_HISTORY,
+    JobPlan,
+    SnapshotMessage,
+    plan_job,
+    prune_span,
+    summary_work,
+    to_snapshot_message,
+)
 from worker.job.values import JobDeps, JobPolicy, JobRequest, JobResult, JobTrace, Skip
-from worker.summarizers import Summarizer, SummaryDraft, SummaryWork
+from worker.summarizers import SummaryDraft, SummaryWork
 from worker.tracing.spans import open_span
 
 JOB_SPAN = "compaction.job"
-# How many of the newest revisions the trigger weighs (their savings guard re-compaction).
-RECENT_HISTORY = 2
 # The validation reason under which a model's summary is replaced by the deterministic one.
 CONTRADICTS = "summary_contradicts_history"
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """What the breakers let this job do: the summarizer, and the outcome of a commit."""
-
-    summarizer: Summarizer
-    outcome: Outcome  # compacted; fallback (provider breaker open); breaker_open
-    open_breaker: Breaker | None  # the session's, when a fallback commit must keep it open
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotMessage:
-    """A snapshot's message as the job reads it, with the identifiers ingest stored (as
-    their JSON text: only the span's are decoded, as they are tallied)."""
-
-    stored: StoredMessage
-    mentions_json: str | None  # None: not indexed yet
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """Where the snapshot's span ends: what the rest of the job works on. The snapshot's
-    message list is not kept: the boundary's groups hold every message the job uses,
-    ``span_mentions`` the identifiers stored for the span's (by seq)."""
-
-    session: SessionState
-    revision: RevisionRecord | None
-    boundary: Boundary
-    decision: str
-    span_mentions: dict[int, str]
-
-    @property
-    def prior_summary_tokens(self) -> int:
-        return self.revision.summary_tokens if self.revision else 0
-
-    def without_span(self) -> JobPlan:
-        """The plan once its span is pruned (:func:`prune_span`): the stored span (every
-        old tool output in full) can be freed before the artifacts are tallied and the
-        summarizer runs, and so can its stored mentions, once tallied."""
-        return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
-                                   span_mentions={})
 
 
 @dataclass(frozen=True)
@@ -201,12 +149,12 @@ def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted,
         # Set first: a snapshot that fails to read may leave the lease taken.
         trace.lease_tried = True
         snapshot = _take_lease(trace.request, deps, policy)
-    admitted = _admit(trace, deps, policy, snapshot.session,
+    admitted = admit_job(trace, deps, policy, snapshot.session,
                       breaker_refused=snapshot.breaker_refused)
     with trace.step("plan"):
         plan = plan_job(trace, deps, policy, snapshot)
     if admitted.outcome is Outcome.COMPACTED:
-        admitted = _admit_provider(deps, policy)
+        admitted = admit_provider(deps, policy)
     return admitted, plan
 
 
@@ -229,7 +177,7 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
     snapshot = deps.store.start_job_with_snapshot(
         request.session_id, deps.lease_owner(request), policy.lease_ttl_s, now,
         take_over=request.task_id if earlier_may_hold else None,
-        history=RECENT_HISTORY, to_message=_to_snapshot_message, gate=gate)
+        history=RECENT_HISTORY, to_message=to_snapshot_message, gate=gate)
     if snapshot is None:
         raise LeaseHeld("another job holds this session's lease", reason="lease_held")
     return snapshot
@@ -296,138 +244,6 @@ def _merge_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: Sum
         return _validate(trace, deps, plan, work, draft, merged)
 
 
-def _admit(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
-           session: SessionState, *, breaker_refused: bool) -> Admitted:
-    """Pick the summarizer the session's breaker allows; raise when the job must not run
-    (``breaker_refused``: the snapshot was read without messages, the breaker refusing
-    at the lease's instant, even if its cooldown has ended since)."""
-    with trace.step("breaker"):
-        breaker = trace.breaker = _session_breaker(session)
-        trace.breaker_state = breaker.state.value
-        admission = admit(breaker, deps.clock(), policy.breaker_cooldown_s)
-        if breaker_refused or not admission.allowed:
-            # A refused snapshot holds no message: no fallback runs on it (and the gate
-            # refuses only under the skip policy).
-            if breaker_refused or not policy.fallback_when_open:
-                raise BreakerOpen("the session's breaker is open", reason="breaker_open")
-            return Admitted(deps.fallback, Outcome.BREAKER_OPEN, breaker)
-        if admission.breaker != breaker:  # the trial after the cooldown: record half-open
-            deps.store.set_breaker(trace.request.session_id, _breaker_update(admission.breaker))
-            trace.breaker = admission.breaker
-            trace.breaker_state = admission.breaker.state.value
-        return Admitted(deps.summarizer, Outcome.COMPACTED, None)
-
-
-def _admit_provider(deps: JobDeps, policy: JobPolicy) -> Admitted:
-    """Fall back from a provider whose breaker is open (it is not the session's fault)."""
-    summarizer = deps.summarizer
-    if summarizer.uses_provider and not deps.provider_breaker.admit():
-        if not policy.fallback_when_open:
-            raise ProviderBreakerOpen("the provider breaker is open",
-                                      reason="provider_breaker_open",
-                                      retry_after_s=deps.provider_breaker.reopens_in_s())
-        return Admitted(deps.fallback, Outcome.FALLBACK, None)
-    return Admitted(summarizer, Outcome.COMPACTED, None)
-
-
-def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMessage]:
-    """Read the job's snapshot, each message parsed from its stored JSON text as its row
-    arrives (one copy of the session in memory, never a dict tree beside the models)."""
-    return deps.store.job_snapshot(session_id, history=RECENT_HISTORY,
-                                   to_message=_to_snapshot_message)
-
-
-def _to_snapshot_message(text: MessageText) -> SnapshotMessage:
-    try:
-        message = parse_message_json(text.body_json)
-    except ValidationError as exc:
-        raise StoredMessageInvalid(text.seq, exc.error_count()) from None  # quotes contents
-    return SnapshotMessage(StoredMessage(text.seq, message, text.tokens), text.identifiers_json)
-
-
-def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
-             snapshot: JobSnapshot[SnapshotMessage]) -> JobPlan:
-    """Decide whether to compact the snapshot, and where the span ends; Skip when not
-    (``worker.job.preview`` runs it without the rest of the job)."""
-    revision = snapshot.revision
-    stored = [m.stored for m in snapshot.messages]
-    prior_tokens = revision.summary_tokens if revision else 0
-    # Under the trigger only the row was read: its projection is the same sum, kept by
-    # every append, swap and rollback.
-    tokens_before = snapshot.session.projection_tokens if snapshot.under_trigger \
-        else sum(m.tokens for m in stored) + prior_tokens
-    request = trace.request
-    decision = decide_compaction(tokens_before, _recent_savings(snapshot),
-                                 policy.trigger, request.force)
-    trace.note(tokens_before=tokens_before, decision=decision.reason.value)
-    if not decision.compact:
-        raise Skip(decision.reason.value)
-    boundary = plan_boundary(group_messages(stored),
-                             prior_through_seq=revision.through_seq if revision else 0,
-                             summary_tokens=prior_tokens, policy=policy.trigger)
-    if boundary is None or not boundary.span:
-        raise Skip("nothing_to_summarize")
-    span_mentions = {m.stored.seq: m.mentions_json for m in snapshot.messages
-                     if m.mentions_json and m.stored.seq <= boundary.through_seq}
-    return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
-
-
-def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
-    """Share of the projection each of the last compactions saved, newest first."""
-    return [1 - r.projection_tokens_after / r.projection_tokens_before
-            for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
-
-
-@dataclass(frozen=True)
-class PrunedSpan:
-    """The plan's span as the summarizer reads it (old tool outputs pruned), with what
-    only the span as stored tells: its calls' outcomes, its seqs and its tokens; and
-    whether the verbatim tail goes on with the span's latest conversation."""
-
-    groups: tuple[Group, ...]
-    outcomes: tuple[CallOutcome, ...]
-    seqs: tuple[int, ...]
-    tokens: int
-    tail_continues: bool
-
-
-def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
-    """Prune the plan's span; the stored span is not needed after this."""
-    stored = plan.boundary.span
-    groups = prune_groups(stored, audit_mode=policy.audit_mode, counter=deps.counter)
-    if policy.span_strategy is not None:
-        groups = apply_strategy(groups, policy.span_strategy, deps.counter)
-    messages = [m for group in stored for m in group.messages]
-    tail = [m for group in plan.boundary.tail for m in group.messages]
-    return PrunedSpan(tuple(groups), tuple(classify_calls(stored)),
-                      tuple(m.seq for m in messages), sum(m.tokens for m in messages),
-                      continues_conversation(messages, tail))
-
-
-def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
-                 span: PrunedSpan, mentions: dict[int, str]) -> SummaryWork:
-    """What the summarizer reads: the pruned span, the prior summary, the identifiers
-    ingest found in the span (their JSON text by seq in ``mentions``, decoded a batch at
-    a time as they are tallied: a job never scans the span for them)."""
-    prior = plan.revision
-    indexed = [seq for seq in span.seqs if seq in mentions]
-    found = decode_mention_lists([mentions[seq] for seq in indexed])
-    work = SummaryWork(
-        span=span.groups,
-        prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(collect_artifacts(zip(indexed, found, strict=True))),
-        outcomes=span.outcomes,
-        span_tokens=span.tokens,
-        budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
-        counter=deps.counter,
-        tail_continues=span.tail_continues,
-    )
-    work.use_stored_line_counts()
-    trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
-               artifacts=len(work.artifacts))
-    return work
-
-
 def _ranked_identifiers(work: SummaryWork, draft: SummaryDraft) -> list[str]:
     """The span's identifiers, most salient first: the error codes that ended a call and
     the values of the draft's decisions and pending items lead."""
@@ -483,18 +299,8 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         session.session_id, expected_revision_id=session.active_revision_id,
         lease_owner=deps.lease_owner(trace.request), revision=new_revision,
         run=trace.new_run(admitted.outcome, reason, rejected, now), now=now,
-        breaker=_breaker_update(open_breaker) if open_breaker else None,
+        breaker=breaker_update(open_breaker) if open_breaker else None,
     )
-
-
-def _session_breaker(session: SessionState) -> Breaker:
-    return Breaker(state=BreakerState(session.breaker_state), failures=session.breaker_failures,
-                   opened_at=session.breaker_opened_at)
-
-
-def _breaker_update(breaker: Breaker) -> BreakerUpdate:
-    return BreakerUpdate(state=breaker.state.value, failures=breaker.failures,
-                         opened_at=breaker.opened_at)
 
 
 def _fail(trace: JobTrace, deps: JobDeps, policy: JobPolicy, exc: CompactionError) -> JobResult:
@@ -519,13 +325,13 @@ def _failed_breaker(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> Breake
     breaker = trace.breaker
     if breaker is None:
         try:
-            breaker = _session_breaker(deps.store.get_session(trace.request.session_id))
+            breaker = session_breaker(deps.store.get_session(trace.request.session_id))
         except StoreError:
             # Unknown session, or a store that fails: the outcome event must still go out.
             return None
     breaker = breaker_after_failure(breaker, deps.clock(), policy.breaker_threshold)
     trace.breaker_state = breaker.state.value
-    return _breaker_update(breaker)
+    return breaker_update(breaker)
 
 
 def _finish(trace: JobTrace, deps: JobDeps, outcome: Outcome, reason: str,

@@ -1,7 +1,7 @@
 """What a job would do to a session, without doing it (``compactor compact --dry-run``).
 
-It runs the job's own steps up to the summarizer (``pipeline.plan_job``: the trigger,
-anti-thrash and the boundary; ``pipeline.summary_work``: the pruned span) and asks the
+It runs the job's own steps up to the summarizer (``planning.plan_job``: the trigger,
+anti-thrash and the boundary; ``planning.summary_work``: the pruned span) and asks the
 LLM summarizer for its call plan (``plan_summary_calls``, as a job makes it). It reads the
 session once and writes nothing: no lease, no LLM call, no run row.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from worker.compaction import ChunkPlan, CompactionError
-from worker.job.pipeline import plan_job, prune_span, read_job_snapshot, summary_work
+from worker.job.planning import plan_job, prune_span, read_job_snapshot, summary_work
 from worker.job.values import JobDeps, JobPolicy, JobRequest, JobTrace, Skip
 from worker.summarizers import SummaryWork
 

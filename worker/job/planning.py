@@ -1,0 +1,174 @@
+"""The job's plan: its snapshot read (each message parsed as its row arrives), the
+trigger and anti-thrash decision, the boundary, the span pruned with each tool result's
+outcome classified, and the summarizer's work. ``worker.job.preview`` runs these steps
+without the rest of the job."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from db import (
+    JobSnapshot,
+    MessageText,
+    RevisionRecord,
+    SessionState,
+    decode_mention_lists,
+)
+from worker.compaction import (
+    Boundary,
+    CallOutcome,
+    Group,
+    StoredMessage,
+    Summary,
+    apply_strategy,
+    classify_calls,
+    collect_artifacts,
+    continues_conversation,
+    decide_compaction,
+    group_messages,
+    parse_message_json,
+    plan_boundary,
+    prune_groups,
+)
+from worker.errors import (
+    StoredMessageInvalid,
+)
+from worker.job.values import JobDeps, JobPolicy, JobTrace, Skip
+from worker.summarizers import SummaryWork
+
+# How many of the newest revisions the trigger weighs (their savings guard re-compaction).
+RECENT_HISTORY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMessage:
+    """A snapshot's message as the job reads it, with the identifiers ingest stored (as
+    their JSON text: only the span's are decoded, as they are tallied)."""
+
+    stored: StoredMessage
+    mentions_json: str | None  # None: not indexed yet
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Where the snapshot's span ends: what the rest of the job works on. The snapshot's
+    message list is not kept: the boundary's groups hold every message the job uses,
+    ``span_mentions`` the identifiers stored for the span's (by seq)."""
+
+    session: SessionState
+    revision: RevisionRecord | None
+    boundary: Boundary
+    decision: str
+    span_mentions: dict[int, str]
+
+    @property
+    def prior_summary_tokens(self) -> int:
+        return self.revision.summary_tokens if self.revision else 0
+
+    def without_span(self) -> JobPlan:
+        """The plan once its span is pruned (:func:`prune_span`): the stored span (every
+        old tool output in full) can be freed before the artifacts are tallied and the
+        summarizer runs, and so can its stored mentions, once tallied."""
+        return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
+                                   span_mentions={})
+
+
+def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMessage]:
+    """Read the job's snapshot, each message parsed from its stored JSON text as its row
+    arrives (one copy of the session in memory, never a dict tree beside the models)."""
+    return deps.store.job_snapshot(session_id, history=RECENT_HISTORY,
+                                   to_message=to_snapshot_message)
+
+
+def to_snapshot_message(text: MessageText) -> SnapshotMessage:
+    try:
+        message = parse_message_json(text.body_json)
+    except ValidationError as exc:
+        raise StoredMessageInvalid(text.seq, exc.error_count()) from None  # quotes contents
+    return SnapshotMessage(StoredMessage(text.seq, message, text.tokens), text.identifiers_json)
+
+
+def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
+             snapshot: JobSnapshot[SnapshotMessage]) -> JobPlan:
+    """Decide whether to compact the snapshot, and where the span ends; Skip when not
+    (``worker.job.preview`` runs it without the rest of the job)."""
+    revision = snapshot.revision
+    stored = [m.stored for m in snapshot.messages]
+    prior_tokens = revision.summary_tokens if revision else 0
+    # Under the trigger only the row was read: its projection is the same sum, kept by
+    # every append, swap and rollback.
+    tokens_before = snapshot.session.projection_tokens if snapshot.under_trigger \
+        else sum(m.tokens for m in stored) + prior_tokens
+    request = trace.request
+    decision = decide_compaction(tokens_before, _recent_savings(snapshot),
+                                 policy.trigger, request.force)
+    trace.note(tokens_before=tokens_before, decision=decision.reason.value)
+    if not decision.compact:
+        raise Skip(decision.reason.value)
+    boundary = plan_boundary(group_messages(stored),
+                             prior_through_seq=revision.through_seq if revision else 0,
+                             summary_tokens=prior_tokens, policy=policy.trigger)
+    if boundary is None or not boundary.span:
+        raise Skip("nothing_to_summarize")
+    span_mentions = {m.stored.seq: m.mentions_json for m in snapshot.messages
+                     if m.mentions_json and m.stored.seq <= boundary.through_seq}
+    return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
+
+
+def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
+    """Share of the projection each of the last compactions saved, newest first."""
+    return [1 - r.projection_tokens_after / r.projection_tokens_before
+            for r in snapshot.recent_revisions if r.projection_tokens_before > 0]
+
+
+@dataclass(frozen=True)
+class PrunedSpan:
+    """The plan's span as the summarizer reads it (old tool outputs pruned), with what
+    only the span as stored tells: its calls' outcomes, its seqs and its tokens; and
+    whether the verbatim tail goes on with the span's latest conversation."""
+
+    groups: tuple[Group, ...]
+    outcomes: tuple[CallOutcome, ...]
+    seqs: tuple[int, ...]
+    tokens: int
+    tail_continues: bool
+
+
+def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
+    """Prune the plan's span; the stored span is not needed after this."""
+    stored = plan.boundary.span
+    groups = prune_groups(stored, audit_mode=policy.audit_mode, counter=deps.counter)
+    if policy.span_strategy is not None:
+        groups = apply_strategy(groups, policy.span_strategy, deps.counter)
+    messages = [m for group in stored for m in group.messages]
+    tail = [m for group in plan.boundary.tail for m in group.messages]
+    return PrunedSpan(tuple(groups), tuple(classify_calls(stored)),
+                      tuple(m.seq for m in messages), sum(m.tokens for m in messages),
+                      continues_conversation(messages, tail))
+
+
+def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
+                 span: PrunedSpan, mentions: dict[int, str]) -> SummaryWork:
+    """What the summarizer reads: the pruned span, the prior summary, the identifiers
+    ingest found in the span (their JSON text by seq in ``mentions``, decoded a batch at
+    a time as they are tallied: a job never scans the span for them)."""
+    prior = plan.revision
+    indexed = [seq for seq in span.seqs if seq in mentions]
+    found = decode_mention_lists([mentions[seq] for seq in indexed])
+    work = SummaryWork(
+        span=span.groups,
+        prior=Summary.model_validate(prior.summary) if prior else None,
+        artifacts=tuple(collect_artifacts(zip(indexed, found, strict=True))),
+        outcomes=span.outcomes,
+        span_tokens=span.tokens,
+        budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
+        counter=deps.counter,
+        tail_continues=span.tail_continues,
+    )
+    work.use_stored_line_counts()
+    trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
+               artifacts=len(work.artifacts))
+    return work
