@@ -72,6 +72,7 @@ def main() -> None:
         print_table(("worker", "per-task ms median"),
                     [("service (worker.broker.celery_app)", median(service_ms)),
                      ("bare Celery (bench.floor_worker)", median(bare_ms))])
+        print()  # a table starts after a blank line (the smoke test reads them apart)
         print_table(("service / bare", "min", "median", "max"),
                     [("per-task wall time", min(ratios), median(ratios), max(ratios))])
 
