@@ -76,8 +76,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         worker_soft_shutdown_timeout=settings.worker_soft_shutdown_s,
         worker_enable_soft_shutdown_on_idle=settings.worker_soft_shutdown_s > 0,
         # Inspects every item of the service's queues before kombu reads it; refused ones
-        # are dead-lettered.
-        broker_transport="worker.broker.transport:InspectingTransport",
+        # are dead-lettered. Settings name a Sentinel master exactly with sentinel:// URLs.
+        broker_transport=("worker.broker.transport:InspectingTransport"
+                          if settings.redis_sentinel_master is None
+                          else "worker.broker.transport:InspectingSentinelTransport"),
         # Reports messages Celery still cannot turn into a request as rejected jobs.
         worker_consumer="worker.broker.consumer:JobConsumer",
         task_soft_time_limit=settings.task_soft_time_limit_s,
@@ -94,6 +96,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "socket_connect_timeout": settings.redis_socket_timeout_s,
             "socket_keepalive": True,
             ITEM_POLICY_OPTION: item_policy_option(settings),
+            **({} if settings.redis_sentinel_master is None
+               else {"master_name": settings.redis_sentinel_master}),
         },
         broker_connection_retry_on_startup=True,
         # configure_process_logging owns logging; these two are moot while it is connected

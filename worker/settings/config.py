@@ -81,7 +81,13 @@ class Settings(BaseSettings):
 
     # --- broker --------------------------------------------------------------------
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="Redis URL of the Celery broker (URL)."
+        "redis://127.0.0.1:6379/0", description="Redis of the broker and the fleet state: "
+        "redis://, rediss:// or unix://, or sentinel://HOST:PORT[/DB] URLs joined by ';' "
+        "(URL)."
+    )
+    redis_sentinel_master: str | None = Field(
+        None, description="Name of the master the sentinels of a sentinel:// redis_url "
+        "watch; required with one, refused without (name)."
     )
     redis_key_prefix: str = Field(
         "compactor:", description="Prefix of every Redis key the service writes (string)."
@@ -366,6 +372,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe_limits(self) -> Self:
+        if setting_rules.is_sentinel_url(self.redis_url) != bool(self.redis_sentinel_master):
+            raise ValueError("COMPACTOR_REDIS_SENTINEL_MASTER names the Sentinel master, and "
+                             "is set exactly when COMPACTOR_REDIS_URL is sentinel://")
         if self.summary_budget_max_tokens < self.summary_budget_tokens:
             raise ValueError("COMPACTOR_SUMMARY_BUDGET_MAX_TOKENS must be at least "
                              "COMPACTOR_SUMMARY_BUDGET_TOKENS")
