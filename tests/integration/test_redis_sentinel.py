@@ -90,3 +90,17 @@ def test_the_command_line_reaches_redis_through_the_sentinels(
                                                                      reconcile.output)
     with connect_redis(settings) as client:  # the scan held its lock under the prefix
         assert client.exists(RedisKeys(settings.redis_key_prefix).scan_lock()) == 0
+
+
+def test_the_demo_runs_its_jobs_through_the_sentinels(
+    sentinel: PrivateSentinel, tmp_path: Path
+) -> None:
+    compactor = Compactor({"COMPACTOR_DATA_DIR": str(tmp_path / "demo"),
+                           "COMPACTOR_REDIS_URL": sentinel.url,
+                           "COMPACTOR_REDIS_SENTINEL_MASTER": MASTER_NAME})
+
+    done = compactor.subprocess("demo", "--count", "3")
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"redis: {sentinel.url} " in done.stdout
+    assert "compacting 1 of 3 sessions" in done.stdout

@@ -355,6 +355,8 @@ class Settings(BaseSettings):
     _check_database_url = field_validator("database_url")(
         lambda url: url if not url else setting_rules.check_database_url(url))
     _check_redis_url = field_validator("redis_url")(setting_rules.check_redis_url)
+    # Set empty, as an environment that must override an inherited name sets it: no master.
+    _unset_empty_master = field_validator("redis_sentinel_master")(lambda name: name or None)
     _check_llm_base_url = field_validator("llm_base_url")(
         lambda url: url if not url else setting_rules.check_http_url(url))
     _check_scan_cron = field_validator("scan_cron")(setting_rules.check_cron)
