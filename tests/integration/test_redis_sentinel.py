@@ -1,7 +1,7 @@
 """Every Redis client of the service on ``sentinel://`` URLs, against a private primary,
-replica and sentinels: a fleet-state client follows the master through a failover, and
-the command line (check, scan, reconcile, dead letters) reaches Redis through the
-sentinels."""
+replica and sentinels: a fleet-state client follows the master through a failover; the
+command line (check, scan, reconcile, dead letters, the demo) and the metrics' fleet-state
+reader reach Redis through the sentinels."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import redis
 
 from tests.support.cli import Compactor
 from tests.support.sentinel import MASTER_NAME, PrivateSentinel
+from worker.metrics_state import FleetStateReader
 from worker.settings.config import Settings
 from worker.shared_state.connection import connect_redis
 from worker.shared_state.keys import RedisKeys
@@ -90,6 +91,21 @@ def test_the_command_line_reaches_redis_through_the_sentinels(
                                                                      reconcile.output)
     with connect_redis(settings) as client:  # the scan held its lock under the prefix
         assert client.exists(RedisKeys(settings.redis_key_prefix).scan_lock()) == 0
+
+
+def test_the_metrics_read_the_queue_depth_through_the_sentinels(
+    sentinel: PrivateSentinel, database_url: str
+) -> None:
+    settings = sentinel_settings(sentinel).model_copy(update={"database_url": database_url})
+    with connect_redis(settings) as client:
+        client.lpush(f"{settings.redis_key_prefix}{settings.queue_name}", b"a", b"b")
+    reader = FleetStateReader(settings)
+    try:
+        state = reader()
+    finally:
+        reader.close()
+
+    assert (state.queue_depth, state.provider_breaker) == (2, "closed")
 
 
 def test_the_demo_runs_its_jobs_through_the_sentinels(
