@@ -1,7 +1,8 @@
 """Redis with Sentinel: a real worker, the scan and every piece of fleet state on a
-``sentinel://`` URL, while the sentinels fail the primary over to its replica in the middle
-of the run. No job is lost (each ends in its ``compaction.job`` event and run row) and no
-session is stranded (none keeps a queue marker or a lease)."""
+``sentinel://`` URL (the sentinels behind a password), while the primary is killed in the
+middle of the run and the sentinels promote its replica. No job is lost (each ends in its
+``compaction.job`` event and run row) and no session is stranded (none keeps a queue
+marker or a lease)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ SESSIONS = [f"failover-{n}" for n in range(10)]
 JOBS_BEFORE_FAILOVER = 3
 # Every job, each a couple of LLM calls of 1.5 s on two pool children, and the failover.
 RUN_TIMEOUT_S = 90.0
+SENTINEL_PASSWORD = "sentinel-s3cret"  # the sentinels require it; the Redis nodes do not
 
 
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Iterator[PrivateSentinel]:
-    with PrivateSentinel(tmp_path) as running:
+    with PrivateSentinel(tmp_path, password=SENTINEL_PASSWORD) as running:
         yield running
 
 
@@ -45,7 +47,8 @@ def sentinel(tmp_path: Path) -> Iterator[PrivateSentinel]:
 def failover_env(postgres_url: str, sentinel: PrivateSentinel) -> Iterator[JobEnv]:
     with OpenAIServer(behaviour="latency", latency_ms=1_500) as server:
         yield build_job_env(postgres_url, server.base_url, redis_url=sentinel.url,
-                            redis_sentinel_master=MASTER_NAME, quiet_period_s=0)
+                            redis_sentinel_master=MASTER_NAME,
+                            redis_sentinel_password=SENTINEL_PASSWORD, quiet_period_s=0)
 
 
 def held_sessions(store: Store) -> list[str]:

@@ -34,8 +34,10 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
 class PrivateSentinel:
     """Primary, replica and ``sentinels`` sentinels (quorum 1) watching ``MASTER_NAME``."""
 
-    def __init__(self, work_dir: Path, *, sentinels: int = 2) -> None:
+    def __init__(self, work_dir: Path, *, sentinels: int = 2,
+                 password: str | None = None) -> None:
         self.work_dir = work_dir
+        self.password = password  # the sentinels' requirepass
         self.data_ports = [free_port(), free_port()]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -47,7 +49,7 @@ class PrivateSentinel:
 
     def master_port(self) -> int:
         """The port of the master the first sentinel names now."""
-        with redis.Redis(port=self.sentinel_ports[0], socket_timeout=2) as sentinel:
+        with self._sentinel(self.sentinel_ports[0]) as sentinel:
             _, port = sentinel.sentinel_get_master_addr_by_name(MASTER_NAME)
         return int(port)
 
@@ -62,7 +64,8 @@ class PrivateSentinel:
                 f"port {port}\nbind 127.0.0.1\ndir {self.work_dir}\n"
                 f"sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 1\n"
                 f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
-                f"sentinel failover-timeout {MASTER_NAME} 10000\n")
+                f"sentinel failover-timeout {MASTER_NAME} 10000\n"
+                + (f"requirepass {self.password}\n" if self.password else ""))
             self._spawn_sentinel(config)
         for port in self.sentinel_ports:
             wait_for(lambda port=port: self._sees_replica(port), UP_TIMEOUT_S,  # type: ignore[misc]
@@ -112,16 +115,19 @@ class PrivateSentinel:
             [redis_server_binary(), str(config), "--sentinel"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, password=self.password, socket_timeout=2)
+
     def _replica_synced(self, port: int) -> bool:
         with redis.Redis(port=port, socket_timeout=2) as client:
             return bool(client.info("replication").get("master_link_status") == "up")
 
     def _sees_replica(self, port: int) -> bool:
-        with redis.Redis(port=port, socket_timeout=2) as sentinel:
+        with self._sentinel(port) as sentinel:
             return bool(sentinel.sentinel_slaves(MASTER_NAME))
 
     def _names(self, port: int) -> int:
-        with redis.Redis(port=port, socket_timeout=2) as sentinel:
+        with self._sentinel(port) as sentinel:
             return int(sentinel.sentinel_get_master_addr_by_name(MASTER_NAME)[1])
 
     def _is_master(self, port: int) -> bool:

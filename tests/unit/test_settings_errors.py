@@ -191,6 +191,12 @@ def test_a_sentinel_master_is_named_exactly_with_sentinel_urls(
         "exactly when COMPACTOR_REDIS_URL is sentinel://"]
 
 
+def test_a_sentinel_password_needs_sentinel_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert problem_lines(monkeypatch, COMPACTOR_REDIS_SENTINEL_PASSWORD="s3cret") == [
+        "settings: COMPACTOR_REDIS_SENTINEL_PASSWORD is the sentinels' password: set it only "
+        "with a sentinel:// COMPACTOR_REDIS_URL"]
+
+
 def test_the_lease_must_expire_before_redis_redelivers(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = problem_lines(monkeypatch, COMPACTOR_LEASE_TTL_S="3600")
 

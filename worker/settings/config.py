@@ -89,6 +89,10 @@ class Settings(BaseSettings):
         None, description="Name of the master the sentinels of a sentinel:// redis_url "
         "watch; required with one, refused without (name)."
     )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="Password of the sentinels themselves (their requirepass); the "
+        "master's is the first sentinel:// URL's (secret; unset = none)."
+    )
     redis_key_prefix: str = Field(
         "compactor:", description="Prefix of every Redis key the service writes (string)."
     )
@@ -377,6 +381,9 @@ class Settings(BaseSettings):
         if setting_rules.is_sentinel_url(self.redis_url) != bool(self.redis_sentinel_master):
             raise ValueError("COMPACTOR_REDIS_SENTINEL_MASTER names the Sentinel master, and "
                              "is set exactly when COMPACTOR_REDIS_URL is sentinel://")
+        if self.redis_sentinel_password and not self.redis_sentinel_master:
+            raise ValueError("COMPACTOR_REDIS_SENTINEL_PASSWORD is the sentinels' password: "
+                             "set it only with a sentinel:// COMPACTOR_REDIS_URL")
         if self.summary_budget_max_tokens < self.summary_budget_tokens:
             raise ValueError("COMPACTOR_SUMMARY_BUDGET_MAX_TOKENS must be at least "
                              "COMPACTOR_SUMMARY_BUDGET_TOKENS")

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import redis
+from pydantic import SecretStr
 from redis.sentinel import Sentinel
 
 SENTINEL_DEFAULT_PORT = 26379  # kombu's SentinelTransport reads a port-less URL the same
@@ -23,6 +24,9 @@ class RedisSource(Protocol):
 
     @property
     def redis_sentinel_master(self) -> str | None: ...
+
+    @property
+    def redis_sentinel_password(self) -> SecretStr | None: ...
 
     @property
     def redis_socket_timeout_s(self) -> float: ...
@@ -68,8 +72,15 @@ def connect_redis(source: RedisSource, *, timeout_s: float | None = None,
         return redis.Redis.from_url(source.redis_url, **sockets, **options)
     address = read_sentinel_url(source.redis_url)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py: unannotated
-        list(address.sentinels), sentinel_kwargs=sockets, **sockets)
+        list(address.sentinels), sentinel_kwargs=sentinel_options(source, sockets), **sockets)
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]  # as above
         source.redis_sentinel_master, redis_class=redis.Redis, db=address.db,
         username=address.username, password=address.password, **options)
     return client
+
+
+def sentinel_options(source: RedisSource, sockets: dict[str, Any]) -> dict[str, Any]:
+    """The connection arguments of the sentinels themselves (kombu's ``sentinel_kwargs``):
+    the sockets' timeouts, and their password when they require one."""
+    password = source.redis_sentinel_password
+    return {**sockets, **({"password": password.get_secret_value()} if password else {})}
