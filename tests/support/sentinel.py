@@ -15,7 +15,7 @@ import redis
 from tests.support.chaos import free_port, redis_server_binary
 
 MASTER_NAME = "compactor-test"
-UP_TIMEOUT_S = 20.0
+UP_TIMEOUT_S = 30.0
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -34,7 +34,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
 class PrivateSentinel:
     """Primary, replica and ``sentinels`` sentinels (quorum 1) watching ``MASTER_NAME``."""
 
-    def __init__(self, work_dir: Path, *, sentinels: int = 2,
+    def __init__(self, work_dir: Path, *, sentinels: int = 3,
                  password: str | None = None) -> None:
         self.work_dir = work_dir
         self.password = password  # the sentinels' requirepass
@@ -64,7 +64,8 @@ class PrivateSentinel:
                 f"port {port}\nbind 127.0.0.1\ndir {self.work_dir}\n"
                 f"sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 1\n"
                 f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
-                f"sentinel failover-timeout {MASTER_NAME} 10000\n"
+                # A split vote is tried again after twice this: soon, in a test.
+                f"sentinel failover-timeout {MASTER_NAME} 2000\n"
                 + (f"requirepass {self.password}\n" if self.password else ""))
             self._spawn_sentinel(config)
         for port in self.sentinel_ports:
