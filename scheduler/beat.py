@@ -28,6 +28,7 @@ from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_
 from worker.logging import get_logger
 from worker.platform.lifecycle import collect_garbage, gc_policy
 from worker.settings.config import Settings, get_settings
+from worker.shared_state.connection import connect_redis
 from worker.shared_state.keys import RedisKeys
 
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
@@ -152,8 +153,7 @@ def run_scheduled_scan(
     store = Store.from_url(settings.effective_database_url,
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
                            call_timeout_s=settings.db_call_timeout_s)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
-                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+    client = connect_redis(settings, timeout_s=REDIS_TIMEOUT_S)
     try:
         store.check_schema()
         lock = scan_lock(client, RedisKeys(settings.redis_key_prefix))

@@ -52,6 +52,7 @@ from worker.logging import get_logger
 from worker.runtime import current_runtime
 from worker.settings.config import Settings, get_settings
 from worker.shared_state.attempt_journal import AttemptJournal
+from worker.shared_state.connection import connect_redis
 from worker.shared_state.keys import RedisKeys
 
 RECONCILE_EVENT = "compaction.reconcile"
@@ -285,8 +286,7 @@ def is_job_lost(store: Store, broker: BrokerJobs, session_id: str, job_id: str,
 @contextmanager
 def broker_jobs(settings: Settings) -> Iterator[BrokerJobs]:
     """A reader of the jobs Redis holds for the settings' queue, its client closed after."""
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
-                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+    client = connect_redis(settings, timeout_s=REDIS_TIMEOUT_S)
     try:
         yield BrokerJobs(client, settings.redis_key_prefix, settings.queue_name)
     finally:

@@ -35,6 +35,7 @@ from worker.errors import (
 from worker.scrub import mask_url, scrub_text
 from worker.settings.config import Settings, SummarizerKind
 from worker.settings.errors import unknown_variables
+from worker.shared_state.connection import connect_redis
 from worker.tokenizer.offline import load_encoding
 
 REDIS_TIMEOUT_S = 5.0
@@ -146,9 +147,8 @@ def check_database(settings: Settings) -> str:
 
 
 def check_redis(settings: Settings) -> str:
-    shown = mask_url(settings.redis_url)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
-                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+    shown = ";".join(mask_url(url) for url in settings.redis_url.split(";"))
+    client = connect_redis(settings, timeout_s=REDIS_TIMEOUT_S)
     try:
         client.ping()
     except redis.AuthenticationError as error:

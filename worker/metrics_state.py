@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from db import Store, StoreError
 from worker.logging import get_logger
 from worker.settings.config import Settings
+from worker.shared_state.connection import connect_redis
 from worker.shared_state.keys import RedisKeys
 
 STATE_TTL_S = 5.0
@@ -82,8 +83,7 @@ class FleetStateReader:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._store: Store | None = None
-        self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2,
-                                           socket_connect_timeout=2)
+        self._redis = connect_redis(settings, timeout_s=2)
         self._keys = RedisKeys(settings.redis_key_prefix)
 
     def __call__(self) -> FleetState:

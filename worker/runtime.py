@@ -18,6 +18,7 @@ from worker.job.ports import JobStore
 from worker.job.values import JobDeps, JobPolicy
 from worker.settings.config import BreakerOpenPolicy, Settings, SummarizerKind
 from worker.shared_state.attempt_journal import AttemptJournal
+from worker.shared_state.connection import connect_redis
 from worker.shared_state.deliveries import DeliveryCounter
 from worker.shared_state.keys import RedisKeys
 from worker.shared_state.provider_breaker import (
@@ -87,10 +88,7 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
                            call_timeout_s=settings.db_call_timeout_s)
     counter = TokenCounter(load_encoding(settings.tokenizer_encoding, settings.tiktoken_cache_dir))
-    client = redis.Redis.from_url(
-        settings.redis_url, socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=settings.redis_socket_timeout_s, socket_keepalive=True,
-    ) if use_redis else None
+    client = connect_redis(settings, keepalive=True) if use_redis else None
     keys = RedisKeys(settings.redis_key_prefix)
     state = ProviderBreakerStore(client, keys) if client else InMemoryBreakerState()
     provider_breaker = ProviderBreaker(state, threshold=settings.provider_breaker_threshold,

@@ -156,12 +156,10 @@ def _find(letters: DeadLetters, entry_id: str) -> DeadLetter:
 
 
 def _dead_letters(settings: Settings) -> DeadLetters:
-    import redis
-
+    from worker.shared_state.connection import connect_redis
     from worker.shared_state.dead_letters import DeadLetters
 
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5,
-                                  socket_timeout=10)
+    client = connect_redis(settings, timeout_s=10)
     return DeadLetters(client, RedisKeys(settings.redis_key_prefix),
                        settings.dead_letter_max_items)
 

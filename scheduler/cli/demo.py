@@ -102,7 +102,10 @@ def run_demo(settings: Settings, sessions: Path | None, count: int, seed: int, *
         reports = import_sessions(store, settings, sessions, count, seed)
         demo_report.print_import(console, reports)
         with demo_redis(settings, force_embedded=force_embedded) as redis_url:
-            run_settings = settings.model_copy(update={"redis_url": redis_url})
+            # The embedded Redis is a plain one, whatever the configured URL.
+            run_settings = settings.model_copy(update={
+                "redis_url": redis_url, "redis_sentinel_master":
+                settings.redis_sentinel_master if redis_url == settings.redis_url else None})
             stored = [r.session_id for r in reports if r.status is not ImportStatus.REJECTED]
             return run_jobs(store, run_settings, stored, concurrency, timeout_s)
 
@@ -147,10 +150,11 @@ def import_sessions(store: Store, settings: Settings, path: Path | None, count: 
 def demo_redis(settings: Settings, *, force_embedded: bool) -> Iterator[str]:
     """Yield the Redis URL of this run: the configured one, or a private embedded one."""
     from scheduler.cli.demo_services import DemoServiceError, embedded_redis, is_redis_reachable
+    from worker.shared_state.connection import connect_redis
 
     console = stdout_console()
     shown_url = display_url(settings.redis_url)
-    if not force_embedded and is_redis_reachable(settings.redis_url):
+    if not force_embedded and is_redis_reachable(connect_redis(settings, timeout_s=1)):
         console.print(f"redis: {shown_url} (queue {settings.queue_name!r}, key prefix "
                       f"{settings.redis_key_prefix!r})", highlight=False, soft_wrap=True)
         yield settings.redis_url
@@ -227,6 +231,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "COMPACTOR_DATA_DIR": str(settings.data_dir),
             "COMPACTOR_DATABASE_URL": settings.effective_database_url,
             "COMPACTOR_REDIS_URL": settings.redis_url,
+            "COMPACTOR_REDIS_SENTINEL_MASTER": settings.redis_sentinel_master or "",
             "COMPACTOR_REDIS_KEY_PREFIX": settings.redis_key_prefix,
             "COMPACTOR_QUEUE_NAME": settings.queue_name,
             "COMPACTOR_MODEL_CONTEXT_TOKENS": str(settings.model_context_tokens),
@@ -238,9 +243,10 @@ def _clean_up(store: Store, settings: Settings, jobs: list[QueuedJob]) -> None:
     """Free the sessions of jobs that never ran for the next scan; drop the demo's keys."""
     from scheduler.cli.demo_jobs import release_unfinished, session_of
     from scheduler.cli.demo_services import delete_keys, is_redis_reachable
+    from worker.shared_state.connection import connect_redis
 
     started = {run.task_id for job in jobs
                for run in store.runs(session_id=session_of(job), limit=50) if run.task_id}
     release_unfinished(settings, jobs, started)
-    if is_redis_reachable(settings.redis_url):
-        delete_keys(settings.redis_url, settings.redis_key_prefix)
+    if is_redis_reachable(connect_redis(settings, timeout_s=1)):
+        delete_keys(connect_redis(settings), settings.redis_key_prefix)

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import redis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from db import RunRecord, Store
@@ -20,6 +19,7 @@ from scheduler.enqueue import CeleryPublisher, Publisher, QueuedJob
 from worker.broker.celery_app import create_app
 from worker.errors import TransientError
 from worker.settings.config import Settings
+from worker.shared_state.connection import connect_redis
 from worker.shared_state.keys import RedisKeys
 
 POLL_INTERVAL_S = 0.5
@@ -45,7 +45,7 @@ def scan_and_enqueue(settings: Settings, now: datetime) -> list[QueuedJob] | Non
     """Run one scan under the scan lock, as beat does; None when the lock is held."""
     store = Store.from_url(settings.effective_database_url,
                            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect_redis(settings)
     app = create_app(settings)
     publisher = RecordingPublisher(CeleryPublisher(app, settings.queue_name))
     try:

@@ -28,9 +28,8 @@ class DemoServiceError(RuntimeError):
     """Raised when a process the demo needs cannot be started."""
 
 
-def is_redis_reachable(url: str, timeout_s: float = 1.0) -> bool:
-    """True when a Redis server answers PING at ``url``."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+def is_redis_reachable(client: redis.Redis) -> bool:
+    """True when ``client``'s Redis answers PING; the client is closed after."""
     try:
         return bool(client.ping())
     except (redis.RedisError, OSError, ValueError):
@@ -39,11 +38,11 @@ def is_redis_reachable(url: str, timeout_s: float = 1.0) -> bool:
         client.close()
 
 
-def delete_keys(url: str, prefix: str) -> int:
-    """Delete every key under ``prefix`` (the demo's own, never a deployment's)."""
+def delete_keys(client: redis.Redis, prefix: str) -> int:
+    """Delete every key under ``prefix`` (the demo's own, never a deployment's); the
+    client is closed after."""
     if not prefix:
         raise ValueError("refusing to delete keys without a prefix")
-    client = redis.Redis.from_url(url)
     try:
         keys = list(client.scan_iter(match=re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"))
         return int(client.delete(*keys)) if keys else 0
@@ -96,7 +95,8 @@ def embedded_redis(work_dir: Path) -> Iterator[EmbeddedRedis]:
 def _wait_for_redis(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
     deadline = time.monotonic() + REDIS_START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if is_redis_reachable(url, timeout_s=0.5):
+        if is_redis_reachable(redis.Redis.from_url(url, socket_connect_timeout=0.5,
+                                                   socket_timeout=0.5)):
             return
         if process.poll() is not None:
             break

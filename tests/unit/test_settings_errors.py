@@ -51,8 +51,9 @@ def problem_lines(monkeypatch: pytest.MonkeyPatch, **env: str) -> list[str]:
      "COMPACTOR_SCAN_TOKEN_BUDGET='0': Input should be greater than 0; allowed: a whole "
      "number above 0, or unset"),
     ("COMPACTOR_REDIS_URL", "localhost:6379",
-     "COMPACTOR_REDIS_URL='localhost:6379': not a redis://, rediss:// or unix:// URL; "
-     "allowed: a redis://HOST[:PORT]/DB, rediss://… or unix://PATH URL"),
+     "COMPACTOR_REDIS_URL='localhost:6379': not a redis://, rediss://, unix:// or "
+     "sentinel:// URL; allowed: a redis://HOST[:PORT]/DB, rediss://… or unix://PATH URL, or "
+     "sentinel://HOST[:PORT][/DB] URLs joined by ';'"),
     ("COMPACTOR_DATABASE_URL", "mysql://app:s3cret@db/compactor",
      "COMPACTOR_DATABASE_URL='mysql://app:***@db/compactor': not a sqlite:/// or "
      "postgresql:// URL; allowed: a sqlite:///PATH or postgresql+psycopg://USER@HOST/DB URL"),
@@ -122,6 +123,8 @@ def test_the_cron_rule_accepts_what_celery_beat_reads_and_nothing_else(expressio
     (check_redis_url, "rediss://user:s3cret@cache:6380/1"),
     (check_redis_url, "redis://cache"),
     (check_redis_url, "unix:///run/redis/redis.sock?db=1"),
+    (check_redis_url, "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379"),
+    (check_redis_url, "sentinel://:s3cret@sentinel-a/2;sentinel://sentinel-b:26380"),
     (check_http_url, "https://api.openai.com/v1"),
     (check_http_url, "http://user:secret@127.0.0.1:8000/v1?api-key=k"),
     (check_http_url, "https://[::1]:8443/openai/deployments/gpt"),
@@ -141,6 +144,11 @@ def test_every_url_form_accepted_before_is_accepted(check: Callable[[str], str],
     (check_redis_url, "redis:///0", "the URL names no host"),
     (check_redis_url, "redis://cache/zero", "the path must be the database number, e.g. /0"),
     (check_redis_url, "redis://cache:70000/0", "the port is not a number from 0 to 65535"),
+    (check_redis_url, "redis://a:6379;redis://b:6379", "only sentinel:// URLs form a list"),
+    (check_redis_url, "sentinel://a:26379;redis://b:6379",
+     "every URL of a sentinel list is sentinel://HOST[:PORT]"),
+    (check_redis_url, "sentinel://a:26379;sentinel:///0", "the URL names no host"),
+    (check_redis_url, "sentinel://a:26379/zero", "the path must be the database number, e.g. /0"),
     (check_http_url, "http:///v1", "the URL names no host"),
     (check_http_url, "ftp://host/v1", "not an http:// or https:// URL"),
 ])
@@ -169,6 +177,24 @@ def test_the_visibility_timeout_must_outlast_the_worst_case_job(
                      "worst-case job, COMPACTOR_TASK_HARD_TIME_LIMIT_S=1860 (worst-case LLM "
                      "time 1560s is below the soft limit), or Redis redelivers a job that is "
                      "still running"]
+
+
+@pytest.mark.parametrize("env", [
+    {"COMPACTOR_REDIS_URL": "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379"},
+    {"COMPACTOR_REDIS_SENTINEL_MASTER": "mymaster"},
+])
+def test_a_sentinel_master_is_named_exactly_with_sentinel_urls(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    assert problem_lines(monkeypatch, **env) == [
+        "settings: COMPACTOR_REDIS_SENTINEL_MASTER names the Sentinel master, and is set "
+        "exactly when COMPACTOR_REDIS_URL is sentinel://"]
+
+
+def test_a_sentinel_password_needs_sentinel_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert problem_lines(monkeypatch, COMPACTOR_REDIS_SENTINEL_PASSWORD="s3cret") == [
+        "settings: COMPACTOR_REDIS_SENTINEL_PASSWORD is the sentinels' password: set it only "
+        "with a sentinel:// COMPACTOR_REDIS_URL"]
 
 
 def test_the_lease_must_expire_before_redis_redelivers(monkeypatch: pytest.MonkeyPatch) -> None:

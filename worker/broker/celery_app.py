@@ -37,6 +37,7 @@ from worker.logging import get_logger
 from worker.memory import map_large_blocks, return_free_heap, use_one_malloc_arena
 from worker.settings.config import Settings, get_settings
 from worker.settings.errors import EXIT_INVALID_SETTINGS, settings_or_exit
+from worker.shared_state.connection import sentinel_options
 from worker.tracing.spans import is_tracing_configured
 
 _INCLUDE = ["worker.broker.tasks", "scheduler.tasks"]
@@ -54,6 +55,10 @@ def create_app(settings: Settings) -> Celery:
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The app's configuration: Celery's names for the settings' values."""
+    # A Redis that hangs fails a read instead of blocking the worker for good.
+    sockets = {"socket_timeout": settings.redis_socket_timeout_s,
+               "socket_connect_timeout": settings.redis_socket_timeout_s,
+               "socket_keepalive": True}
     return dict(
         broker_url=settings.redis_url,
         task_serializer="json",
@@ -77,8 +82,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         worker_soft_shutdown_timeout=settings.worker_soft_shutdown_s,
         worker_enable_soft_shutdown_on_idle=settings.worker_soft_shutdown_s > 0,
         # Inspects every item of the service's queues before kombu reads it; refused ones
-        # are dead-lettered.
-        broker_transport="worker.broker.transport:InspectingTransport",
+        # are dead-lettered. Settings name a Sentinel master exactly with sentinel:// URLs.
+        broker_transport=("worker.broker.transport:InspectingTransport"
+                          if settings.redis_sentinel_master is None
+                          else "worker.broker.transport:InspectingSentinelTransport"),
         # Reports messages Celery still cannot turn into a request as rejected jobs.
         worker_consumer="worker.broker.consumer:JobConsumer",
         task_soft_time_limit=settings.task_soft_time_limit_s,
@@ -90,11 +97,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout_s,
             "global_keyprefix": settings.redis_key_prefix,
-            # A Redis that hangs fails a read instead of blocking the worker for good.
-            "socket_timeout": settings.redis_socket_timeout_s,
-            "socket_connect_timeout": settings.redis_socket_timeout_s,
-            "socket_keepalive": True,
+            **sockets,
             ITEM_POLICY_OPTION: item_policy_option(settings),
+            **({} if settings.redis_sentinel_master is None
+               else {"master_name": settings.redis_sentinel_master,
+                     "sentinel_kwargs": sentinel_options(settings, sockets)}),
         },
         broker_connection_retry_on_startup=True,
         # configure_process_logging owns logging; these two are moot while it is connected

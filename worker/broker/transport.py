@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 from celery import current_app
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item
@@ -75,7 +76,8 @@ def read_item_policy(option: dict[str, Any]) -> ItemPolicy:
 
 class InspectingChannel(kombu_redis.Channel):
     """kombu's Redis channel, admitting each item popped from the service's queues through
-    ``admit_item``."""
+    ``admit_item``. Mixed first into kombu's ``SentinelChannel`` as well: its ``BRPOP``
+    runs on the same client, on the master Sentinel names."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # kombu: unannotated
@@ -131,3 +133,20 @@ class InspectingTransport(kombu_redis.Transport):
     """The Redis transport the app uses (``broker_transport``)."""
 
     Channel = InspectingChannel
+
+
+class InspectingSentinelChannel(InspectingChannel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool follows the master the sentinels name), admitting
+    items as ``InspectingChannel`` does."""
+
+
+class InspectingSentinelTransport(kombu_redis.SentinelTransport):
+    """The transport the app uses with ``sentinel://`` URLs (``broker_transport``)."""
+
+    Channel = InspectingSentinelChannel
+
+
+# On a lost connection kombu moves to the next URL of the list (``Connection.switch``) and
+# takes that URL's scheme as the transport, dropping ``broker_transport``: the scheme must
+# name the inspecting one, or the worker reads its queue uninspected after a failover.
+TRANSPORT_ALIASES["sentinel"] = f"{__name__}:{InspectingSentinelTransport.__name__}"

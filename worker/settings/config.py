@@ -94,7 +94,17 @@ class Settings(BaseSettings):
 
     # --- broker --------------------------------------------------------------------
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="Redis URL of the Celery broker (URL)."
+        "redis://127.0.0.1:6379/0", description="Redis of the broker and the fleet state: "
+        "redis://, rediss:// or unix://, or sentinel://HOST:PORT[/DB] URLs joined by ';' "
+        "(URL)."
+    )
+    redis_sentinel_master: str | None = Field(
+        None, description="Name of the master the sentinels of a sentinel:// redis_url "
+        "watch; required with one, refused without (name)."
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="Password of the sentinels themselves (their requirepass); the "
+        "master's is the first sentinel:// URL's (secret; unset = none)."
     )
     redis_key_prefix: str = Field(
         "compactor:", description="Prefix of every Redis key the service writes (string)."
@@ -365,6 +375,8 @@ class Settings(BaseSettings):
     _check_database_url = field_validator("database_url")(
         lambda url: url if not url else setting_rules.check_database_url(url))
     _check_redis_url = field_validator("redis_url")(setting_rules.check_redis_url)
+    # Set empty, as an environment that must override an inherited name sets it: no master.
+    _unset_empty_master = field_validator("redis_sentinel_master")(lambda name: name or None)
     _check_llm_base_url = field_validator("llm_base_url")(
         lambda url: url if not url else setting_rules.check_http_url(url))
     _check_scan_cron = field_validator("scan_cron")(setting_rules.check_cron)
@@ -382,6 +394,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe_limits(self) -> Self:
+        if setting_rules.is_sentinel_url(self.redis_url) != bool(self.redis_sentinel_master):
+            raise ValueError("COMPACTOR_REDIS_SENTINEL_MASTER names the Sentinel master, and "
+                             "is set exactly when COMPACTOR_REDIS_URL is sentinel://")
+        if self.redis_sentinel_password and not self.redis_sentinel_master:
+            raise ValueError("COMPACTOR_REDIS_SENTINEL_PASSWORD is the sentinels' password: "
+                             "set it only with a sentinel:// COMPACTOR_REDIS_URL")
         if self.summary_budget_max_tokens < self.summary_budget_tokens:
             raise ValueError("COMPACTOR_SUMMARY_BUDGET_MAX_TOKENS must be at least "
                              "COMPACTOR_SUMMARY_BUDGET_TOKENS")

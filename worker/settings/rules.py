@@ -19,7 +19,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 CRON_ALLOWED = ("five fields 'minute hour day-of-month month day-of-week' separated by "
                 "single spaces, e.g. '0 2 * * *' (UTC)")
 DATABASE_URL_ALLOWED = "a sqlite:///PATH or postgresql+psycopg://USER@HOST/DB URL"
-REDIS_URL_ALLOWED = "a redis://HOST[:PORT]/DB, rediss://… or unix://PATH URL"
+REDIS_URL_ALLOWED = ("a redis://HOST[:PORT]/DB, rediss://… or unix://PATH URL, or "
+                     "sentinel://HOST[:PORT][/DB] URLs joined by ';'")
 HTTP_URL_ALLOWED = "an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
 
 ALLOWED = {
@@ -71,10 +72,27 @@ def check_database_url(url: str) -> str:
     return url
 
 
+def is_sentinel_url(url: str) -> bool:
+    """True for kombu's Sentinel syntax, ``sentinel://H:P;sentinel://H2:P2``."""
+    return urlsplit(url.split(";", 1)[0]).scheme == "sentinel"
+
+
 def check_redis_url(url: str) -> str:
+    if is_sentinel_url(url):
+        for part in url.split(";"):
+            if urlsplit(part).scheme != "sentinel":
+                raise ValueError("every URL of a sentinel list is sentinel://HOST[:PORT]")
+            _check_redis_part(part)
+        return url
+    if ";" in url:
+        raise ValueError("only sentinel:// URLs form a list")
+    return _check_redis_part(url)
+
+
+def _check_redis_part(url: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ValueError("not a redis://, rediss:// or unix:// URL")
+    if parts.scheme not in ("redis", "rediss", "unix", "sentinel"):
+        raise ValueError("not a redis://, rediss://, unix:// or sentinel:// URL")
     if parts.scheme != "unix" and not parts.hostname:
         raise ValueError("the URL names no host")
     if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
