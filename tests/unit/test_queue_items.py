@@ -140,8 +140,9 @@ def test_the_service_task_names_are_the_tasks_the_app_registers() -> None:
     registered = {name for name in app.tasks if not name.startswith("celery.")}
     assert registered == SERVICE_TASK_NAMES
     # What the transport admits in a worker of this app: these and nothing else. The
-    # answer is cached per process (a worker has one app); another test's app may have
-    # asked first.
+    # answer is the current app's, cached per process (a worker has one app); another
+    # test's app may have been current and asked first.
+    app.set_current()
     registered_task_names.cache_clear()
     assert registered_task_names() == SERVICE_TASK_NAMES
 
