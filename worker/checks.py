@@ -33,7 +33,8 @@ from worker.errors import (
     TokenizerUnavailable,
 )
 from worker.scrub import mask_url, scrub_text
-from worker.settings.config import Settings, SummarizerKind
+from worker.settings.config import Settings
+from worker.settings.core import SummarizerKind
 from worker.settings.errors import unknown_variables
 from worker.shared_state.connection import connect_redis
 from worker.tokenizer.offline import load_encoding

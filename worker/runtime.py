@@ -16,7 +16,8 @@ from db import Store
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy
 from worker.job.ports import JobStore
 from worker.job.values import JobDeps, JobPolicy
-from worker.settings.config import BreakerOpenPolicy, Settings, SummarizerKind
+from worker.settings.config import Settings
+from worker.settings.core import BreakerOpenPolicy, SummarizerKind
 from worker.shared_state.attempt_journal import AttemptJournal
 from worker.shared_state.connection import connect_redis
 from worker.shared_state.deliveries import DeliveryCounter
