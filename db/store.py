@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
 from db import leases
@@ -242,33 +242,26 @@ class Store(JobStoreMethods, SchedulingStoreMethods):
     def record_kept_run(self, run: NewRun) -> bool:
         """Record a run a job could not write itself, unless a run of the same attempt
         (task, attempt and start) is stored: its commit may have gone through while its
-        answer was lost. False when it was. The session's row, when it exists, is
-        locked first, so two sweeps writing the same run insert it once."""
-        with self._write() as session:
-            with contextlib.suppress(SessionNotFound):
-                q.find_session(session, run.session_id, lock=True)
-            stored = session.execute(
-                select(RunRow.id).where(
-                    RunRow.session_id == run.session_id, RunRow.started_at == run.started_at,
-                    RunRow.task_id == run.task_id, RunRow.attempt == run.attempt)
-                .limit(1)).first()
-            if stored is not None:
-                return False
-            q.insert_run(session, run, revision_id=run.revision_id)
-            return True
+        answer was lost. False when it was."""
+        return self._record_run_once(run, RunRow.started_at == run.started_at,
+                                     RunRow.attempt == run.attempt)
 
     def record_lost_run(self, run: NewRun, *, since: datetime) -> bool:
         """Record the run of an attempt that died without writing its own, unless a run
         of its task finished at or after ``since`` (the attempt's start, as its finder
-        knows it): the attempt recorded itself before dying. False when it had. The
-        session's row, when it exists, is locked first, so two finders write it once."""
+        knows it): the attempt recorded itself before dying. False when it had."""
+        return self._record_run_once(run, RunRow.finished_at >= since)
+
+    def _record_run_once(self, run: NewRun, *same_attempt: ColumnElement[bool]) -> bool:
+        """Insert ``run`` unless a run of its session and task matching ``same_attempt``
+        is stored. The session's row, when it exists, is locked first, so two writers of
+        the same run insert it once."""
         with self._write() as session:
             with contextlib.suppress(SessionNotFound):
                 q.find_session(session, run.session_id, lock=True)
             stored = session.execute(
-                select(RunRow.id).where(
-                    RunRow.session_id == run.session_id, RunRow.task_id == run.task_id,
-                    RunRow.finished_at >= since)
+                select(RunRow.id).where(RunRow.session_id == run.session_id,
+                                        RunRow.task_id == run.task_id, *same_attempt)
                 .limit(1)).first()
             if stored is not None:
                 return False
