@@ -1,6 +1,7 @@
 """The service's own cost per task: a no-op task on the service's app and worker (its
-signal handlers, logging, allocator trim and consumer) against the same no-op on a bare
-Celery worker (``bench/floor_worker.py`` with no library loaded), both prefork with one
+signal handlers, logging, allocator trim, consumer and transport) against the same no-op
+on a bare Celery worker (``bench/floor_worker.py`` with no library loaded, keeping the
+service's delivery contract: late acks, one message prefetched), both prefork with one
 child, on one Redis.
 
 Both workers stay up; blocks of no-ops alternate between them, round after round, each
