@@ -58,14 +58,20 @@ def minute(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M")
 
 
+# A column that gives way keeps this many characters a line: it folds, never vanishes.
+SHRINK_MIN_WIDTH = 8
+
+
 def readable_table(*headers: str, title: str | None = None,
                    shrink: Collection[str] = ()) -> Table:
-    """A table that stays readable at 80 columns: no vertical rules, and no cell wraps,
-    so numbers, states and timestamps stay whole; the ``shrink`` columns (ids, free
-    text) give way to a narrow terminal first, long words cut with an ellipsis."""
+    """A table that stays readable at 80 columns: no vertical rules; numbers, states and
+    timestamps keep their width, and the ``shrink`` columns (ids, free text) give way to
+    a narrow terminal first. Nothing is ever cut: a value wider than its cell folds onto
+    the next line, so an id or a time can still be copied whole."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for header in headers:
-        table.add_column(header, no_wrap=header not in shrink, overflow="ellipsis")
+        table.add_column(header, no_wrap=header not in shrink, overflow="fold",
+                         min_width=SHRINK_MIN_WIDTH if header in shrink else None)
     return table
 
 

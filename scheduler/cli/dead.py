@@ -10,13 +10,13 @@ from functools import wraps
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
-from rich.table import Table
 
 from scheduler.cli.common import (
     expected_errors,
     fail,
     get_settings,
     print_json,
+    readable_table,
     shown,
     stdout_console,
 )
@@ -68,7 +68,8 @@ def list_command(
     if as_json:
         print_json([_summary(letter) for letter in letters])
         return
-    table = Table("id", "at", "reason", "task id", "bytes", "detail")
+    table = readable_table("id", "at", "reason", "task id", "bytes", "detail",
+                           shrink=("task id", "detail"))
     for letter in letters:
         table.add_row(shown(letter.entry_id), shown(letter.at), shown(letter.reason),
                       shown(letter.task_id or ""), str(letter.item_bytes), shown(letter.detail))
