@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.beat import RECONCILE_ENTRY_NAME, SCAN_ENTRY_NAME
+from scheduler.beat import LEASE_SWEEP_ENTRY_NAME, RECONCILE_ENTRY_NAME, SCAN_ENTRY_NAME
 from tests.e2e.test_logs_jq import documented_recipes, run_jq
 from tests.support.cli import REPO_ROOT
 from tests.support.e2e import build_job_env, redis_under_prefix
@@ -60,7 +60,9 @@ def test_the_runbooks_jq_line_prints_each_send_of_a_running_beat(tmp_path: Path)
                   for item in client.lrange(f"{job_env.prefix}{job_env.queue}", 0, -1)}
 
     sends = run_jq(recipe, log_path.read_text())
-    assert {send["entry"] for send in sends} == {SCAN_ENTRY_NAME, RECONCILE_ENTRY_NAME}, sends
+    # Every entry of the schedule: the scan, the reconciler and its quick lease sweep.
+    assert {send["entry"] for send in sends} == {
+        SCAN_ENTRY_NAME, RECONCILE_ENTRY_NAME, LEASE_SWEEP_ENTRY_NAME}, sends
     assert len([s for s in sends if s["entry"] == RECONCILE_ENTRY_NAME]) >= 2, sends
     assert all(set(send) == {"timestamp", "entry", "task_id"} for send in sends), sends
     assert [send["timestamp"] for send in sends] == sorted(send["timestamp"] for send in sends)
