@@ -19,7 +19,7 @@ MAX_LINES = 3
 LINE_CHARS = 200
 # Signals a failure gives anywhere in its output: a test runner's summary, a non-zero exit
 # code, a traceback or a top-level error line, an HTTP status of 400 or more.
-_FAILED = re.compile(
+FAILED_SIGNALS = (
     r"(?i:\b[1-9]\d* (?:failed|failing|failures?|errors?)\b)"
     r"|\bFAILED\b|^(?:--- )?FAIL(?::|\b)"
     r"|(?i:\bexit(?:ed)?(?: with)?(?: code| status)\b:? *[1-9]\d*\b)"
@@ -29,21 +29,36 @@ _FAILED = re.compile(
     r"|Traceback \(most recent call last\)"
     r"|^(?i:error|fatal|panic)(?:\[[\w-]+\])?:"
     r"|^\w*(?:Error|Exception)\b:"
-    r"|(?i:\bHTTP/\d(?:\.\d)? [45]\d\d\b|\bstatus(?: code)?:? [45]\d\d\b)",
-    re.MULTILINE,
+    r"|(?i:\bHTTP/\d(?:\.\d)? [45]\d\d\b|\bstatus(?: code)?:? [45]\d\d\b)"
 )
 # Signals a success gives: passed tests, exit code 0, a short "... successful" reply.
-_SUCCEEDED = re.compile(
+SUCCEEDED_SIGNALS = (
     r"(?i:\b[1-9]\d* passed\b|\bexit(?:ed)?(?: with)?(?: code| status)\b:? *0\b"
     r"|test result: ok\b|[\"']?\b(?:returncode|return_code|exit_code)[\"']?\s*[:=]\s*0\b)"
-    r"|^(?:ok|PASS)\b",
-    re.MULTILINE,
+    r"|^(?:ok|PASS)\b"
 )
-# Every match of the patterns above holds one of these on its line, lowercased: a result
-# can be megabytes, and only the lines holding one are searched.
-_ANCHORS = ("fail", " error", "rror:", "rror[", "xit", "turnc", "turn_c", "traceback",
-            "panic", "fatal", "xception:", "http/", "tatus 4", "tatus 5", "tatus: 4",
-            "tatus: 5", "tatus code", "passed", "test result", "\nok", "\npass")
+
+
+def _opening_with(first: str, signals: str) -> re.Pattern[str]:
+    """``signals`` (multiline), each match opening at a line's start or on a character of
+    ``first`` (any case): a look-ahead rejects every other position with one test, where
+    the engine would try each alternative."""
+    return re.compile(rf"(?:^|(?=(?i:[{first}])))(?:{signals})", re.MULTILINE)
+
+
+_FAILED = _opening_with("1-9\"'efhrst", FAILED_SIGNALS)
+_SUCCEEDED = _opening_with("1-9\"'ert", SUCCEEDED_SIGNALS)
+# Every match of the signals holds on its line a match of one of these in the lowercased
+# text, or of ``_CAPITAL_ANCHOR`` in the text as it is, or opens the result with "ok" or
+# "pass": a result can be megabytes, and only the lines holding one are searched. Each
+# opens with a literal, which the engine finds as fast as ``str.find``; the look-behinds
+# keep code's "failed" and "pass" off the lines searched.
+_ANCHORS = tuple(re.compile(anchor) for anchor in (
+    r"fa(?:tal|il(?<= fail))", r"error(?:[:\[]|(?<= error))", r"x(?:it|ception:)",
+    r"r(?:n_?c|aceback|esult: ok)", r"p(?:anic|/|ass(?:(?<=\npass)|(?<= pass)ed))",
+    r"us(?::? [45]| code)", r"\nok"))
+# ``FAILED`` and ``FAIL`` (lowercase "fail" only after a count) count in capitals only.
+_CAPITAL_ANCHOR = re.compile("FAIL")
 _SHORT_SUCCESS = re.compile(r"(?i:\A[^\n]{0,80}\b(?:successful(?:ly)?|succeeded|success)\b"
                             r"[^\n]{0,80}\Z)")
 _FAILED_STATUS = frozenset({"error", "errored", "failed", "failure", "fail", "fatal",
@@ -51,6 +66,9 @@ _FAILED_STATUS = frozenset({"error", "errored", "failed", "failure", "fail", "fa
                             "timed_out", "invalid"})
 _OK_STATUS = frozenset({"ok", "success", "succeeded", "successful", "done", "completed",
                         "complete", "passed", "pass"})
+# A call's arguments in canonical form; one encoder for all (``json.dumps`` with options
+# builds a new one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _CODE_KEYS = ("returncode", "return_code", "exit_code", "exitCode", "exit_status")
 _HTTP_KEYS = ("status_code", "statusCode", "http_status", "status")
 
@@ -115,6 +133,7 @@ def failing_lines(text: str) -> tuple[str, ...]:
 def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
     """Return the outcome of every tool result of ``span``, in order."""
     outcomes: list[CallOutcome] = []
+    targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
     for group in span:
         calls = {c.id: c.function for m in group.messages for c in m.message.tool_calls or ()}
         for stored in group.messages:
@@ -124,9 +143,12 @@ def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
             call_id = message.tool_call_id or ""
             function = calls.get(call_id)
             tool = message.name or (function.name if function else "a tool")
+            arguments = function.arguments if function else ""
+            if arguments not in targets:
+                targets[arguments] = _target(arguments)
             status, lines = classify_result(message.text)
             outcomes.append(CallOutcome(call_id, tool, stored.seq, status, lines,
-                                        _target(function.arguments if function else "")))
+                                        targets[arguments]))
     return outcomes
 
 
@@ -138,8 +160,7 @@ def find_failures(span: Sequence[Group]) -> list[CallOutcome]:
 def _target(arguments: str) -> str:
     """A call's arguments in one canonical form: the same target compares equal."""
     try:
-        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False)
+        return _CANONICAL.encode(json.loads(arguments))
     except ValueError:
         return " ".join(arguments.split())
 
@@ -196,11 +217,9 @@ def _candidate_lines(text: str) -> list[str]:
         return text.splitlines()
     starts: set[int] = {0} if low.startswith(("ok", "pass")) else set()
     for anchor in _ANCHORS:
-        at = low.find(anchor)
-        while at >= 0:
-            starts.add(low.rfind("\n", 0, at + (anchor[0] == "\n")) + 1)
-            end = low.find("\n", at + 1)
-            at = low.find(anchor, end) if end >= 0 else -1
+        starts.update(low.rfind("\n", 0, found.end()) + 1 for found in anchor.finditer(low))
+    starts.update(text.rfind("\n", 0, found.end()) + 1
+                  for found in _CAPITAL_ANCHOR.finditer(text))
     lines = []
     for start in sorted(starts):
         end = text.find("\n", start)
