@@ -35,7 +35,10 @@ _CLAIM = re.compile(
     r"(?:\((?P<args>[^()]*)\))?\s*(?:→|->|:)?\s*"
     r"(?P<word>ok|succeeded|successful|passed|failed|failing|errored)\b", re.IGNORECASE)
 _NAME_CHAR = re.compile(r"[\w.-]")
-_OUTCOME_WORD = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
+# The look-ahead (the words' first letters, as ``(?i)`` matches them) spares the engine
+# trying each word at every position.
+_OUTCOME_WORD = re.compile(
+    r"(?=[EeFfOoPpSs\u017f])(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
 # Identifiers only: no outcome is stated there.
 CLAIM_SECTIONS = tuple(name for name in LIST_SECTIONS if name != "relevant_artifacts")
 _SAID_OK = frozenset({"ok", "succeeded", "successful", "passed"})
@@ -131,15 +134,27 @@ def _false_outcomes(items: dict[str, list[str]], record: SpanRecord
     by_tool: dict[str, list[CallOutcome]] = {}
     for outcome in record.outcomes:
         by_tool.setdefault(outcome.tool, []).append(outcome)
+    # Summaries repeat a claim (a tool run on the same file): each is judged once.
+    judged: dict[tuple[str, str, bool], Contradiction | None] = {}
     for item in (i for name in CLAIM_SECTIONS for i in items[name]):
         if not _OUTCOME_WORD.search(item):
             continue
         for tool, claim in _claims(item, by_tool):
-            calls = _narrowed(by_tool[tool], claim.group("args") or "")
-            said_ok = claim.group("word").casefold() in _SAID_OK
-            wanted = CallStatus.SUCCEEDED if said_ok else CallStatus.FAILED
-            if not any(call.status is wanted for call in calls):
-                yield Contradiction("false_outcome", tuple(c.call_id for c in calls))
+            key = (tool, claim.group("args") or "", claim.group("word").casefold() in _SAID_OK)
+            if key not in judged:
+                judged[key] = _judge_claim(by_tool[tool], *key[1:])
+            if (found := judged[key]) is not None:
+                yield found
+
+
+def _judge_claim(calls: list[CallOutcome], args: str, said_ok: bool) -> Contradiction | None:
+    """The contradiction a claim that the calls named by ``args`` ended ok (or failed)
+    makes, if none of them did."""
+    named = _narrowed(calls, args)
+    wanted = CallStatus.SUCCEEDED if said_ok else CallStatus.FAILED
+    if any(call.status is wanted for call in named):
+        return None
+    return Contradiction("false_outcome", tuple(c.call_id for c in named))
 
 
 def _claims(item: str, tools: dict[str, list[CallOutcome]]
@@ -159,8 +174,10 @@ def _claims(item: str, tools: dict[str, list[CallOutcome]]
 
 def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
     """The calls whose arguments hold the values a claim names (all when none does)."""
-    values = [v.strip() for v in args.split(",") if v.strip()]
-    named = [c for c in calls if values and all(v in c.target for v in values)]
+    named = calls
+    for value in (v.strip() for v in args.split(",")):
+        if value:
+            named = [c for c in named if value in c.target]
     return named or calls
 
 
