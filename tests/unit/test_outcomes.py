@@ -141,3 +141,15 @@ def classify_plainly(text: str) -> tuple[CallStatus, tuple[str, ...]]:
 @given(TEXTS, st.sampled_from(("", "  1  def run():\n", "{\n", "ok\n")))
 def test_the_classifier_agrees_with_searching_every_line(text: str, opening: str) -> None:
     assert classify_result(opening + text) == classify_plainly(opening + text)
+
+
+@settings(max_examples=300)
+@given(st.lists(TEXTS, min_size=1, max_size=5))
+def test_a_span_s_results_scanned_together_are_classified_as_each_alone(
+    texts: list[str],
+) -> None:
+    messages = [m for i, text in enumerate(texts) for m in exchange(f"c{i}", "run", {}, text)]
+    stored = to_stored(messages, shared_counter())
+    outcomes = classify_calls(group_messages(stored))
+    results = [s.message.text for s in stored if s.message.tool_call_id]
+    assert [(o.status, o.lines) for o in outcomes] == [classify_plainly(t) for t in results]

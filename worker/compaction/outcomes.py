@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 from worker.compaction.grouping import Group
-from worker.compaction.messages import Role
+from worker.compaction.messages import FunctionCall, Role, StoredMessage
 
 MAX_LINES = 3
 LINE_CHARS = 200
@@ -106,6 +108,11 @@ Failure = CallOutcome
 def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
     """Classify one tool result from its full text; a failure comes with the lines that
     say so, an unknown outcome with what the result last said."""
+    return _classify_text(text, None)
+
+
+def _classify_text(text: str, lines: list[str] | None) -> tuple[CallStatus, tuple[str, ...]]:
+    """``classify_result``, given the text's candidate lines when they are known."""
     stripped = text.strip()
     if not stripped:
         return CallStatus.UNKNOWN, ()
@@ -113,7 +120,8 @@ def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
         record = _json_object(stripped)
         if record is not None:
             return _classify_record(record)
-    lines = _candidate_lines(text)
+    if lines is None:
+        [lines] = _candidate_lines([text])
     failing = _failing_lines(lines)
     if failing:
         return CallStatus.FAILED, failing
@@ -132,23 +140,24 @@ def failing_lines(text: str) -> tuple[str, ...]:
 
 def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
     """Return the outcome of every tool result of ``span``, in order."""
-    outcomes: list[CallOutcome] = []
-    targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
+    results: list[tuple[StoredMessage, FunctionCall | None]] = []
     for group in span:
         calls = {c.id: c.function for m in group.messages for c in m.message.tool_calls or ()}
-        for stored in group.messages:
-            message = stored.message
-            if message.role is not Role.TOOL:
-                continue
-            call_id = message.tool_call_id or ""
-            function = calls.get(call_id)
-            tool = message.name or (function.name if function else "a tool")
-            arguments = function.arguments if function else ""
-            if arguments not in targets:
-                targets[arguments] = _target(arguments)
-            status, lines = classify_result(message.text)
-            outcomes.append(CallOutcome(call_id, tool, stored.seq, status, lines,
-                                        targets[arguments]))
+        results.extend((stored, calls.get(stored.message.tool_call_id or ""))
+                       for stored in group.messages if stored.message.role is Role.TOOL)
+    texts = [stored.message.text for stored, _ in results]
+    outcomes: list[CallOutcome] = []
+    targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
+    for (stored, function), text, lines in zip(results, texts, _candidate_lines(texts),
+                                               strict=True):
+        call_id = stored.message.tool_call_id or ""
+        tool = stored.message.name or (function.name if function else "a tool")
+        arguments = function.arguments if function else ""
+        if arguments not in targets:
+            targets[arguments] = _target(arguments)
+        status, found = _classify_text(text, lines)
+        outcomes.append(CallOutcome(call_id, tool, stored.seq, status, found,
+                                    targets[arguments]))
     return outcomes
 
 
@@ -209,21 +218,27 @@ def _failing_lines(lines: list[str]) -> tuple[str, ...]:
     return tuple(_clip(line) for line in shown)
 
 
-def _candidate_lines(text: str) -> list[str]:
-    """The lines of ``text`` holding an anchor, in order (every line when lowercasing
-    changes the text's length, so its offsets would not match)."""
-    low = text.lower()
-    if len(low) != len(text):
-        return text.splitlines()
-    starts: set[int] = {0} if low.startswith(("ok", "pass")) else set()
+def _candidate_lines(texts: Sequence[str]) -> list[list[str]]:
+    """Each text's lines holding an anchor, in order. The texts are scanned as one, each
+    after a line break (so "ok" or "pass" opening one opens a line); when lowercasing
+    changes their length, so offsets would not match, each is scanned alone, and one
+    whose own length changes gives every line."""
+    joined = "\n" + "\n".join(texts)
+    low = joined.lower()
+    if len(low) != len(joined):
+        return [text.splitlines() if len(text.lower()) != len(text)
+                else _candidate_lines([text])[0] for text in texts]
+    starts: set[int] = set()
     for anchor in _ANCHORS:
         starts.update(low.rfind("\n", 0, found.end()) + 1 for found in anchor.finditer(low))
-    starts.update(text.rfind("\n", 0, found.end()) + 1
-                  for found in _CAPITAL_ANCHOR.finditer(text))
-    lines = []
+    starts.update(joined.rfind("\n", 0, found.end()) + 1
+                  for found in _CAPITAL_ANCHOR.finditer(joined))
+    # Text i opens at offsets[i]; a line never runs past the break that ends its text.
+    offsets = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=1))
+    lines: list[list[str]] = [[] for _ in texts]
     for start in sorted(starts):
-        end = text.find("\n", start)
-        lines.append(text[start:end if end >= 0 else len(text)])
+        end = joined.find("\n", start)
+        lines[bisect_right(offsets, start) - 1].append(joined[start:end if end >= 0 else None])
     return lines
 
 
