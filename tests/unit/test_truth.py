@@ -207,7 +207,7 @@ def test_an_identifier_cut_short_by_a_clipped_line_is_not_invented() -> None:
                          tail_continues=False)
     cut = empty_summary().model_copy(update={"key_decisions": ["Offered HAT16"]})
     invented = empty_summary().model_copy(update={"key_decisions": ["Offered HAT999"]})
-    assert "HAT166" not in "\n".join(record.texts)
+    assert "HAT166" not in "\n".join(record.texts())
     assert find_contradictions(cut, record) == []
     assert find_contradictions(invented, record) == [
         Contradiction("invented_identifier", ("HAT999",))]

@@ -15,7 +15,7 @@ from worker.compaction.grouping import Group
 from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
 from worker.compaction.merge import normalize_item
-from worker.compaction.messages import INSTRUCTION_ROLES
+from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
 from worker.compaction.requests import read_requests
 from worker.compaction.schema import LIST_SECTIONS, Summary
@@ -64,8 +64,18 @@ class SpanRecord:
     settled_requests: tuple[str, ...]
     open_requests: tuple[str, ...]
     known_values: frozenset[str]
-    texts: tuple[str, ...]  # the span's texts and arguments, and the prior summary's items
+    messages: tuple[StoredMessage, ...]  # the span's, read only for values the index lacks
+    prior_texts: tuple[str, ...] = ()  # the prior summary's goal and items
     prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
+
+    def texts(self) -> Iterator[str]:
+        """The span's texts and arguments, the outcomes' lines (read from the original
+        results, which pruning may cut) and the prior summary's items."""
+        yield from (m.message.text for m in self.messages)
+        yield from (c.function.arguments for m in self.messages
+                    for c in m.message.tool_calls or ())
+        yield from (line for outcome in self.outcomes for line in outcome.lines)
+        yield from self.prior_texts
 
     def unknown(self, values: Sequence[str]) -> list[str]:
         """The ``values`` neither the index nor the span's and prior's texts hold (whole or
@@ -75,7 +85,7 @@ class SpanRecord:
         if not missing:
             return []
         # A value cut short (a clipped line) is part of an indexed one.
-        joined = "\n".join([*self.texts, *self.known_values])
+        joined = "\n".join([*self.texts(), *self.known_values])
         if len(missing) > MAX_PLAIN_SEARCHES:
             grams = TextGrams(joined, asked=len(missing))
             return [value for value in missing if not grams.contains(value)]
@@ -93,17 +103,14 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
                            tail_continues=tail_continues)
     prior_items = [prior.goal, *(i for n in LIST_SECTIONS for i in prior.items_of(n))] \
         if prior else []
-    # The outcomes' lines too: read from the original results, which pruning may cut.
-    texts = [*(m.message.text for m in messages),
-             *(c.function.arguments for m in messages for c in m.message.tool_calls or ()),
-             *(line for outcome in outcomes for line in outcome.lines), *prior_items]
     return SpanRecord(
         outcomes=tuple(outcomes),
         settled_requests=tuple(r for r in (*ledger.answered, *ledger.acted_on)
                                if r not in ledger.open_requests),
         open_requests=ledger.open_requests,
         known_values=frozenset(a.value for a in artifacts),
-        texts=tuple(texts),
+        messages=tuple(messages),
+        prior_texts=tuple(prior_items),
         prior_items=frozenset(normalize_item(item) for item in prior_items))
 
 
