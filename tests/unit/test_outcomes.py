@@ -4,13 +4,24 @@ failed (with the lines that say so) or unknown, by general signals wherever they
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import exchange
 from worker.compaction.grouping import group_messages
-from worker.compaction.outcomes import CallStatus, classify_calls, classify_result
+from worker.compaction.outcomes import (
+    FAILED_SIGNALS,
+    LINE_CHARS,
+    MAX_LINES,
+    SUCCEEDED_SIGNALS,
+    CallStatus,
+    classify_calls,
+    classify_result,
+)
 
 FAILED, SUCCEEDED, UNKNOWN = CallStatus.FAILED, CallStatus.SUCCEEDED, CallStatus.UNKNOWN
 PASSING = "\n".join(f"tests/test_m.py::test_{n} PASSED [{n:3d}%]" for n in range(1, 80))
@@ -85,3 +96,60 @@ def test_each_call_of_a_span_gets_its_outcome_tool_and_target() -> None:
         ("c1", "run_tests", FAILED), ("c2", "run_tests", SUCCEEDED), ("c3", "book", UNKNOWN)]
     # The same arguments in another order are the same target.
     assert outcomes[0].target == outcomes[1].target != outcomes[2].target
+
+
+# The signals as written, searched in every line: the definition the classifier's
+# shortcuts (anchored candidate lines, look-aheads) must agree with.
+PLAIN_FAILED = re.compile(FAILED_SIGNALS, re.MULTILINE)
+PLAIN_SUCCEEDED = re.compile(SUCCEEDED_SIGNALS, re.MULTILINE)
+SHORT_SUCCESS = re.compile(r"(?i:\A[^\n]{0,80}\b(?:successful(?:ly)?|succeeded|success)\b"
+                           r"[^\n]{0,80}\Z)")
+# Pieces of signals, near misses, cases, line breaks and characters whose case folds oddly.
+PIECES = ("1 failed", "42 Failures", "12 Errors", "3 FAILED", "FAILED", "FAIL", "--- FAIL:",
+          "failed", "fail", "exit code 2", "Exit Status: 0", "exited with 3", "exit",
+          "returncode=1", "'exit_code': 0", '"return_code" : 4', "return",
+          "Traceback (most recent call last)", "traceback", "error:", "Error[E0308]:",
+          "ValueError:", " error", "fatal:", "PANIC:",
+          "HTTP/1.1 404", "http/2 500", "status 503", "Status: 200", "status code: 404",
+          "2 passed", "passed", "test result: ok", "Test Result: OK", "ok", "OK", "PASS", "pass",
+          "success", "Exception:", "p/", "tatus", "\u017ftatus 404", "\u212a", "\u0130", "x",
+          " ", "\n", "\r\n", "\t", "0", "7", ":", "=", "-", "[", "\"", "'", "a", "_")
+TEXTS = st.lists(st.sampled_from(PIECES), max_size=8).map("".join)
+
+
+def classify_plainly(text: str) -> tuple[CallStatus, tuple[str, ...]]:
+    """A non-JSON result's outcome by definition: each signal searched in every line."""
+    stripped = text.strip()
+    if not stripped:
+        return UNKNOWN, ()
+    lines = text.split("\n") if len(text.lower()) == len(text) else text.splitlines()
+    failing = list(dict.fromkeys(line.strip() for line in lines if PLAIN_FAILED.search(line)))
+    if failing:
+        shown = failing if len(failing) <= MAX_LINES else [*failing[:MAX_LINES - 1],
+                                                           failing[-1]]
+        return FAILED, tuple(line if len(line) <= LINE_CHARS
+                             else line[:LINE_CHARS].rstrip() + " ..." for line in shown)
+    if any(PLAIN_SUCCEEDED.search(line) for line in lines) or SHORT_SUCCESS.match(stripped):
+        return SUCCEEDED, ()
+    if stripped[0] in "[{":
+        return UNKNOWN, ()
+    last = stripped[stripped.rfind("\n") + 1:].strip()
+    return UNKNOWN, (last if len(last) <= LINE_CHARS else last[:LINE_CHARS].rstrip() + " ...",)
+
+
+@settings(max_examples=1500)
+@given(TEXTS, st.sampled_from(("", "  1  def run():\n", "{\n", "ok\n")))
+def test_the_classifier_agrees_with_searching_every_line(text: str, opening: str) -> None:
+    assert classify_result(opening + text) == classify_plainly(opening + text)
+
+
+@settings(max_examples=300)
+@given(st.lists(TEXTS, min_size=1, max_size=5))
+def test_a_span_s_results_scanned_together_are_classified_as_each_alone(
+    texts: list[str],
+) -> None:
+    messages = [m for i, text in enumerate(texts) for m in exchange(f"c{i}", "run", {}, text)]
+    stored = to_stored(messages, shared_counter())
+    outcomes = classify_calls(group_messages(stored))
+    results = [s.message.text for s in stored if s.message.tool_call_id]
+    assert [(o.status, o.lines) for o in outcomes] == [classify_plainly(t) for t in results]

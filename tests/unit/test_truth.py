@@ -4,12 +4,16 @@ tells is found with its kind and ids; the extractive summary of the same span te
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_fallback import exchange
+from worker.compaction import truth
 from worker.compaction.errors import SummaryInvalid
 from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
@@ -203,7 +207,7 @@ def test_an_identifier_cut_short_by_a_clipped_line_is_not_invented() -> None:
                          tail_continues=False)
     cut = empty_summary().model_copy(update={"key_decisions": ["Offered HAT16"]})
     invented = empty_summary().model_copy(update={"key_decisions": ["Offered HAT999"]})
-    assert "HAT166" not in "\n".join(record.texts)
+    assert "HAT166" not in "\n".join(record.texts())
     assert find_contradictions(cut, record) == []
     assert find_contradictions(invented, record) == [
         Contradiction("invented_identifier", ("HAT999",))]
@@ -235,3 +239,11 @@ def test_requests_that_open_with_the_same_words_are_not_one_request_open_and_don
     record, summary = record_and_extractive(messages)
     assert summary.pending and summary.resolved
     assert find_contradictions(summary, record) == []
+
+
+@given(st.lists(st.sampled_from(("ok", "OK", "Succeeded", "passed", "FAILED", "failing",
+                                 "errored", "\u017fucce\u017f\u017ful", "okay", "x", " ",
+                                 "(", "→", "-", "_", "\n")), max_size=8).map("".join))
+def test_the_outcome_word_look_ahead_finds_what_the_words_alone_find(item: str) -> None:
+    plain = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
+    assert bool(truth._OUTCOME_WORD.search(item)) == bool(plain.search(item))

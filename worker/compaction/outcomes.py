@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 from worker.compaction.grouping import Group
-from worker.compaction.messages import Role
+from worker.compaction.messages import FunctionCall, Role, StoredMessage
 
 MAX_LINES = 3
 LINE_CHARS = 200
 # Signals a failure gives anywhere in its output: a test runner's summary, a non-zero exit
 # code, a traceback or a top-level error line, an HTTP status of 400 or more.
-_FAILED = re.compile(
+FAILED_SIGNALS = (
     r"(?i:\b[1-9]\d* (?:failed|failing|failures?|errors?)\b)"
     r"|\bFAILED\b|^(?:--- )?FAIL(?::|\b)"
     r"|(?i:\bexit(?:ed)?(?: with)?(?: code| status)\b:? *[1-9]\d*\b)"
@@ -29,21 +31,36 @@ _FAILED = re.compile(
     r"|Traceback \(most recent call last\)"
     r"|^(?i:error|fatal|panic)(?:\[[\w-]+\])?:"
     r"|^\w*(?:Error|Exception)\b:"
-    r"|(?i:\bHTTP/\d(?:\.\d)? [45]\d\d\b|\bstatus(?: code)?:? [45]\d\d\b)",
-    re.MULTILINE,
+    r"|(?i:\bHTTP/\d(?:\.\d)? [45]\d\d\b|\bstatus(?: code)?:? [45]\d\d\b)"
 )
 # Signals a success gives: passed tests, exit code 0, a short "... successful" reply.
-_SUCCEEDED = re.compile(
+SUCCEEDED_SIGNALS = (
     r"(?i:\b[1-9]\d* passed\b|\bexit(?:ed)?(?: with)?(?: code| status)\b:? *0\b"
     r"|test result: ok\b|[\"']?\b(?:returncode|return_code|exit_code)[\"']?\s*[:=]\s*0\b)"
-    r"|^(?:ok|PASS)\b",
-    re.MULTILINE,
+    r"|^(?:ok|PASS)\b"
 )
-# Every match of the patterns above holds one of these on its line, lowercased: a result
-# can be megabytes, and only the lines holding one are searched.
-_ANCHORS = ("fail", " error", "rror:", "rror[", "xit", "turnc", "turn_c", "traceback",
-            "panic", "fatal", "xception:", "http/", "tatus 4", "tatus 5", "tatus: 4",
-            "tatus: 5", "tatus code", "passed", "test result", "\nok", "\npass")
+
+
+def _opening_with(first: str, signals: str) -> re.Pattern[str]:
+    """``signals`` (multiline), each match opening at a line's start or on a character of
+    ``first`` (any case): a look-ahead rejects every other position with one test, where
+    the engine would try each alternative."""
+    return re.compile(rf"(?:^|(?=(?i:[{first}])))(?:{signals})", re.MULTILINE)
+
+
+_FAILED = _opening_with("1-9\"'efhrst", FAILED_SIGNALS)
+_SUCCEEDED = _opening_with("1-9\"'ert", SUCCEEDED_SIGNALS)
+# Every match of the signals holds on its line a match of one of these in the lowercased
+# text, or of ``_CAPITAL_ANCHOR`` in the text as it is, or opens the result with "ok" or
+# "pass": a result can be megabytes, and only the lines holding one are searched. Each
+# opens with a literal, which the engine finds as fast as ``str.find``; the look-behinds
+# keep code's "failed" and "pass" off the lines searched.
+_ANCHORS = tuple(re.compile(anchor) for anchor in (
+    r"fa(?:tal|il(?<= fail))", r"error(?:[:\[]|(?<= error))", r"x(?:it|ception:)",
+    r"r(?:n_?c|aceback|esult: ok)", r"p(?:anic|/|ass(?:(?<=\npass)|(?<= pass)ed))",
+    r"us(?::? [45]| code)", r"\nok"))
+# ``FAILED`` and ``FAIL`` (lowercase "fail" only after a count) count in capitals only.
+_CAPITAL_ANCHOR = re.compile("FAIL")
 _SHORT_SUCCESS = re.compile(r"(?i:\A[^\n]{0,80}\b(?:successful(?:ly)?|succeeded|success)\b"
                             r"[^\n]{0,80}\Z)")
 _FAILED_STATUS = frozenset({"error", "errored", "failed", "failure", "fail", "fatal",
@@ -51,6 +68,9 @@ _FAILED_STATUS = frozenset({"error", "errored", "failed", "failure", "fail", "fa
                             "timed_out", "invalid"})
 _OK_STATUS = frozenset({"ok", "success", "succeeded", "successful", "done", "completed",
                         "complete", "passed", "pass"})
+# A call's arguments in canonical form; one encoder for all (``json.dumps`` with options
+# builds a new one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _CODE_KEYS = ("returncode", "return_code", "exit_code", "exitCode", "exit_status")
 _HTTP_KEYS = ("status_code", "statusCode", "http_status", "status")
 
@@ -88,6 +108,11 @@ Failure = CallOutcome
 def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
     """Classify one tool result from its full text; a failure comes with the lines that
     say so, an unknown outcome with what the result last said."""
+    return _classify_text(text, None)
+
+
+def _classify_text(text: str, lines: list[str] | None) -> tuple[CallStatus, tuple[str, ...]]:
+    """``classify_result``, given the text's candidate lines when they are known."""
     stripped = text.strip()
     if not stripped:
         return CallStatus.UNKNOWN, ()
@@ -95,7 +120,8 @@ def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
         record = _json_object(stripped)
         if record is not None:
             return _classify_record(record)
-    lines = _candidate_lines(text)
+    if lines is None:
+        [lines] = _candidate_lines([text])
     failing = _failing_lines(lines)
     if failing:
         return CallStatus.FAILED, failing
@@ -114,19 +140,24 @@ def failing_lines(text: str) -> tuple[str, ...]:
 
 def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
     """Return the outcome of every tool result of ``span``, in order."""
-    outcomes: list[CallOutcome] = []
+    results: list[tuple[StoredMessage, FunctionCall | None]] = []
     for group in span:
         calls = {c.id: c.function for m in group.messages for c in m.message.tool_calls or ()}
-        for stored in group.messages:
-            message = stored.message
-            if message.role is not Role.TOOL:
-                continue
-            call_id = message.tool_call_id or ""
-            function = calls.get(call_id)
-            tool = message.name or (function.name if function else "a tool")
-            status, lines = classify_result(message.text)
-            outcomes.append(CallOutcome(call_id, tool, stored.seq, status, lines,
-                                        _target(function.arguments if function else "")))
+        results.extend((stored, calls.get(stored.message.tool_call_id or ""))
+                       for stored in group.messages if stored.message.role is Role.TOOL)
+    texts = [stored.message.text for stored, _ in results]
+    outcomes: list[CallOutcome] = []
+    targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
+    for (stored, function), text, lines in zip(results, texts, _candidate_lines(texts),
+                                               strict=True):
+        call_id = stored.message.tool_call_id or ""
+        tool = stored.message.name or (function.name if function else "a tool")
+        arguments = function.arguments if function else ""
+        if arguments not in targets:
+            targets[arguments] = _target(arguments)
+        status, found = _classify_text(text, lines)
+        outcomes.append(CallOutcome(call_id, tool, stored.seq, status, found,
+                                    targets[arguments]))
     return outcomes
 
 
@@ -138,8 +169,7 @@ def find_failures(span: Sequence[Group]) -> list[CallOutcome]:
 def _target(arguments: str) -> str:
     """A call's arguments in one canonical form: the same target compares equal."""
     try:
-        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False)
+        return _CANONICAL.encode(json.loads(arguments))
     except ValueError:
         return " ".join(arguments.split())
 
@@ -188,23 +218,27 @@ def _failing_lines(lines: list[str]) -> tuple[str, ...]:
     return tuple(_clip(line) for line in shown)
 
 
-def _candidate_lines(text: str) -> list[str]:
-    """The lines of ``text`` holding an anchor, in order (every line when lowercasing
-    changes the text's length, so its offsets would not match)."""
-    low = text.lower()
-    if len(low) != len(text):
-        return text.splitlines()
-    starts: set[int] = {0} if low.startswith(("ok", "pass")) else set()
+def _candidate_lines(texts: Sequence[str]) -> list[list[str]]:
+    """Each text's lines holding an anchor, in order. The texts are scanned as one, each
+    after a line break (so "ok" or "pass" opening one opens a line); when lowercasing
+    changes their length, so offsets would not match, each is scanned alone, and one
+    whose own length changes gives every line."""
+    joined = "\n" + "\n".join(texts)
+    low = joined.lower()
+    if len(low) != len(joined):
+        return [text.splitlines() if len(text.lower()) != len(text)
+                else _candidate_lines([text])[0] for text in texts]
+    starts: set[int] = set()
     for anchor in _ANCHORS:
-        at = low.find(anchor)
-        while at >= 0:
-            starts.add(low.rfind("\n", 0, at + (anchor[0] == "\n")) + 1)
-            end = low.find("\n", at + 1)
-            at = low.find(anchor, end) if end >= 0 else -1
-    lines = []
+        starts.update(low.rfind("\n", 0, found.end()) + 1 for found in anchor.finditer(low))
+    starts.update(joined.rfind("\n", 0, found.end()) + 1
+                  for found in _CAPITAL_ANCHOR.finditer(joined))
+    # Text i opens at offsets[i]; a line never runs past the break that ends its text.
+    offsets = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=1))
+    lines: list[list[str]] = [[] for _ in texts]
     for start in sorted(starts):
-        end = text.find("\n", start)
-        lines.append(text[start:end if end >= 0 else len(text)])
+        end = joined.find("\n", start)
+        lines[bisect_right(offsets, start) - 1].append(joined[start:end if end >= 0 else None])
     return lines
 
 

@@ -15,7 +15,7 @@ from worker.compaction.grouping import Group
 from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
 from worker.compaction.merge import normalize_item
-from worker.compaction.messages import INSTRUCTION_ROLES
+from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
 from worker.compaction.requests import read_requests
 from worker.compaction.schema import LIST_SECTIONS, Summary
@@ -35,7 +35,10 @@ _CLAIM = re.compile(
     r"(?:\((?P<args>[^()]*)\))?\s*(?:→|->|:)?\s*"
     r"(?P<word>ok|succeeded|successful|passed|failed|failing|errored)\b", re.IGNORECASE)
 _NAME_CHAR = re.compile(r"[\w.-]")
-_OUTCOME_WORD = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
+# The look-ahead (the words' first letters, as ``(?i)`` matches them) spares the engine
+# trying each word at every position.
+_OUTCOME_WORD = re.compile(
+    r"(?=[EeFfOoPpSs\u017f])(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
 # Identifiers only: no outcome is stated there.
 CLAIM_SECTIONS = tuple(name for name in LIST_SECTIONS if name != "relevant_artifacts")
 _SAID_OK = frozenset({"ok", "succeeded", "successful", "passed"})
@@ -61,8 +64,18 @@ class SpanRecord:
     settled_requests: tuple[str, ...]
     open_requests: tuple[str, ...]
     known_values: frozenset[str]
-    texts: tuple[str, ...]  # the span's texts and arguments, and the prior summary's items
+    messages: tuple[StoredMessage, ...]  # the span's, read only for values the index lacks
+    prior_texts: tuple[str, ...] = ()  # the prior summary's goal and items
     prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
+
+    def texts(self) -> Iterator[str]:
+        """The span's texts and arguments, the outcomes' lines (read from the original
+        results, which pruning may cut) and the prior summary's items."""
+        yield from (m.message.text for m in self.messages)
+        yield from (c.function.arguments for m in self.messages
+                    for c in m.message.tool_calls or ())
+        yield from (line for outcome in self.outcomes for line in outcome.lines)
+        yield from self.prior_texts
 
     def unknown(self, values: Sequence[str]) -> list[str]:
         """The ``values`` neither the index nor the span's and prior's texts hold (whole or
@@ -72,7 +85,7 @@ class SpanRecord:
         if not missing:
             return []
         # A value cut short (a clipped line) is part of an indexed one.
-        joined = "\n".join([*self.texts, *self.known_values])
+        joined = "\n".join([*self.texts(), *self.known_values])
         if len(missing) > MAX_PLAIN_SEARCHES:
             grams = TextGrams(joined, asked=len(missing))
             return [value for value in missing if not grams.contains(value)]
@@ -90,17 +103,14 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
                            tail_continues=tail_continues)
     prior_items = [prior.goal, *(i for n in LIST_SECTIONS for i in prior.items_of(n))] \
         if prior else []
-    # The outcomes' lines too: read from the original results, which pruning may cut.
-    texts = [*(m.message.text for m in messages),
-             *(c.function.arguments for m in messages for c in m.message.tool_calls or ()),
-             *(line for outcome in outcomes for line in outcome.lines), *prior_items]
     return SpanRecord(
         outcomes=tuple(outcomes),
         settled_requests=tuple(r for r in (*ledger.answered, *ledger.acted_on)
                                if r not in ledger.open_requests),
         open_requests=ledger.open_requests,
         known_values=frozenset(a.value for a in artifacts),
-        texts=tuple(texts),
+        messages=tuple(messages),
+        prior_texts=tuple(prior_items),
         prior_items=frozenset(normalize_item(item) for item in prior_items))
 
 
@@ -131,15 +141,27 @@ def _false_outcomes(items: dict[str, list[str]], record: SpanRecord
     by_tool: dict[str, list[CallOutcome]] = {}
     for outcome in record.outcomes:
         by_tool.setdefault(outcome.tool, []).append(outcome)
+    # Summaries repeat a claim (a tool run on the same file): each is judged once.
+    judged: dict[tuple[str, str, bool], Contradiction | None] = {}
     for item in (i for name in CLAIM_SECTIONS for i in items[name]):
         if not _OUTCOME_WORD.search(item):
             continue
         for tool, claim in _claims(item, by_tool):
-            calls = _narrowed(by_tool[tool], claim.group("args") or "")
-            said_ok = claim.group("word").casefold() in _SAID_OK
-            wanted = CallStatus.SUCCEEDED if said_ok else CallStatus.FAILED
-            if not any(call.status is wanted for call in calls):
-                yield Contradiction("false_outcome", tuple(c.call_id for c in calls))
+            key = (tool, claim.group("args") or "", claim.group("word").casefold() in _SAID_OK)
+            if key not in judged:
+                judged[key] = _judge_claim(by_tool[tool], *key[1:])
+            if (found := judged[key]) is not None:
+                yield found
+
+
+def _judge_claim(calls: list[CallOutcome], args: str, said_ok: bool) -> Contradiction | None:
+    """The contradiction a claim that the calls named by ``args`` ended ok (or failed)
+    makes, if none of them did."""
+    named = _narrowed(calls, args)
+    wanted = CallStatus.SUCCEEDED if said_ok else CallStatus.FAILED
+    if any(call.status is wanted for call in named):
+        return None
+    return Contradiction("false_outcome", tuple(c.call_id for c in named))
 
 
 def _claims(item: str, tools: dict[str, list[CallOutcome]]
@@ -159,8 +181,10 @@ def _claims(item: str, tools: dict[str, list[CallOutcome]]
 
 def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
     """The calls whose arguments hold the values a claim names (all when none does)."""
-    values = [v.strip() for v in args.split(",") if v.strip()]
-    named = [c for c in calls if values and all(v in c.target for v in values)]
+    named = calls
+    for value in (v.strip() for v in args.split(",")):
+        if value:
+            named = [c for c in named if value in c.target]
     return named or calls
 
 
