@@ -171,6 +171,7 @@ def llm_config(settings: Settings) -> LLMConfig:
         connect_timeout_s=settings.llm_connect_timeout_s,
         read_timeout_s=settings.llm_read_timeout_s,
         max_retries=settings.llm_max_retries,
+        prompt_cache_key=settings.effective_prompt_cache_key,
     )
 
 

@@ -67,6 +67,7 @@ from .plan import plan_boundary as plan_boundary
 from .prompts import PROMPT_VERSION as PROMPT_VERSION
 from .prompts import build_merge_messages as build_merge_messages
 from .prompts import build_summarize_messages as build_summarize_messages
+from .prompts import static_prompt as static_prompt
 from .pruning import prune_groups as prune_groups
 from .requests import continues_conversation as continues_conversation
 from .salience import failure_values as failure_values

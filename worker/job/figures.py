@@ -37,6 +37,9 @@ class JobFigures:
                                     "the token figures as well); 0 for the extractive summarizer")
     prompt_tokens: int | None = _figure("prompt tokens the endpoint reported, summed over "
                                         "the calls")
+    cached_tokens: int | None = _figure("of the prompt tokens, those the endpoint served "
+                                        "from its prompt cache (`prompt_tokens_details."
+                                        "cached_tokens`), summed over the calls")
     completion_tokens: int | None = _figure("completion tokens the endpoint reported, "
                                             "summed over the calls")
     llm_retries: int | None = _figure("SDK-level retries of transient LLM errors")

@@ -12,6 +12,7 @@ from typing import Self
 
 from pydantic import Field, field_validator, model_validator
 
+from worker.compaction import PROMPT_VERSION
 from worker.scrub import url_secrets
 from worker.settings import rules as setting_rules
 from worker.settings.core import (
@@ -194,6 +195,17 @@ class Settings(CoreSettings):
         "0.0.0.0", description="Address the metrics endpoint listens on (IP address)."
     )
 
+    # --- prompt cache ----------------------------------------------------------------
+    llm_prompt_cache: bool = Field(
+        True, description="Send `prompt_cache_key` with every summarizer request, so the "
+        "provider serves the static prompt prefix from its cache across sessions; off for "
+        "endpoints that reject unknown fields (switch)."
+    )
+    llm_prompt_cache_key: str | None = Field(
+        None, min_length=1, description="The fleet's part of `prompt_cache_key`; the prompt "
+        "version is appended (name; unset = redis_key_prefix followed by queue_name)."
+    )
+
     @model_validator(mode="after")
     def _refuse_unsafe_limits(self) -> Self:
         if setting_rules.is_sentinel_url(self.redis_url) != bool(self.redis_sentinel_master):
@@ -308,6 +320,15 @@ class Settings(CoreSettings):
         if self.llm_base_url or self.llm_api_key:
             return SummarizerKind.LLM
         return SummarizerKind.EXTRACTIVE
+
+    @property
+    def effective_prompt_cache_key(self) -> str | None:
+        """The ``prompt_cache_key`` of this fleet's requests (None: not sent): one per
+        prompt version, whose static prefix is what the cache can serve."""
+        if not self.llm_prompt_cache:
+            return None
+        fleet = self.llm_prompt_cache_key or f"{self.redis_key_prefix}{self.queue_name}"
+        return f"{fleet}:{PROMPT_VERSION}"
 
     @property
     def trigger_tokens(self) -> int:

@@ -99,6 +99,7 @@ class SummaryUsage:
 
     llm_calls: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     llm_retries: int = 0
     llm_latency_s: float = 0.0

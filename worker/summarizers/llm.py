@@ -219,6 +219,7 @@ def _usage_figures(usage: LLMUsage) -> dict[str, Any]:
     """The job figures of what the calls so far cost."""
     totals = usage.as_dict()
     return {"llm_calls": int(totals["calls"]), "prompt_tokens": int(totals["prompt_tokens"]),
+            "cached_tokens": int(totals["cached_tokens"]),
             "completion_tokens": int(totals["completion_tokens"]),
             "llm_retries": int(totals["retries"]),
             "llm_latency_s": round(totals["latency_s"], 3)}
