@@ -143,7 +143,7 @@ def test_summarize_messages_carry_schema_rules_prior_and_identifiers(
     assert "verbatim" in system and "DATA" in system and "900 tokens" in user
     assert "ZFA04Y, HAT170" in user
     if prior is None:
-        assert "Prior summary: none" in user
+        assert "none, this is the start of the conversation" in user
     else:
         prior_json = transcript_between_fences(user, "PRIOR SUMMARY").strip("\n")
         assert Summary.model_validate_json(prior_json) == prior
@@ -170,7 +170,7 @@ def test_merge_messages_fence_each_partial_in_order() -> None:
         inside = transcript_between_fences(user, f"PART {index} OF 3").strip("\n")
         assert Summary.model_validate_json(inside) == partial
     assert user.index("PART 1 OF 3") < user.index("PART 2 OF 3") < user.index("PART 3 OF 3")
-    assert user.startswith("Task: merge")
+    assert "Task: merge the partial summaries above." in user
 
 
 @settings(max_examples=20, deadline=None)

@@ -53,8 +53,8 @@ said identifiers and the newest facts first.
 
 _ROLE = (
     "You write structured summaries of conversations between a user and an AI agent (with "
-    "its tool calls and results). Each request asks for one of two tasks, named on its "
-    "first line:\n"
+    "its tool calls and results). Each request asks for one of two tasks, named at its "
+    "end:\n"
     "- summarize: compact the earlier part of a conversation into a structured summary. "
     "The agent continues from your summary plus the most recent messages, which it still "
     "sees verbatim.\n"
@@ -75,13 +75,15 @@ may be replaced by a one-line digest starting with "[tool result digest]": its s
 first meaningful line; the full output is kept elsewhere, so report only what the \
 digest says.
 - "[K non-text part(s) omitted]" stands for images, audio or files you cannot see.
-- A prior summary, and each partial summary of a merge, is one JSON object of the schema \
-above, fenced like the transcript.
+- Prior and partial summaries are JSON objects of the schema above, fenced likewise.
 - After the data come the identifiers seen in the input, most important first, and \
 the size your JSON must keep under."""
 
-_SUMMARIZE_TASK = "Task: summarize the transcript below."
-_MERGE_TASK = "Task: merge the partial summaries below."
+_SUMMARIZE_TASK = "Task: summarize the transcript above."
+_MERGE_TASK = "Task: merge the partial summaries above."
+# The head of every user message, whatever its task or prior: the prompt cache serves it
+# with the static prefix, whose last whole block it completes.
+_PRIOR_HEAD = "Prior summary (read-only context: already stored; yours is merged into it):"
 
 
 def render_group(group: Group) -> str:
@@ -168,18 +170,17 @@ def static_prompt() -> str:
 
 def _prior_lines(prior: Summary | None) -> list[str]:
     if prior is None:
-        return ["Prior summary: none (this is the start of the conversation)."]
-    return ["Prior summary (read-only context: already stored; yours is merged into it):",
-            fence("PRIOR SUMMARY", render_prior_json(prior))]
+        return [f"{_PRIOR_HEAD} none, this is the start of the conversation."]
+    return [_PRIOR_HEAD, fence("PRIOR SUMMARY", render_prior_json(prior))]
 
 
-def _closing_lines(identifiers: Sequence[str], budget_tokens: int | None,
+def _closing_lines(identifiers: Sequence[str], budget_tokens: int | None, task: str,
                    request: str) -> list[str]:
     listed = ", ".join(_one_line(value) for value in identifiers) or "(none)"
     lines = [f"Identifiers seen in the input, most important first: {listed}"]
     if budget_tokens is not None:
         lines.append(f"Keep the whole JSON under about {budget_tokens} tokens.")
-    return [*lines, request]
+    return [*lines, task, request]
 
 
 def build_summarize_messages(
@@ -190,8 +191,8 @@ def build_summarize_messages(
     budget_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
     """Build the chat messages asking for the summary of one rendered span."""
-    user = [_SUMMARIZE_TASK, *_prior_lines(prior), fence("TRANSCRIPT", span_text),
-            *_closing_lines(identifiers, budget_tokens,
+    user = [*_prior_lines(prior), fence("TRANSCRIPT", span_text),
+            *_closing_lines(identifiers, budget_tokens, _SUMMARIZE_TASK,
                             "Return the JSON summary of the transcript now.")]
     return [
         {"role": "system", "content": static_prompt()},
@@ -212,8 +213,9 @@ def build_merge_messages(
         fence(f"PART {index} OF {count}", render_prior_json(partial))
         for index, partial in enumerate(partials, start=1)
     ]
-    user = [_MERGE_TASK, *_prior_lines(prior), *parts,
-            *_closing_lines(identifiers, budget_tokens, "Return the merged JSON summary now.")]
+    user = [*_prior_lines(prior), *parts,
+            *_closing_lines(identifiers, budget_tokens, _MERGE_TASK,
+                            "Return the merged JSON summary now.")]
     return [
         {"role": "system", "content": static_prompt()},
         {"role": "user", "content": "\n\n".join(user)},
