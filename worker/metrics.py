@@ -54,6 +54,7 @@ class JobMetrics:
     llm_cached_tokens: Counter
     llm_completion_tokens: Counter
     llm_retries: Counter
+    llm_cost: Counter
 
     def observe(self, event: Mapping[str, Any]) -> None:
         """Count one job attempt from its event's fields."""
@@ -74,7 +75,8 @@ class JobMetrics:
                                 (self.llm_prompt_tokens, "prompt_tokens"),
                                 (self.llm_cached_tokens, "cached_tokens"),
                                 (self.llm_completion_tokens, "completion_tokens"),
-                                (self.llm_retries, "llm_retries")):
+                                (self.llm_retries, "llm_retries"),
+                                (self.llm_cost, "cost_usd")):
             if event.get(figure):
                 counter.inc(event[figure])
 
@@ -122,6 +124,8 @@ def build_job_metrics(registry: CollectorRegistry) -> JobMetrics:
                                       "tokens the endpoint reported, failed jobs included."),
         llm_retries=counter("compactor_llm_retries", "SDK-level retries of transient LLM "
                             "errors."),
+        llm_cost=counter("compactor_llm_cost_usd", "What the LLM calls cost (USD, the jobs' "
+                         "cost_usd), failed jobs included; unpriced models add nothing."),
     )
 
 

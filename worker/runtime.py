@@ -157,6 +157,7 @@ def build_summarizer(
         concurrency=settings.llm_concurrency,
         max_calls=settings.llm_max_calls_per_job,
         rate_limiter=limiter,
+        price=settings.price_table.get(settings.llm_model),
     )
 
 
