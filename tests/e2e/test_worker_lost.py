@@ -177,6 +177,21 @@ class Fleet:
         return [e for w in self.workers for e in w.events("compaction.job")
                 if e.get("task_id") == task_id]
 
+    def diagnosis(self, store: Store, session_id: str, task_id: str) -> str:
+        """What a failed wait needs to be explained: the session's row and runs, the
+        sweeps' repairs and the job's events on every worker, and beat's last lines."""
+        lines = [f"task {task_id}: {store.get_session(session_id)}",
+                 *(f"run {run}" for run in store.runs(session_id=session_id)),
+                 f"live workers' children: {[w.child_pids() for w in self.live()]}"]
+        for worker in self.workers:
+            lines += [f"{worker.log_path.name}: {event}" for event in worker.events()
+                      if event.get("session_id") == session_id
+                      or str(event.get("event", "")).startswith("reconcile")]
+        beat_log = self.tmp_path / "beat.log"
+        if beat_log.exists():
+            lines += beat_log.read_text(errors="replace").splitlines()[-20:]
+        return "\n".join(lines)
+
     def stop(self) -> None:
         for worker in self.workers:
             worker.stop()
@@ -194,8 +209,11 @@ def kill_worker_mid_job(fleet: Fleet, store: Store, publisher: JobPublisher,
     assert doomed is not None and doomed.process is not None
     os.kill(doomed.process.pid, signal.SIGKILL)  # its pool child dies with it (pdeathsig)
     killed = time.monotonic()
-    wait_until(lambda: (owner := store.get_session(session_id).lease_owner) is not None
-               and not owner.endswith(f":{task_id}"), timeout_s=120)
+    try:
+        wait_until(lambda: (owner := store.get_session(session_id).lease_owner) is not None
+                   and not owner.endswith(f":{task_id}"), timeout_s=120)
+    except TimeoutError as exc:
+        raise AssertionError(fleet.diagnosis(store, session_id, task_id)) from exc
     rerun_s = time.monotonic() - killed
     wait_until(lambda: bool(store.revisions(session_id)), timeout_s=60)
     compacted_s = time.monotonic() - killed
