@@ -11,7 +11,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -200,6 +199,17 @@ class Fleet:
             self.beat.wait(30)
 
 
+def rerun_started(store: Store, session_id: str, task_id: str) -> list[datetime]:
+    """The start of another job of the session than ``task_id`` (none yet: empty): now,
+    while it holds the lease, or its run's start once it ended (a quick rerun can begin
+    and end between two looks at the lease)."""
+    owner = store.get_session(session_id).lease_owner
+    if owner is not None and not owner.endswith(f":{task_id}"):
+        return [datetime.now(UTC)]
+    return [run.started_at for run in store.runs(session_id=session_id)
+            if run.task_id != task_id]
+
+
 def kill_worker_mid_job(fleet: Fleet, store: Store, publisher: JobPublisher,
                         server: OpenAIServer, session_id: str) -> tuple[float, float]:
     """SIGKILL the main process of the worker running the session's job; the seconds
@@ -208,15 +218,20 @@ def kill_worker_mid_job(fleet: Fleet, store: Store, publisher: JobPublisher,
     doomed = fleet.holder(store, session_id)
     assert doomed is not None and doomed.process is not None
     os.kill(doomed.process.pid, signal.SIGKILL)  # its pool child dies with it (pdeathsig)
-    killed = time.monotonic()
+    killed = datetime.now(UTC)
+    reruns: list[datetime] = []
+
+    def rerun_seen() -> bool:
+        reruns.extend(rerun_started(store, session_id, task_id))
+        return bool(reruns)
+
     try:
-        wait_until(lambda: (owner := store.get_session(session_id).lease_owner) is not None
-                   and not owner.endswith(f":{task_id}"), timeout_s=120)
+        wait_until(rerun_seen, timeout_s=120)
     except TimeoutError as exc:
         raise AssertionError(fleet.diagnosis(store, session_id, task_id)) from exc
-    rerun_s = time.monotonic() - killed
+    rerun_s = (min(reruns) - killed).total_seconds()
     wait_until(lambda: bool(store.revisions(session_id)), timeout_s=60)
-    compacted_s = time.monotonic() - killed
+    compacted_s = (datetime.now(UTC) - killed).total_seconds()
     assert doomed.process.poll() is not None
     fleet.start_worker()  # two workers again for the next kill
     return rerun_s, compacted_s
