@@ -1,3 +1,4 @@
+from .costs import CostedRun as CostedRun
 from .engine import create_db_engine as create_db_engine
 from .engine import with_postgres_timeouts as with_postgres_timeouts
 from .errors import LeaseLost as LeaseLost

@@ -25,6 +25,7 @@ from db import leases
 from db import projection as views
 from db import queries as q
 from db.artifacts import count_unindexed, select_artifacts, select_unindexed, write_index
+from db.costs import CostedRun, read_costed_runs
 from db.engine import create_db_engine
 from db.errors import SessionExists, SessionNotFound
 from db.lifecycle import collect_garbage, delete_session, pop_newest_message
@@ -285,6 +286,13 @@ class Store(JobStoreMethods, SchedulingStoreMethods):
             statement = statement.where(RunRow.started_at < until)
         with self._read() as session:
             return [q.to_run_record(row) for row in session.scalars(statement.limit(limit))]
+
+    def costed_runs(self, *, since: datetime, until: datetime | None = None
+                    ) -> list[CostedRun]:
+        """Return the runs started at or after ``since`` (and before ``until``), oldest
+        first, each compaction with the session's requests since its previous one."""
+        with self._read() as session:
+            return read_costed_runs(session, since, until)
 
     # --- the data lifecycle: erasing and collecting -----------------------------------
 

@@ -53,8 +53,10 @@ class JobMetrics:
     tokens_saved: Counter
     llm_calls: Counter
     llm_prompt_tokens: Counter
+    llm_cached_tokens: Counter
     llm_completion_tokens: Counter
     llm_retries: Counter
+    llm_cost: Counter
 
     def observe(self, event: Mapping[str, Any]) -> None:
         """Count one job attempt from its event's fields."""
@@ -73,8 +75,10 @@ class JobMetrics:
             self.tokens_saved.inc(max(0, before - after))
         for counter, figure in ((self.llm_calls, "llm_calls"),
                                 (self.llm_prompt_tokens, "prompt_tokens"),
+                                (self.llm_cached_tokens, "cached_tokens"),
                                 (self.llm_completion_tokens, "completion_tokens"),
-                                (self.llm_retries, "llm_retries")):
+                                (self.llm_retries, "llm_retries"),
+                                (self.llm_cost, "cost_usd")):
             if event.get(figure):
                 counter.inc(event[figure])
 
@@ -116,10 +120,14 @@ def build_job_metrics(registry: CollectorRegistry) -> JobMetrics:
         llm_calls=counter("compactor_llm_calls", "LLM requests made, failed jobs included."),
         llm_prompt_tokens=counter("compactor_llm_prompt_tokens", "Prompt tokens the "
                                   "endpoint reported, failed jobs included."),
+        llm_cached_tokens=counter("compactor_llm_cached_tokens", "Prompt tokens the "
+                                  "endpoint served from its prompt cache."),
         llm_completion_tokens=counter("compactor_llm_completion_tokens", "Completion "
                                       "tokens the endpoint reported, failed jobs included."),
         llm_retries=counter("compactor_llm_retries", "SDK-level retries of transient LLM "
                             "errors."),
+        llm_cost=counter("compactor_llm_cost_usd", "What the LLM calls cost (USD, the jobs' "
+                         "cost_usd), failed jobs included; unpriced models add nothing."),
     )
 
 

@@ -157,6 +157,7 @@ def build_summarizer(
         concurrency=settings.llm_concurrency,
         max_calls=settings.llm_max_calls_per_job,
         rate_limiter=limiter,
+        price=settings.price_table.get(settings.llm_model),
     )
 
 
@@ -171,6 +172,7 @@ def llm_config(settings: Settings) -> LLMConfig:
         connect_timeout_s=settings.llm_connect_timeout_s,
         read_timeout_s=settings.llm_read_timeout_s,
         max_retries=settings.llm_max_retries,
+        prompt_cache_key=settings.effective_prompt_cache_key,
     )
 
 

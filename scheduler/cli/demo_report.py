@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from db import RunRecord, SessionState
+from db import CostedRun, RunRecord, SessionState
 from scheduler.cli.common import display_url, readable_table, shown
 from scheduler.cli.sessions import projection_table
 from worker.platform.ingest import ImportStatus, SessionReport
@@ -28,6 +29,7 @@ PROJECTION_ROWS = 12  # projection messages shown after the summary block
 SUMMARY_LINES = 24  # lines of the summary block shown
 FAILED_OUTCOMES = ("failed", "rejected")
 DEFAULT_DATA_DIR = Path(".compactor").resolve()
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def print_setup(console: Console, settings: Settings, set_by_demo: list[str]) -> None:
@@ -85,6 +87,7 @@ def print_results(console: Console, store: Store, settings: Settings, session_id
         f"[bold]Saved {before - after:,} tokens[/] ({_share(before - after, before)}) by "
         f"compacting {len(done)} of {len(rows)} sessions: a model now reads {after:,} tokens "
         f"instead of {before:,}.", highlight=False, soft_wrap=True)
+    print_cost(console, settings, list(runs.values()))
     best = max(done, key=lambda r: r.before - r.after, default=None)
     if best is not None:
         print_projection(console, store, best.session_id)
@@ -93,6 +96,27 @@ def print_results(console: Console, store: Store, settings: Settings, session_id
     for row in failed:
         console.print(f"[red]{row.outcome}[/]: {shown(row.session_id)} ({shown(row.reason)})")
     return not failed
+
+
+def print_cost(console: Console, settings: Settings, runs: list[RunRecord]) -> None:
+    """What the demo's LLM calls cost, and what the Batch API would have charged."""
+    from scheduler.cost_report import build_cost_report
+
+    report = build_cost_report([CostedRun(run) for run in runs], settings.price_table,
+                               since=min((run.started_at for run in runs), default=_EPOCH),
+                               until=None, session_model=settings.llm_model)
+    if not report.llm_calls:
+        return
+    prompt = report.input_tokens + report.cached_tokens
+    priced = (f"cost ${report.cost_usd:.4f} (through the Batch API: "
+              f"${report.cost_at_batch_price_usd:.4f})")
+    if report.unpriced_jobs:
+        priced = f"cost unknown: {shown(settings.llm_model)} has no price in COMPACTOR_LLM_PRICES"
+    console.print(
+        f"{report.llm_calls:,} LLM calls sent {prompt:,} prompt tokens "
+        f"({report.cached_tokens:,} served from the provider's cache) and got "
+        f"{report.output_tokens:,} back: {priced}; `compactor cost --since 1h` has the "
+        "details.", highlight=False, soft_wrap=True)
 
 
 def _row(store: Store, settings: Settings, session_id: str, run: RunRecord | None) -> _Row:

@@ -14,7 +14,18 @@ from typing import Annotated, Any
 
 import typer
 
-from scheduler.cli import check, data, demo, jobs, lifecycle, platform, recall, schedule, sessions
+from scheduler.cli import (
+    check,
+    cost,
+    data,
+    demo,
+    jobs,
+    lifecycle,
+    platform,
+    recall,
+    schedule,
+    sessions,
+)
 from scheduler.cli.db import db_app
 from scheduler.cli.dead import dead_app
 from scheduler.cli.groups import CommandGroup
@@ -102,3 +113,4 @@ schedule.register(app)
 lifecycle.register(app)
 demo.register(app)
 check.register(app)
+cost.register(app)

@@ -174,7 +174,7 @@ def producer_output(recipe: Recipe, outputs: Outputs, job_env: JobEnv, tmp_path:
         done = run_command(job_env, "reconcile", "--dry-run", "--json")
         assert json.loads(done.stdout)["dry_run"] is True
         return done.stdout
-    if re.fullmatch(r"compactor (runs|sessions|gc) --json[-\w ]*", producer):
+    if re.fullmatch(r"compactor (runs|sessions|gc|cost) --json[-\w ]*", producer):
         return run_command(job_env, *producer.split()[1:]).stdout
     if producer == "compactor import FILE --json":
         records = tmp_path / "import.jsonl"

@@ -172,11 +172,11 @@ def test_compact_dry_run_prints_the_plan_the_job_then_follows_and_writes_nothing
                                                     generated_session("small", 2)])
     assert compactor("import", str(sessions)).exit_code == 0
     with OpenAIServer(latency_ms=0) as server:
-        # trigger 5,600 tokens; an LLM window of 12,000 splits the 18k-token span.
+        # trigger 5,600 tokens; an LLM window of 13,000 splits the 18k-token span.
         llm = Compactor({**compactor.env, "COMPACTOR_LLM_BASE_URL": server.base_url,
                          "COMPACTOR_MODEL_CONTEXT_TOKENS": "8000",
                          "COMPACTOR_TAIL_BUDGET_TOKENS": "500",
-                         "COMPACTOR_LLM_CONTEXT_TOKENS": "12000"})
+                         "COMPACTOR_LLM_CONTEXT_TOKENS": "13000"})
         before = every_row(engine)
 
         planned = [json.loads(line) for line in

@@ -16,6 +16,7 @@ import pytest
 from tests.support.fake_summaries import OPEN_SECTIONS
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
+from worker.compaction import PROMPT_VERSION, static_prompt
 from worker.compaction.schema import LIST_SECTIONS, summary_json_schema
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import parse_summary
@@ -417,3 +418,30 @@ def test_usage_totals_add_up_over_concurrent_calls_failures_included(
     assert totals["prompt_tokens"] == sum(reply.prompt_tokens for reply in replies)
     assert totals["completion_tokens"] == sum(reply.completion_tokens for reply in replies)
     assert totals["latency_s"] >= max(reply.latency_s for reply in replies)
+
+
+@pytest.mark.parametrize("cache_enabled", [True, False], ids=["cache-key", "switched-off"])
+def test_the_fleet_prompt_cache_key_is_sent_unless_switched_off(
+    server: OpenAIServer, cache_enabled: bool
+) -> None:
+    from worker.runtime import llm_config
+    from worker.settings.config import Settings
+
+    settings = Settings(llm_base_url=server.base_url, llm_prompt_cache=cache_enabled,
+                        llm_prompt_cache_key="fleet-a", llm_max_retries=0)
+    usage = LLMUsage()
+    messages = [{"role": "system", "content": static_prompt()}, *MESSAGES[1:]]
+    with LLMClient(llm_config(settings)) as client:
+        for _ in range(2):
+            client.complete_json(messages, schema=SCHEMA, max_output_tokens=256, usage=usage)
+
+    bodies = [request.body for request in server.requests]
+    if cache_enabled:
+        assert {body["prompt_cache_key"] for body in bodies} == {
+            f"fleet-a:{PROMPT_VERSION}"}
+    else:
+        assert not any("prompt_cache_key" in body for body in bodies)
+    # The second request repeats the first: its static prefix comes from the cache.
+    cached = [request.cached_tokens for request in server.requests]
+    assert cached[0] == 0 and cached[1] >= 1_024
+    assert usage.as_dict()["cached_tokens"] == cached[1]

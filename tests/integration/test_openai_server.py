@@ -4,6 +4,7 @@ running standalone (what the LLM client and end-to-end tests rely on)."""
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from typing import Any
 
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
+from tests.support.prompt_cache import BLOCK_TOKENS
+from worker.tokenizer.offline import load_encoding
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,3 +158,40 @@ def test_the_server_runs_standalone_and_prints_its_url() -> None:
         assert process.wait(timeout=10) == 0
 
     assert base_url.startswith("http://127.0.0.1:") and status == 200
+
+
+def cache_probe(server: OpenAIServer, words: list[str], key: str | None) -> int:
+    """Send a request whose user text is ``words``; return its usage's cached tokens."""
+    body: dict[str, Any] = {"model": "m", "messages": [
+        {"role": "system", "content": "Summarize."},
+        {"role": "user", "content": " ".join(words)}]}
+    if key is not None:
+        body["prompt_cache_key"] = key
+    status, reply = call(f"{server.base_url}/chat/completions", body)
+    assert status == 200
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == (
+        server.requests[-1].cached_tokens)
+    return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_cached_tokens_are_the_shared_prefix_in_whole_blocks_from_1024_per_cache_key() -> None:
+    rng = random.Random(36)
+    vocabulary = [f"w{index}" for index in range(500)]
+    shared = rng.choices(vocabulary, k=3_000)
+    tail = rng.choices(vocabulary, k=400)
+    encode = load_encoding("o200k_base").encode_ordinary
+    # The server's tokens: each message's role and text, in order.
+    prefix_tokens = len(encode("system\nSummarize.\n")) + len(encode("user\n" + " ".join(shared)))
+    with OpenAIServer(latency_ms=0) as server:
+        first = cache_probe(server, [*shared, "alpha", *tail], "fleet:v1")
+        again = cache_probe(server, [*shared, "omega", *tail], "fleet:v1")
+        other_key = cache_probe(server, [*shared, "gamma", *tail], "other:v1")
+        keyless = cache_probe(server, [*shared, "delta", *tail], None)
+        short = cache_probe(server, shared[:300], "short:v1")
+        short_again = cache_probe(server, shared[:300], "short:v1")
+
+    assert first == 0 and other_key == 0
+    # The words before the first difference, less at most a block and the merged token.
+    assert prefix_tokens - BLOCK_TOKENS - 2 <= again <= prefix_tokens
+    assert again % BLOCK_TOKENS == 0 and keyless == again  # keyless: any earlier request
+    assert short == short_again == 0  # under 1,024 tokens nothing is cached

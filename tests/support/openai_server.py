@@ -6,6 +6,9 @@ request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` ma
 where SPEC is a behaviour, optionally ``:N`` to misbehave N times and then answer ok.
 Run it alone with ``python -m tests.support.openai_server --port 0``.
 
+Usage reports ``prompt_tokens_details.cached_tokens`` from a prompt cache that behaves as
+OpenAI's (``tests/support/prompt_cache.py``).
+
 It stands in for a remote model, so its own CPU is a benchmark artifact on the machine it
 shares with the worker: a request body it has seen is not parsed, counted or answered
 again (:class:`_Memo`); the reply is the one it composed then, under a fresh id.
@@ -41,6 +44,7 @@ from tests.support.openai_behaviours import (
     answer_chat,
     error_reply,
 )
+from tests.support.prompt_cache import PromptCache, prefix_block_hashes
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
 from worker.tokenizer.offline import load_encoding
@@ -63,6 +67,7 @@ class RecordedRequest:
     prompt_tokens: int
     behaviour: Behaviour | None
     path: str = ""  # as requested, its query string included
+    cached_tokens: int = 0  # what its usage reports as served from the prompt cache
 
 
 @dataclass
@@ -72,6 +77,14 @@ class _Seen:
     body: dict[str, Any] | None
     request: ChatRequest | None
     replies: dict[tuple[Behaviour, ServerConfig], Reply] = field(default_factory=dict)
+    blocks: tuple[bytes, ...] | None = None  # its prompt's cache blocks, once hashed
+
+    def prompt_blocks(self) -> tuple[bytes, ...]:
+        """The prompt's cache blocks (``tests/support/prompt_cache.py``), hashed once."""
+        if self.blocks is None:
+            messages = self.request.messages if self.request is not None else []
+            self.blocks = prefix_block_hashes(messages, _counter())
+        return self.blocks
 
 
 class _Memo:
@@ -130,6 +143,7 @@ class _State:
     api_key: str | None
     lock: threading.Lock = field(default_factory=threading.Lock)
     memo: _Memo = field(default_factory=_Memo)
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
     stopping: threading.Event = field(default_factory=threading.Event)
     log: list[RecordedRequest] = field(default_factory=list)
     served: dict[str, int] = field(default_factory=dict)
@@ -290,10 +304,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.headers.get("Authorization") == f"Bearer {state.api_key}")
         behaviour = self._resolve_behaviour(request) if request and authorized else None
         headers = {name.lower(): value for name, value in self.headers.items()}
+        cached_tokens = 0
+        if behaviour is not None and body is not None:
+            key = body.get("prompt_cache_key")
+            cached_tokens = state.prompt_cache.serve(
+                seen.prompt_blocks(), key if isinstance(key, str) else None)
         with state.lock:
             state.log.append(RecordedRequest(headers, body or {},
                                              request.prompt_tokens if request else 0, behaviour,
-                                             self.path))
+                                             self.path, cached_tokens))
             config = state.config
         if not authorized:
             return error_reply(401, "Incorrect API key provided.", "invalid_request_error",
@@ -303,8 +322,9 @@ class _Handler(BaseHTTPRequestHandler):
                                param="messages")
         if is_agent_turn(request):
             return answer_agent_turn(request, config, _counter())
-        return state.memo.reply(seen, (behaviour, config),
-                                lambda: answer_chat(behaviour, request, config, _counter()))
+        reply = state.memo.reply(seen, (behaviour, config),
+                                 lambda: answer_chat(behaviour, request, config, _counter()))
+        return _with_cached_tokens(reply, cached_tokens)
 
     def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:
         state = self.server.state
@@ -333,6 +353,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True  # the rest of the promised body never comes
 
+
+
+def _with_cached_tokens(reply: Reply, cached_tokens: int) -> Reply:
+    """``reply`` with its usage's ``prompt_tokens_details``, as OpenAI reports it."""
+    usage = (reply.payload or {}).get("usage")
+    if not isinstance(usage, dict):
+        return reply
+    details = {"cached_tokens": min(cached_tokens, usage["prompt_tokens"]), "audio_tokens": 0}
+    payload = {**(reply.payload or {}), "usage": {**usage, "prompt_tokens_details": details}}
+    return dataclasses.replace(reply, payload=payload)
 
 
 def _parse_body(raw: bytes) -> dict[str, Any] | None:

@@ -44,7 +44,7 @@ def test_a_failed_job_counts_its_llm_cost_and_a_retried_one_its_retry_but_no_tok
     failed = dataclasses.replace(
         a_result(), outcome=Outcome.FAILED, reason="schema_mismatch", revision_id=None,
         figures=JobFigures(tokens_before=9_000, llm_calls=2, prompt_tokens=1_500,
-                           completion_tokens=300))
+                           cached_tokens=1_024, completion_tokens=300, cost_usd=0.25))
     retried = dataclasses.replace(failed, reason="server_error")
     registry = observed(job_event_fields(failed),
                         job_event_fields(retried, will_retry=True))
@@ -54,7 +54,9 @@ def test_a_failed_job_counts_its_llm_cost_and_a_retried_one_its_retry_but_no_tok
     assert value("compactor_job_retries_total", {"reason": "server_error"}) == 1
     assert value("compactor_job_retries_total", {"reason": "schema_mismatch"}) is None
     assert (value("compactor_llm_calls_total"), value("compactor_llm_prompt_tokens_total"),
-            value("compactor_llm_completion_tokens_total")) == (4, 3_000, 600)
+            value("compactor_llm_cached_tokens_total"),
+            value("compactor_llm_completion_tokens_total")) == (4, 3_000, 2_048, 600)
+    assert value("compactor_llm_cost_usd_total") == 0.5
     assert value("compactor_tokens_saved_total") == 0  # nothing was committed
 
 

@@ -25,6 +25,7 @@ from worker.compaction.prompts import (
     prompt_overhead_tokens,
     render_group,
     render_prior_json,
+    static_prompt,
 )
 from worker.compaction.schema import Summary, empty_summary, summary_json_schema
 
@@ -139,10 +140,10 @@ def test_summarize_messages_carry_schema_rules_prior_and_identifiers(
     assert_valid_chat(messages)
     system, user = messages[0]["content"], messages[1]["content"]
     assert json.dumps(summary_json_schema(), separators=(",", ":")) in system
-    assert "verbatim" in system and "DATA" in system and "900 tokens" in system
+    assert "verbatim" in system and "DATA" in system and "900 tokens" in user
     assert "ZFA04Y, HAT170" in user
     if prior is None:
-        assert "Prior summary: none" in user
+        assert "none, this is the start of the conversation" in user
     else:
         prior_json = transcript_between_fences(user, "PRIOR SUMMARY").strip("\n")
         assert Summary.model_validate_json(prior_json) == prior
@@ -157,7 +158,7 @@ def test_the_prompt_states_the_merge_contract_the_merge_applies() -> None:
            "item the input settles (answered, fixed, replaced)" in rules
     assert "An error that ended a tool call or test run stays in pending" in rules
     assert "Sections are budgeted separately" in rules
-    assert PROMPT_VERSION == "summarize-v3"
+    assert PROMPT_VERSION == "summarize-v4"
 
 
 def test_merge_messages_fence_each_partial_in_order() -> None:
@@ -169,7 +170,33 @@ def test_merge_messages_fence_each_partial_in_order() -> None:
         inside = transcript_between_fences(user, f"PART {index} OF 3").strip("\n")
         assert Summary.model_validate_json(inside) == partial
     assert user.index("PART 1 OF 3") < user.index("PART 2 OF 3") < user.index("PART 3 OF 3")
-    assert "merge" in messages[0]["content"]
+    assert "Task: merge the partial summaries above." in user
+
+
+@settings(max_examples=20, deadline=None)
+@given(sessions(max_turns=4, allow_huge=False), sessions(max_turns=4, allow_huge=False),
+       st.integers(200, 4_000))
+def test_every_request_opens_with_the_same_static_prefix_whatever_the_session(
+    first: list[StoredMessage], second: list[StoredMessage], budget_tokens: int
+) -> None:
+    """The provider's prompt cache serves a prefix only when its bytes repeat exactly."""
+    def span_text(stored: list[StoredMessage]) -> str:
+        return "\n\n".join(render_group(group) for group in group_messages(stored))
+
+    requests = [
+        build_summarize_messages(span_text(first), prior=None, identifiers=["ZFA04Y"]),
+        build_summarize_messages(span_text(second), prior=PRIOR, identifiers=[],
+                                 budget_tokens=budget_tokens),
+        build_merge_messages([PRIOR, empty_summary()], prior=None, identifiers=(),
+                             budget_tokens=budget_tokens),
+    ]
+    encoded = [json.dumps(request, ensure_ascii=False).encode() for request in requests]
+    static = json.dumps(static_prompt(), ensure_ascii=False).encode()
+    for request, body in zip(requests, encoded, strict=True):
+        assert request[0] == {"role": "system", "content": static_prompt()}
+        assert body.startswith(b'[{"role": "system", "content": ' + static)
+    if span_text(first) != span_text(second):
+        assert requests[0][1] != requests[1][1]
 
 
 @settings(max_examples=30, deadline=None)
@@ -219,3 +246,10 @@ def test_a_name_on_one_line_collapses_whitespace_as_the_pattern_does(
 ) -> None:
     name = before + space + after
     assert prompts._one_line(name) == re.sub(r"\s+", " ", name).strip()
+
+
+def test_the_static_prefix_is_long_enough_for_a_provider_to_cache_it() -> None:
+    """OpenAI caches nothing of a prompt under 1,024 tokens, then whole 128-token blocks."""
+    counter = shared_counter()
+    system = parse_message({"role": "system", "content": static_prompt()})
+    assert counter.count_messages([system]) >= 1_024

@@ -64,9 +64,15 @@ from .plan import Boundary as Boundary
 from .plan import TriggerPolicy as TriggerPolicy
 from .plan import decide_compaction as decide_compaction
 from .plan import plan_boundary as plan_boundary
+from .pricing import ModelPrice as ModelPrice
+from .pricing import dump_price_table as dump_price_table
+from .pricing import parse_price_table as parse_price_table
+from .pricing import payback_requests as payback_requests
+from .pricing import price_calls as price_calls
 from .prompts import PROMPT_VERSION as PROMPT_VERSION
 from .prompts import build_merge_messages as build_merge_messages
 from .prompts import build_summarize_messages as build_summarize_messages
+from .prompts import static_prompt as static_prompt
 from .pruning import prune_groups as prune_groups
 from .requests import continues_conversation as continues_conversation
 from .salience import failure_values as failure_values

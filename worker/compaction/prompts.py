@@ -1,11 +1,16 @@
 """The versioned summarize and merge prompts, and the rendering of a span as quoted data.
 
+Every request opens with the same system message (:func:`static_prompt`: role, schema,
+sections, input layout, rules), byte-identical across sessions, jobs and call kinds of
+one prompt version, so a provider's prompt cache serves it; what varies (the task, the
+prior summary, the span, the identifiers, the budget) follows in the user message.
 Message bodies are quoted line by line and fenced by delimiters tagged with a hash of
 what they enclose, so nothing inside a transcript can close the fence or pose as a rule.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -16,7 +21,7 @@ from worker.compaction.messages import ChatMessage, Role, StoredMessage, parse_m
 from worker.compaction.schema import SECTION_GUIDE, Summary, empty_summary, summary_json_schema
 from worker.compaction.tokens import TokenCounter
 
-PROMPT_VERSION = "summarize-v3"
+PROMPT_VERSION = "summarize-v4"
 QUOTE_PREFIX = "    | "
 # Upper bound of what one partial summary adds to a merge prompt besides its JSON.
 PART_FRAMING_TOKENS = 32
@@ -46,17 +51,39 @@ code, until fixed.
 said identifiers and the newest facts first.
 9. Reply with the JSON object only: no prose, no code fence."""
 
-_SUMMARIZE_TASK = (
-    "You compact the earlier part of a conversation between a user and an AI agent (with "
-    "its tool calls and results) into a structured summary. The agent continues from your "
-    "summary plus the most recent messages, which it still sees verbatim."
-)
-_MERGE_TASK = (
-    "You merge partial summaries of consecutive parts of one conversation, earliest part "
-    "first, into one summary of the whole. Later parts win where they conflict; items a "
-    "later part settles (answered, fixed, replaced) move from pending, remaining_work or "
+_ROLE = (
+    "You write structured summaries of conversations between a user and an AI agent (with "
+    "its tool calls and results). Each request asks for one of two tasks, named at its "
+    "end:\n"
+    "- summarize: compact the earlier part of a conversation into a structured summary. "
+    "The agent continues from your summary plus the most recent messages, which it still "
+    "sees verbatim.\n"
+    "- merge: merge partial summaries of consecutive parts of one conversation, earliest "
+    "part first, into one summary of the whole. Later parts win where they conflict; items "
+    "a later part settles (answered, fixed, replaced) move from pending, remaining_work or "
     "key_decisions to resolved; drop duplicates."
 )
+_LAYOUT = """\
+How the input is laid out:
+- Each message of a transcript starts with a header line "[seq N] ROLE:" (N is its \
+position in the stored conversation; ROLE is system, developer, user or assistant), and \
+its body follows, every line quoted with a leading "    | ". An empty body reads "(empty)".
+- A tool call reads "[seq N] assistant → tool call NAME(ARGUMENTS)", or, when the \
+arguments span lines, "... tool call NAME with arguments:" and the quoted arguments.
+- A tool result reads "[seq N] tool result (NAME):" with the quoted output. An old output \
+may be replaced by a one-line digest starting with "[tool result digest]": its size and \
+first meaningful line; the full output is kept elsewhere, so report only what the \
+digest says.
+- "[K non-text part(s) omitted]" stands for images, audio or files you cannot see.
+- Prior and partial summaries are JSON objects of the schema above, fenced likewise.
+- After the data come the identifiers seen in the input, most important first, and \
+the size your JSON must keep under."""
+
+_SUMMARIZE_TASK = "Task: summarize the transcript above."
+_MERGE_TASK = "Task: merge the partial summaries above."
+# The head of every user message, whatever its task or prior: the prompt cache serves it
+# with the static prefix, whose last whole block it completes.
+_PRIOR_HEAD = "Prior summary (read-only context: already stored; yours is merged into it):"
 
 
 def render_group(group: Group) -> str:
@@ -132,27 +159,28 @@ def render_prior_json(summary: Summary) -> str:
     return json.dumps(summary.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
 
 
-def _system_prompt(task: str, budget_tokens: int | None) -> str:
+@functools.cache
+def static_prompt() -> str:
+    """Return the system message every request of this prompt version opens with."""
     sections = "\n".join(f"- {name}: {guide}" for name, guide in SECTION_GUIDE.items())
     schema = json.dumps(summary_json_schema(), separators=(",", ":"))
-    parts = [task, f"Output one JSON object matching this JSON schema:\n{schema}",
-             f"Sections:\n{sections}", _RULES]
-    if budget_tokens is not None:
-        parts.append(f"Keep the whole JSON under about {budget_tokens} tokens.")
-    return "\n\n".join(parts)
+    return "\n\n".join([_ROLE, f"Output one JSON object matching this JSON schema:\n{schema}",
+                        f"Sections:\n{sections}", _LAYOUT, _RULES])
 
 
-def _context_lines(prior: Summary | None, identifiers: Sequence[str]) -> list[str]:
+def _prior_lines(prior: Summary | None) -> list[str]:
     if prior is None:
-        lines = ["Prior summary: none (this is the start of the conversation)."]
-    else:
-        lines = [
-            "Prior summary (read-only context: already stored; yours is merged into it):",
-            fence("PRIOR SUMMARY", render_prior_json(prior)),
-        ]
+        return [f"{_PRIOR_HEAD} none, this is the start of the conversation."]
+    return [_PRIOR_HEAD, fence("PRIOR SUMMARY", render_prior_json(prior))]
+
+
+def _closing_lines(identifiers: Sequence[str], budget_tokens: int | None, task: str,
+                   request: str) -> list[str]:
     listed = ", ".join(_one_line(value) for value in identifiers) or "(none)"
-    lines.append(f"Identifiers seen in the input, most important first: {listed}")
-    return lines
+    lines = [f"Identifiers seen in the input, most important first: {listed}"]
+    if budget_tokens is not None:
+        lines.append(f"Keep the whole JSON under about {budget_tokens} tokens.")
+    return [*lines, task, request]
 
 
 def build_summarize_messages(
@@ -163,10 +191,11 @@ def build_summarize_messages(
     budget_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
     """Build the chat messages asking for the summary of one rendered span."""
-    user = [*_context_lines(prior, identifiers), fence("TRANSCRIPT", span_text),
-            "Return the JSON summary of the transcript now."]
+    user = [*_prior_lines(prior), fence("TRANSCRIPT", span_text),
+            *_closing_lines(identifiers, budget_tokens, _SUMMARIZE_TASK,
+                            "Return the JSON summary of the transcript now.")]
     return [
-        {"role": "system", "content": _system_prompt(_SUMMARIZE_TASK, budget_tokens)},
+        {"role": "system", "content": static_prompt()},
         {"role": "user", "content": "\n\n".join(user)},
     ]
 
@@ -184,9 +213,11 @@ def build_merge_messages(
         fence(f"PART {index} OF {count}", render_prior_json(partial))
         for index, partial in enumerate(partials, start=1)
     ]
-    user = [*_context_lines(prior, identifiers), *parts, "Return the merged JSON summary now."]
+    user = [*_prior_lines(prior), *parts,
+            *_closing_lines(identifiers, budget_tokens, _MERGE_TASK,
+                            "Return the merged JSON summary now.")]
     return [
-        {"role": "system", "content": _system_prompt(_MERGE_TASK, budget_tokens)},
+        {"role": "system", "content": static_prompt()},
         {"role": "user", "content": "\n\n".join(user)},
     ]
 

@@ -37,6 +37,9 @@ class JobFigures:
                                     "the token figures as well); 0 for the extractive summarizer")
     prompt_tokens: int | None = _figure("prompt tokens the endpoint reported, summed over "
                                         "the calls")
+    cached_tokens: int | None = _figure("of the prompt tokens, those the endpoint served "
+                                        "from its prompt cache (`prompt_tokens_details."
+                                        "cached_tokens`), summed over the calls")
     completion_tokens: int | None = _figure("completion tokens the endpoint reported, "
                                             "summed over the calls")
     llm_retries: int | None = _figure("SDK-level retries of transient LLM errors")
@@ -45,6 +48,11 @@ class JobFigures:
     chunks: int | None = _figure("map chunks of chunk-and-merge: 1 when the span fit one "
                                  "call, 0 for the extractive summarizer (no calls)")
     merge_rounds: int | None = _figure("reduce rounds of chunk-and-merge (0 for one chunk)")
+    llm_model: str | None = _figure("the model the LLM calls went to (null: no call)")
+    cost_usd: float | None = _figure(
+        "what the LLM calls cost (USD), priced by `llm_prices` for `llm_model`: uncached "
+        "prompt, cached prompt and completion tokens each at their price; 0 when the job "
+        "made no call, null when it never summarized or the model has no price")
 
     def as_dict(self) -> dict[str, Any]:
         """Every figure by name (``None`` included): the event's and the runs row's keys."""

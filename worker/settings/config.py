@@ -12,6 +12,7 @@ from typing import Self
 
 from pydantic import Field, field_validator, model_validator
 
+from worker.compaction import PROMPT_VERSION, ModelPrice, dump_price_table, parse_price_table
 from worker.scrub import url_secrets
 from worker.settings import rules as setting_rules
 from worker.settings.core import (
@@ -21,6 +22,16 @@ from worker.settings.core import (
     LogFormat,
     SummarizerKind,
 )
+
+# OpenAI's list prices (USD per million tokens) when this table was written.
+DEFAULT_PRICES = {
+    "gpt-4o-mini": ModelPrice(input=0.15, cached_input=0.075, output=0.60, batch_discount=0.5),
+    "gpt-4o": ModelPrice(input=2.50, cached_input=1.25, output=10.00, batch_discount=0.5),
+    "gpt-4.1": ModelPrice(input=2.00, cached_input=0.50, output=8.00, batch_discount=0.5),
+    "gpt-4.1-mini": ModelPrice(input=0.40, cached_input=0.10, output=1.60, batch_discount=0.5),
+    "gpt-4.1-nano": ModelPrice(input=0.10, cached_input=0.025, output=0.40,
+                               batch_discount=0.5),
+}
 
 
 class Settings(CoreSettings):
@@ -194,6 +205,32 @@ class Settings(CoreSettings):
         "0.0.0.0", description="Address the metrics endpoint listens on (IP address)."
     )
 
+    # --- prompt cache ----------------------------------------------------------------
+    llm_prompt_cache: bool = Field(
+        True, description="Send `prompt_cache_key` with every summarizer request, so the "
+        "provider serves the static prompt prefix from its cache across sessions; off for "
+        "endpoints that reject unknown fields (switch)."
+    )
+    llm_prompt_cache_key: str | None = Field(
+        None, min_length=1, description="The fleet's part of `prompt_cache_key`; the prompt "
+        "version is appended (name; unset = redis_key_prefix followed by queue_name)."
+    )
+
+    # --- cost ----------------------------------------------------------------------
+    llm_prices: str = Field(
+        dump_price_table(DEFAULT_PRICES), description="Price table of the summarizer "
+        "models: a JSON object mapping each model to `input`, `cached_input` and `output` "
+        "(USD per million tokens) and `batch_discount` (share taken off through the Batch "
+        "API); a model missing from it is priced as unknown (cost null). The default holds "
+        "OpenAI's list prices when written: set your own (JSON)."
+    )
+
+    @field_validator("llm_prices")
+    @classmethod
+    def _check_llm_prices(cls, text: str) -> str:
+        parse_price_table(text)  # its ValueError names the first problem
+        return text
+
     @model_validator(mode="after")
     def _refuse_unsafe_limits(self) -> Self:
         if setting_rules.is_sentinel_url(self.redis_url) != bool(self.redis_sentinel_master):
@@ -308,6 +345,20 @@ class Settings(CoreSettings):
         if self.llm_base_url or self.llm_api_key:
             return SummarizerKind.LLM
         return SummarizerKind.EXTRACTIVE
+
+    @property
+    def effective_prompt_cache_key(self) -> str | None:
+        """The ``prompt_cache_key`` of this fleet's requests (None: not sent): one per
+        prompt version, whose static prefix is what the cache can serve."""
+        if not self.llm_prompt_cache:
+            return None
+        fleet = self.llm_prompt_cache_key or f"{self.redis_key_prefix}{self.queue_name}"
+        return f"{fleet}:{PROMPT_VERSION}"
+
+    @property
+    def price_table(self) -> dict[str, ModelPrice]:
+        """The summarizer models' prices, by model name."""
+        return parse_price_table(self.llm_prices)
 
     @property
     def trigger_tokens(self) -> int:

@@ -99,11 +99,14 @@ class SummaryUsage:
 
     llm_calls: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     llm_retries: int = 0
     llm_latency_s: float = 0.0
     chunks: int = 0
     merge_rounds: int = 0
+    llm_model: str | None = None  # None: no model was called
+    cost_usd: float | None = 0.0  # None: the model has no price in the table
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from worker.compaction import (
     PROMPT_VERSION,
     ChunkPlan,
+    ModelPrice,
     Summary,
     TokenCounter,
     build_merge_messages,
@@ -27,6 +28,7 @@ from worker.compaction import (
     output_budget_tokens,
     parse_summary,
     plan_summary_calls,
+    price_calls,
     summary_json_schema,
 )
 from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
@@ -50,7 +52,8 @@ class LLMSummarizer:
 
     def __init__(self, client: LLMClient, counter: TokenCounter, *, window_tokens: int,
                  margin_ratio: float, pinned_output_tokens: int | None, concurrency: int,
-                 max_calls: int, rate_limiter: FleetRateLimiter | None = None) -> None:
+                 max_calls: int, rate_limiter: FleetRateLimiter | None = None,
+                 price: ModelPrice | None = None) -> None:
         self._client = client
         self._counter = counter
         self._window_tokens = window_tokens
@@ -59,6 +62,7 @@ class LLMSummarizer:
         self._concurrency = concurrency
         self._max_calls = max_calls
         self._rate_limiter = rate_limiter
+        self._price = price  # None: the model's cost is unknown
         self._schema = summary_json_schema()
 
     def summarize(self, work: SummaryWork) -> SummaryDraft:
@@ -71,12 +75,22 @@ class LLMSummarizer:
                 summary, chunks, merge_rounds = self._run(
                     work, usage, int(self._window_tokens * REPLAN_RATIO))
         except CompactionError as exc:
-            exc.figures.update(_usage_figures(usage))  # a failed job's cost is reported too
+            exc.figures.update(self._usage_figures(usage))  # a failed job's cost too
             raise
         return SummaryDraft(summary=summary, kind=self.kind, model=self._client.model,
                             prompt_version=PROMPT_VERSION, usage=SummaryUsage(
-                                **_usage_figures(usage), chunks=chunks,
+                                **self._usage_figures(usage), chunks=chunks,
                                 merge_rounds=merge_rounds))
+
+    def _usage_figures(self, usage: LLMUsage) -> dict[str, Any]:
+        """The job figures of what the calls so far cost, priced when the model is."""
+        figures = _usage_figures(usage)
+        cost_usd = None if self._price is None else price_calls(
+            self._price, prompt_tokens=figures["prompt_tokens"],
+            cached_tokens=figures["cached_tokens"],
+            completion_tokens=figures["completion_tokens"])
+        model = self._client.model if figures["llm_calls"] else None
+        return {**figures, "llm_model": model, "cost_usd": cost_usd}
 
     def plan_calls(self, work: SummaryWork) -> tuple[ChunkPlan, int]:
         """The calls ``summarize`` would make (before any replan) and each one's output
@@ -219,6 +233,7 @@ def _usage_figures(usage: LLMUsage) -> dict[str, Any]:
     """The job figures of what the calls so far cost."""
     totals = usage.as_dict()
     return {"llm_calls": int(totals["calls"]), "prompt_tokens": int(totals["prompt_tokens"]),
+            "cached_tokens": int(totals["cached_tokens"]),
             "completion_tokens": int(totals["completion_tokens"]),
             "llm_retries": int(totals["retries"]),
             "llm_latency_s": round(totals["latency_s"], 3)}

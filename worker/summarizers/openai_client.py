@@ -83,6 +83,7 @@ class LLMConfig:
     read_timeout_s: float
     max_retries: int
     temperature: float | None = 0.0  # None: leave it out (models that reject it)
+    prompt_cache_key: str | None = None  # None: not sent (endpoints that reject it)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class LLMReply:
     mode: OutputMode
     response_model: str | None = None
     response_id: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
 
     @property
     def is_truncated(self) -> bool:
@@ -111,7 +113,7 @@ class LLMUsage:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals = {"calls": 0, "failed_calls": 0, "prompt_tokens": 0,
-                        "completion_tokens": 0, "retries": 0}
+                        "cached_tokens": 0, "completion_tokens": 0, "retries": 0}
         self._latency_s = 0.0
 
     def add(self, reply: LLMReply) -> None:
@@ -119,6 +121,7 @@ class LLMUsage:
         with self._lock:
             self._totals["calls"] += 1
             self._totals["prompt_tokens"] += reply.prompt_tokens
+            self._totals["cached_tokens"] += reply.cached_tokens
             self._totals["completion_tokens"] += reply.completion_tokens
             self._totals["retries"] += reply.retries
             self._latency_s += reply.latency_s
@@ -299,6 +302,7 @@ class LLMClient:
                     temperature=openai.omit if self._config.temperature is None
                     else self._config.temperature,
                     response_format=build_response_format(mode, schema),
+                    prompt_cache_key=self._config.prompt_cache_key or openai.omit,
                 )
             except openai.APIStatusError as exc:
                 fallback = _FALLBACK.get(mode)
@@ -325,15 +329,18 @@ class LLMClient:
         if choice.message.content is None and choice.message.refusal:
             raise SummaryInvalid("the model refused to summarize", reason="refused")
         text = choice.message.content or ""
+        cached_tokens = 0
         if completion.usage is not None:
             prompt_tokens = completion.usage.prompt_tokens
             completion_tokens = completion.usage.completion_tokens
+            cached_tokens = completion.usage.cached_tokens
         else:  # some local servers omit usage: count it ourselves
             counter = self._local_counter()
             prompt_tokens = counter.count_messages(parse_message(m) for m in messages)
             completion_tokens = counter.count_text(text)
         return LLMReply(text, choice.finish_reason, prompt_tokens, completion_tokens,
-                        latency_s, retries, mode, completion.model, completion.id)
+                        latency_s, retries, mode, completion.model, completion.id,
+                        cached_tokens)
 
 
 def reply_attributes(reply: LLMReply) -> dict[str, AttributeValue]:
@@ -341,6 +348,7 @@ def reply_attributes(reply: LLMReply) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {
         "gen_ai.usage.input_tokens": reply.prompt_tokens,
         "gen_ai.usage.output_tokens": reply.completion_tokens,
+        "compaction.llm.cached_tokens": reply.cached_tokens,
         "gen_ai.response.finish_reasons": [reply.finish_reason or "unknown"],
         "compaction.llm.output_mode": reply.mode.value,
         "compaction.llm.retries": reply.retries}

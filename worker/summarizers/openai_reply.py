@@ -31,9 +31,21 @@ class ReplyChoice(_Part):
     finish_reason: str | None = None
 
 
+class PromptTokensDetails(_Part):
+    cached_tokens: int | None = None
+
+
 class ReplyUsage(_Part):
     prompt_tokens: int
     completion_tokens: int
+    # Servers without a prompt cache leave the details out, or their count null.
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the provider served from its prompt cache (0 when unreported)."""
+        details = self.prompt_tokens_details
+        return (details.cached_tokens or 0) if details is not None else 0
 
 
 class CompletionReply(_Part):
