@@ -139,3 +139,70 @@ def fact_session(seed: int, turns: int) -> tuple[list[dict[str, Any]], list[Fact
             {"role": "assistant", "content": f"I have checked case {case}; one moment."},
         ]
     return messages, planted
+
+
+# Joined sessions: each party after the first starts by one general signal, in a wording
+# drawn from its family.
+PARTY_SIGNALS = ("boundary", "greeting_after_closing", "new_identity")
+_BOUNDARIES = ("[SESSION BOUNDARY {n}/{total}] The previous customer conversation has ended.",
+               "--- New conversation ---", "New customer from the queue.",
+               "Next task: a different request follows.")
+_CLOSINGS = ("Have a wonderful day!", "Glad I could help. Goodbye!",
+             "That is all set; take care.", "Thanks for contacting us, bye!")
+_GREETINGS = ("Hi", "Hello there", "Good morning", "Hey")
+_ASKS = ("I need help with order {code}.", "I would like to change booking {code}.",
+         "Please look at ticket {code} for me.")
+
+
+@dataclass(frozen=True)
+class PlantedParty:
+    """One party of a joined session: its first message's index, the signal that started
+    it, who the user said they were, the fact and decision said in it, its request."""
+
+    first_index: int
+    signal: str
+    identity: str
+    fact: str
+    decision: str
+    ask: str
+    failed_call: str = ""
+
+
+def joined_session(seed: int, parties: int) -> tuple[list[dict[str, Any]], list[PlantedParty]]:
+    """A system prompt and ``parties`` conversations joined in one session, each with a
+    user turn whose later sentence is a fact, a look-up (some failing, never retried), an
+    answer with a decision; the parties after the first start by a drawn signal."""
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a support agent. Follow the policy."}]
+    planted: list[PlantedParty] = []
+    signals = ["first", *(rng.choice(PARTY_SIGNALS) for _ in range(parties - 1)), "end"]
+    for index, signal in enumerate(signals[:-1]):
+        if signal == "boundary":
+            messages.append({"role": "user", "content": rng.choice(_BOUNDARIES).format(
+                n=index + 1, total=parties)})
+        identity = f"{_word(rng, 2).lower()}_{_word(rng, 1).lower()}_{rng.randint(1000, 9999)}"
+        ask = _fill(rng, rng.choice(_ASKS))
+        greeting = (f"{rng.choice(_GREETINGS)}! "
+                    if signal in ("first", "greeting_after_closing") else "")
+        turn = fact_turn(rng)
+        first = len(messages)
+        messages.append({"role": "user", "content": f"{greeting}{ask} My user id is "
+                         f"{identity}. {turn.fact}"})
+        call_id, failing = f"call_{seed}_{index}", rng.random() < 0.5
+        result = (f"Error: account {identity} is locked (E{rng.randint(100, 999)})" if failing
+                  else '{"status": "ok"}')
+        decision = f"We'll go with the {_word(rng, 2).lower()} option."
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {
+                    "name": "update_account", "arguments": f'{{"user_id": "{identity}"}}'}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": result},
+            {"role": "assistant", "content": f"I looked at your account. {decision}"},
+        ]
+        planted.append(PlantedParty(first, signal, identity, turn.fact, decision, ask,
+                                    call_id if failing else ""))
+        if signals[index + 1] == "greeting_after_closing" or (
+                signals[index + 1] != "end" and rng.random() < 0.5):
+            messages.append({"role": "assistant", "content": rng.choice(_CLOSINGS)})
+    return messages, planted

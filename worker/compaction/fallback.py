@@ -15,6 +15,7 @@ from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus, Failure, classify_calls
+from worker.compaction.parties import Party, party_of
 from worker.compaction.requests import RequestLedger, read_requests
 from worker.compaction.salience import featured_values, rank_artifacts, rerank_featured
 from worker.compaction.schema import LIST_SECTIONS, Summary
@@ -114,20 +115,24 @@ def fallback_summary(
     failures = [outcome for outcome in outcomes if outcome.failed]
     succeeded = _succeeded_tools(outcomes)
     fixed = _fixed_failures(outcomes, failures)
-    sentences = Sentences()
-    decisions = _draft_decisions(messages, counter, sentences)
+    sentences, whose = Sentences(), _Whose(ledger.parties)
+    decisions = _draft_decisions(messages, counter, sentences, whose)
     # By identity: ``fixed`` holds some of these very failures (comparing each with each
     # by value cost ~30 ms at 1M tokens).
     fixed_ids = {id(failure) for failure in fixed}
-    open_errors = [_describe_failure(f, counter) for f in failures if id(f) not in fixed_ids]
+    # An earlier party's errors are its own: its call lines say they failed.
+    open_errors = [_describe_failure(f, counter) for f in failures
+                   if id(f) not in fixed_ids and f.seq >= whose.current_seq]
     drafted = Summary(
         goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
-        constraints_and_preferences=_draft_facts(messages, counter, sentences),
+        constraints_and_preferences=_draft_facts(messages, counter, sentences, whose),
         completed_actions=[*_describe_span(messages),
                            *_draft_actions(messages, artifacts, counter, by_call),
                            *_draft_completions(ledger.agent_texts, counter, sentences)],
         key_decisions=decisions,
-        resolved=[*_settled_pending(prior, messages, succeeded), *_superseded(prior, decisions),
+        resolved=[*_settled_pending(prior, messages, succeeded,
+                                    new_party=bool(prior and prior.goal and ledger.goal)),
+                  *_superseded(prior, decisions),
                   *(f"{ANSWERED}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered
                     if t not in ledger.open_requests),
                   *(f"{ACTED_ON}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.acted_on
@@ -182,12 +187,25 @@ def _clip(text: str, max_tokens: int, counter: TokenCounter) -> str:
     return truncate_text(re.sub(r"\s+", " ", text).strip(), max_tokens, counter)
 
 
+class _Whose:
+    """Whose an item is: in a span of several parties, each item says its party's
+    (``Party.label``); in a span of one, none needs to."""
+
+    def __init__(self, parties: Sequence[Party]) -> None:
+        self._parties = parties if len(parties) > 1 else ()
+        self.current_seq = self._parties[-1].first_seq if self._parties else 0
+
+    def __call__(self, seq: int) -> str:
+        return party_of(self._parties, seq).label() if self._parties else ""
+
+
 def _draft_facts(messages: Sequence[StoredMessage], counter: TokenCounter,
-                 sentences: Sentences) -> list[str]:
-    """Every fact sentence of the users' turns (``facts.find_facts``), the newest
-    ``MAX_FACTS`` distinct ones, in order."""
-    facts = dict.fromkeys(sentence for _, sentence in find_facts(messages, sentences))
-    return [_clip(sentence, SENTENCE_TOKENS, counter) for sentence in list(facts)[-MAX_FACTS:]]
+                 sentences: Sentences, whose: _Whose) -> list[str]:
+    """Every fact sentence of the users' turns (``facts.find_facts``) with whose it is,
+    the newest ``MAX_FACTS`` distinct ones, in order."""
+    facts = dict.fromkeys(whose(seq) + _clip(sentence, SENTENCE_TOKENS, counter)
+                          for seq, sentence in find_facts(messages, sentences))
+    return list(facts)[-MAX_FACTS:]
 
 
 def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
@@ -200,25 +218,27 @@ def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
 
 
 def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter,
-                     sentences: Sentences) -> list[str]:
-    """Decision sentences of either side, and user confirmations with what they confirm."""
+                     sentences: Sentences, whose: _Whose) -> list[str]:
+    """Decision sentences of either side, and user confirmations with what they confirm,
+    each with whose it is."""
     decisions: list[str] = []
     asked = ""
     for stored in messages:
         message, text = stored.message, stored.message.text
         if message.role not in (Role.USER, Role.ASSISTANT):
             continue
-        said = sentences[text]
+        said, label = sentences[text], whose(stored.seq)
         if message.role is Role.ASSISTANT and text.strip():
             questions = [s for s in said if s.endswith("?")]
             asked = questions[-1] if questions else asked
         if message.role is Role.USER and _CONFIRMATION.match(text):
             context = f" (to: {_clip(asked, SENTENCE_TOKENS // 2, counter)})" if asked else ""
-            decisions.append(f"User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
+            decisions.append(
+                f"{label}User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
             continue
         agent = message.role is Role.ASSISTANT
         decisions.extend(
-            _clip(s, SENTENCE_TOKENS, counter) for s in said
+            label + _clip(s, SENTENCE_TOKENS, counter) for s in said
             if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
     return list(dict.fromkeys(decisions))[-MAX_DECISIONS:]
 
@@ -328,20 +348,21 @@ def _succeeded_tools(outcomes: Sequence[CallOutcome]) -> dict[str, int]:
 
 
 def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage],
-                     succeeded: Mapping[str, int]) -> list[str]:
+                     succeeded: Mapping[str, int], *, new_party: bool) -> list[str]:
     """The prior's pending items this span settles, copied verbatim: a request the agent
     answered, a call whose result arrived, an error whose tool has since succeeded
-    (``succeeded``: ``_succeeded_tools`` of the span)."""
+    (``succeeded``: ``_succeeded_tools`` of the span); with ``new_party`` (the span starts
+    another conversation), every open request and error, which were the earlier party's."""
     if prior is None:
         return []
-    answered = any(m.message.role is Role.ASSISTANT and m.message.text.strip()
-                   for m in messages)
+    answered = new_party or any(m.message.role is Role.ASSISTANT and m.message.text.strip()
+                                for m in messages)
     result_ids = {m.message.tool_call_id for m in messages if m.message.role is Role.TOOL}
     return [item for item in prior.pending
             if (item.startswith(UNANSWERED) and answered)
             or any(f"({call_id})" in item for call_id in result_ids if call_id)
             or (item.startswith(OPEN_ERROR)
-                and item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded)]
+                and (new_party or item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded))]
 
 
 def _superseded(prior: Summary | None, decisions: Sequence[str]) -> list[str]:
