@@ -30,6 +30,7 @@ from tests.support.generated import generated_session, generated_turns
 from tests.support.job_harness import FakeClock
 from tests.support.openai_server import OpenAIServer
 from tests.support.store_jobs import swap_in
+from tests.support.wire_sessions import anthropic_record, responses_record
 from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
@@ -398,3 +399,19 @@ def test_a_stored_message_that_no_longer_parses_fails_the_job_and_releases_its_l
     assert (run.outcome, run.failure_class) == ("failed", "StoredMessageInvalid")
     # The connection is whole again: the next job reads the same row and fails the same way.
     assert harness.run(session_id).reason == "stored_message_invalid"
+
+
+@pytest.mark.parametrize("make_record", [responses_record, anthropic_record])
+def test_a_responses_or_anthropic_session_is_skipped_and_left_as_stored(
+    make_harness: MakeHarness, make_record: Callable[[str, int, int], dict[str, Any]],
+) -> None:
+    harness = make_harness()
+    [session_id] = import_records(harness.store, [make_record("wire", 5, 40)])
+    projection = harness.store.projection(session_id)
+
+    result = harness.run(session_id)
+
+    assert (result.outcome, result.reason) == (Outcome.SKIPPED, "format_not_compacted")
+    session = harness.store.get_session(session_id)
+    assert (session.active_revision_id, session.breaker_failures) == (None, 0)
+    assert harness.store.projection(session_id) == projection

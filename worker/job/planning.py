@@ -21,6 +21,7 @@ from worker.compaction import (
     Boundary,
     CallOutcome,
     Group,
+    SessionFormat,
     StoredMessage,
     Summary,
     apply_strategy,
@@ -48,8 +49,11 @@ class SnapshotMessage:
     """A snapshot's message as the job reads it, with the identifiers ingest stored (as
     their JSON text: only the span's are decoded, as they are tallied)."""
 
-    stored: StoredMessage
+    seq: int
+    stored: StoredMessage | None  # None: not a chat message (``body_json`` holds it)
     mentions_json: str | None  # None: not indexed yet
+    body_json: str | None = None
+    errors: int = 0  # what the chat model found wrong with it
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,32 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 
 
 def to_snapshot_message(text: MessageText) -> SnapshotMessage:
+    """Parse a chat message as it arrives; keep the text of anything else, which only the
+    session's format, read with the snapshot, tells how to read (``stored_messages``)."""
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
-        raise StoredMessageInvalid(text.seq, exc.error_count()) from None  # quotes contents
-    return SnapshotMessage(StoredMessage(text.seq, message, text.tokens), text.identifiers_json)
+        return SnapshotMessage(text.seq, None, text.identifiers_json, text.body_json,
+                               exc.error_count())
+    return SnapshotMessage(text.seq, StoredMessage(text.seq, message, text.tokens),
+                           text.identifiers_json)
+
+
+def stored_messages(snapshot: JobSnapshot[SnapshotMessage]) -> list[StoredMessage]:
+    """The snapshot's messages as the core reads them.
+
+    Raises:
+        StoredMessageInvalid: a chat session's stored row is not a chat message.
+        Skip: the session is not a chat session (its compaction is not built yet).
+    """
+    if snapshot.session.session_format != SessionFormat.CHAT:
+        raise Skip("format_not_compacted")
+    stored = []
+    for message in snapshot.messages:
+        if message.stored is None:
+            raise StoredMessageInvalid(message.seq, message.errors)
+        stored.append(message.stored)
+    return stored
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -96,7 +121,7 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.job.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
-    stored = [m.stored for m in snapshot.messages]
+    stored = stored_messages(snapshot)
     prior_tokens = revision.summary_tokens if revision else 0
     # Under the trigger only the row was read: its projection is the same sum, kept by
     # every append, swap and rollback.
@@ -113,8 +138,8 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    span_mentions = {m.stored.seq: m.mentions_json for m in snapshot.messages
-                     if m.mentions_json and m.stored.seq <= boundary.through_seq}
+    span_mentions = {m.seq: m.mentions_json for m in snapshot.messages
+                     if m.mentions_json and m.seq <= boundary.through_seq}
     return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
 
 
