@@ -26,6 +26,7 @@ from .errors import TransientError as TransientError
 from .fallback import fallback_summary as fallback_summary
 from .formats import ItemView as ItemView
 from .formats import SessionFormat as SessionFormat
+from .formats import count_view as count_view
 from .formats import view_chat_message as view_chat_message
 from .formats import view_item as view_item
 from .grouping import Group as Group
@@ -45,6 +46,9 @@ from .intake import ProblemKind as ProblemKind
 from .intake import check_session as check_session
 from .intake import clean_text as clean_text
 from .intake import find_open_tool_calls as find_open_tool_calls
+from .item_groups import StoredItem as StoredItem
+from .item_groups import group_items as group_items
+from .item_groups import read_item as read_item
 from .limits import MAX_MESSAGES as MAX_MESSAGES
 from .limits import MAX_NESTING_DEPTH as MAX_NESTING_DEPTH
 from .limits import MAX_RECORD_BYTES as MAX_RECORD_BYTES

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.compaction.messages import ChatMessage, FunctionCall, Role, ToolCall, content_text
+
+if TYPE_CHECKING:
+    from worker.compaction.tokens import TokenCounter
 
 
 class SessionFormat(StrEnum):
@@ -69,6 +72,7 @@ class ItemView:
     role: Role
     text: str = ""
     calls: tuple[CallView, ...] = ()
+    kind: str = "message"  # a Responses item's type; "message" in the other formats
     outputs: tuple[OutputView, ...] = ()
     reasoning: str = ""  # a reasoning summary or thinking text: may be summarized
     opaque: tuple[str, ...] = ()  # never summarized, only counted
@@ -87,6 +91,13 @@ class ItemView:
         message = ChatMessage(role=role, content=text or None, tool_calls=calls or None)
         # An Anthropic user message answers its calls first, then says more.
         return (*results, message) if results else (message,)
+
+
+def count_view(view: ItemView, counter: TokenCounter) -> int:
+    """An item's tokens: its chat messages' and its opaque parts' (which the provider
+    sends back whole, so they take room in every request)."""
+    return (sum(counter.count_message(message) for message in view.chat_messages())
+            + sum(counter.count_text(part) for part in view.opaque))
 
 
 def view_chat_message(message: ChatMessage) -> ItemView:
@@ -108,19 +119,19 @@ def view_responses_item(item: dict[str, Any]) -> ItemView:
         texts = [part.get("text", "") for key in ("summary", "content")
                  for part in item.get(key) or () if isinstance(part, dict)]
         opaque = item.get("encrypted_content")
-        return ItemView(Role.ASSISTANT, reasoning="\n".join(t for t in texts if t),
+        return ItemView(Role.ASSISTANT, kind=kind, reasoning="\n".join(t for t in texts if t),
                         opaque=(opaque,) if isinstance(opaque, str) else ())
     if kind in RESPONSES_CALLS:
         name = item.get("name") or kind.removesuffix("_call")
         arguments = item.get("arguments", item.get("input", item.get("action")))
-        return ItemView(Role.ASSISTANT, calls=(CallView(item["call_id"], name,
-                                                        _as_text(arguments)),))
+        return ItemView(Role.ASSISTANT, kind=kind, calls=(CallView(
+            item["call_id"], name, _as_text(arguments)),))
     if kind in RESPONSES_OUTPUTS:
-        return ItemView(Role.TOOL, outputs=(OutputView(item["call_id"],
-                                                       _as_text(item.get("output"))),))
+        return ItemView(Role.TOOL, kind=kind, outputs=(OutputView(
+            item["call_id"], _as_text(item.get("output"))),))
     readable = {key: value for key, value in item.items() if key not in _HOSTED_SKIPPED}
     image = item.get("result")
-    return ItemView(Role.ASSISTANT, f"[{kind}] {_as_text(readable)}",
+    return ItemView(Role.ASSISTANT, f"[{kind}] {_as_text(readable)}", kind=kind,
                     opaque=(image,) if isinstance(image, str) else ())
 
 
@@ -148,8 +159,8 @@ def view_anthropic_message(message: dict[str, Any]) -> ItemView:
             calls.append(CallView(block["id"], block["name"], _as_text(block.get("input"))))
         elif kind in ("tool_result", "web_search_tool_result"):
             outputs.append(OutputView(block["tool_use_id"], _result_text(block)))
-    return ItemView(role, "\n".join(texts), tuple(calls), tuple(outputs),
-                    "\n".join(thinking), tuple(opaque))
+    return ItemView(role, "\n".join(texts), tuple(calls), outputs=tuple(outputs),
+                    reasoning="\n".join(thinking), opaque=tuple(opaque))
 
 
 def view_item(session_format: SessionFormat, body: dict[str, Any]) -> ItemView:

@@ -34,9 +34,7 @@ RESULT_FIELDS: dict[str, str] = {
                "`conflict` (the active revision changed under the job; nothing written), "
                "`rejected` (malformed message, unknown session), `failed`",
     "reason": "the outcome's reason: the plan's decision (`over_trigger`, `forced`, "
-              "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`, "
-              "`format_not_compacted` (a Responses or Anthropic session: stored and "
-              "projected, not compacted yet)) or "
+              "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`) or "
               "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "
               "`invalid_response` (the endpoint answered 2xx with no chat completion: HTML, "
               "undecodable or cut JSON, no choices; a provider failure), `auth_failed`, "

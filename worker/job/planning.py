@@ -6,6 +6,7 @@ without the rest of the job."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -29,10 +30,13 @@ from worker.compaction import (
     collect_artifacts,
     continues_conversation,
     decide_compaction,
+    dump_message,
+    group_items,
     group_messages,
     parse_message_json,
     plan_boundary,
     prune_groups,
+    read_item,
 )
 from worker.errors import (
     StoredMessageInvalid,
@@ -50,6 +54,7 @@ class SnapshotMessage:
     their JSON text: only the span's are decoded, as they are tallied)."""
 
     seq: int
+    tokens: int
     stored: StoredMessage | None  # None: not a chat message (``body_json`` holds it)
     mentions_json: str | None  # None: not indexed yet
     body_json: str | None = None
@@ -93,27 +98,30 @@ def to_snapshot_message(text: MessageText) -> SnapshotMessage:
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
-        return SnapshotMessage(text.seq, None, text.identifiers_json, text.body_json,
-                               exc.error_count())
-    return SnapshotMessage(text.seq, StoredMessage(text.seq, message, text.tokens),
+        return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
+                               text.body_json, exc.error_count())
+    return SnapshotMessage(text.seq, text.tokens, StoredMessage(text.seq, message, text.tokens),
                            text.identifiers_json)
 
 
-def stored_messages(snapshot: JobSnapshot[SnapshotMessage]) -> list[StoredMessage]:
-    """The snapshot's messages as the core reads them.
+def group_snapshot(snapshot: JobSnapshot[SnapshotMessage]) -> list[Group]:
+    """The snapshot's atomic groups, by its session's format's pairing rules.
 
     Raises:
         StoredMessageInvalid: a chat session's stored row is not a chat message.
-        Skip: the session is not a chat session (its compaction is not built yet).
     """
-    if snapshot.session.session_format != SessionFormat.CHAT:
-        raise Skip("format_not_compacted")
-    stored = []
-    for message in snapshot.messages:
-        if message.stored is None:
-            raise StoredMessageInvalid(message.seq, message.errors)
-        stored.append(message.stored)
-    return stored
+    session_format = SessionFormat(snapshot.session.session_format)
+    if session_format is SessionFormat.CHAT:
+        stored = []
+        for message in snapshot.messages:
+            if message.stored is None:
+                raise StoredMessageInvalid(message.seq, message.errors)
+            stored.append(message.stored)
+        return group_messages(stored)
+    return group_items(session_format, [read_item(
+        session_format, m.seq, m.tokens,
+        dump_message(m.stored.message) if m.stored else json.loads(m.body_json or "null"))
+        for m in snapshot.messages])
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -121,19 +129,18 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.job.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
-    stored = stored_messages(snapshot)
     prior_tokens = revision.summary_tokens if revision else 0
     # Under the trigger only the row was read: its projection is the same sum, kept by
     # every append, swap and rollback.
     tokens_before = snapshot.session.projection_tokens if snapshot.under_trigger \
-        else sum(m.tokens for m in stored) + prior_tokens
+        else sum(m.tokens for m in snapshot.messages) + prior_tokens
     request = trace.request
     decision = decide_compaction(tokens_before, _recent_savings(snapshot),
                                  policy.trigger, request.force)
     trace.note(tokens_before=tokens_before, decision=decision.reason.value)
     if not decision.compact:
         raise Skip(decision.reason.value)
-    boundary = plan_boundary(group_messages(stored),
+    boundary = plan_boundary(group_snapshot(snapshot),
                              prior_through_seq=revision.through_seq if revision else 0,
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:

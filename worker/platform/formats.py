@@ -28,6 +28,7 @@ from worker.compaction import (
     TokenCounter,
     check_anthropic_messages,
     check_responses_items,
+    count_view,
     identify_message,
     search_text,
 )
@@ -105,13 +106,6 @@ def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: Tok
             identifiers=identify_view(view, line_counter),
             search_text="\n".join(search_text(message) for message in chat)))
     return rows
-
-
-def count_view(view: ItemView, counter: TokenCounter) -> int:
-    """An item's tokens: its chat messages' and its opaque parts' (which the provider
-    sends back whole, so they take room in every request)."""
-    return (sum(counter.count_message(message) for message in view.chat_messages())
-            + sum(counter.count_text(part) for part in view.opaque))
 
 
 def identify_view(view: ItemView, counter: TokenCounter) -> tuple[Mention, ...]:
