@@ -1,5 +1,7 @@
 """A real loopback HTTP server speaking enough of the OpenAI API to test the LLM client
-(and, for a request offering ``tools``, an agent: ``tests/support/agent_replies.py``).
+(and, for a request offering ``tools``, an agent: ``tests/support/agent_replies.py``; on
+``/v1/responses``, an agent on the Responses API that refuses what the real API refuses:
+``tests/support/responses_api.py``).
 
 It misbehaves on cue: for the whole run (``behaviour``, changeable between calls), per
 request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` marker),
@@ -41,6 +43,7 @@ from tests.support.openai_behaviours import (
     answer_chat,
     error_reply,
 )
+from tests.support.responses_api import ResponsesLedger, answer_responses
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
 from worker.tokenizer.offline import load_encoding
@@ -132,6 +135,7 @@ class _State:
     memo: _Memo = field(default_factory=_Memo)
     stopping: threading.Event = field(default_factory=threading.Event)
     log: list[RecordedRequest] = field(default_factory=list)
+    responses: ResponsesLedger = field(default_factory=ResponsesLedger)
     served: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -230,6 +234,12 @@ class OpenAIServer:
         with self._state.lock:
             return self._state.max_in_flight
 
+    @property
+    def responses_rejected(self) -> list[list[str]]:
+        """The errors of every ``/v1/responses`` request answered 400, oldest first."""
+        with self._state.responses.lock:
+            return list(self._state.responses.rejected)
+
     def clear_log(self) -> None:
         with self._state.lock:
             self._state.log.clear()
@@ -268,6 +278,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if urlsplit(self.path).path.rstrip("/") == "/v1/responses":
+            self._send(self._answer_responses(_parse_body(raw)))
+            return
         if urlsplit(self.path).path.rstrip("/") != "/v1/chat/completions":
             self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
             return
@@ -305,6 +318,14 @@ class _Handler(BaseHTTPRequestHandler):
             return answer_agent_turn(request, config, _counter())
         return state.memo.reply(seen, (behaviour, config),
                                 lambda: answer_chat(behaviour, request, config, _counter()))
+
+    def _answer_responses(self, body: dict[str, Any] | None) -> Reply:
+        state = self.server.state
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with state.lock:
+            state.log.append(RecordedRequest(headers, body or {}, 0, None, self.path))
+            model = state.config.model
+        return answer_responses(body, state.responses, model)
 
     def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:
         state = self.server.state
