@@ -84,7 +84,7 @@ def test_a_responses_session_with_reasoning_is_sent_its_projection_after_a_worke
 
     [answer] = ask(server, session, ["Please check reservation R999"])
 
-    assert server.responses_rejected == []
+    assert server.rejected("/v1/responses") == []
     sent = server.requests[0].body
     assert sent["instructions"] == INSTRUCTIONS
     assert sent["input"][:-1] == projection

@@ -28,16 +28,16 @@ ANSWER_PREFIX = "Here is what the tool said: "
 
 
 @dataclass
-class ResponsesLedger:
-    """Every output item the server issued, in order (what the rules check against)."""
+class Ledger:
+    """Every output item (or message) an agent endpoint issued, in order: what the rules
+    check a later request against; and the errors of the requests it refused."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[list[str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def answer_responses(body: dict[str, Any] | None, ledger: ResponsesLedger, model: str
-                     ) -> Reply:
+def answer_responses(body: dict[str, Any] | None, ledger: Ledger, model: str) -> Reply:
     """Check the request's input against the ledger; answer the agent's turn."""
     items = _input_items(body)
     if items is None or not items:

@@ -1,9 +1,14 @@
-"""The test server's ``/v1/responses`` refuses, as the real API does, an input that parts
-a call from its reasoning or its output, leaves reasoning without its following item, or
-alters encrypted content; and accepts the items it issued, whole."""
+"""The test server's agent endpoints refuse what the real APIs refuse, and accept what
+they issued, whole: ``/v1/responses`` an input that parts a call from its reasoning or
+its output, leaves reasoning without its following item, or alters encrypted content;
+``/v1/messages`` a ``tool_result`` without its ``tool_use`` just before, a ``tool_use``
+left unanswered, or an edited thinking block."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,12 +77,12 @@ def test_the_responses_endpoint_enforces_the_pairing_rules(
         response = client.responses.create(model="test-agent", input=items,  # type: ignore[arg-type]  # dict items
                                            tools=TOOLS)
         assert "confirmed" in response.output_text
-        assert server.responses_rejected == []
+        assert server.rejected("/v1/responses") == []
         return
     with pytest.raises(openai.BadRequestError, match=error):
         client.responses.create(model="test-agent", input=items,  # type: ignore[arg-type]  # dict items
                                 tools=TOOLS)
-    assert len(server.responses_rejected) == 1
+    assert len(server.rejected("/v1/responses")) == 1
 
 
 def test_reasoning_kept_without_the_item_it_preceded_is_refused(server: OpenAIServer) -> None:
@@ -87,3 +92,52 @@ def test_reasoning_kept_without_the_item_it_preceded_is_refused(server: OpenAISe
     with pytest.raises(openai.BadRequestError, match="without its required following item"):
         client.responses.create(model="test-agent", tools=TOOLS,
                                 input=[*ask, output[of(output, "reasoning")]])  # type: ignore[list-item]  # dict items
+
+
+def post_messages(server: OpenAIServer, messages: Items) -> tuple[int, dict[str, Any]]:
+    body = json.dumps({"model": "test-agent", "max_tokens": 256, "messages": messages,
+                       "tools": [{"name": "look_up", "input_schema": TOOLS[0]["parameters"]}]})
+    request = urllib.request.Request(f"{server.base_url}/messages", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def alter_thinking(messages: Items) -> None:
+    messages[1]["content"][0]["thinking"] += " (edited)"
+
+
+def drop_tool_use(messages: Items) -> None:
+    messages[1]["content"] = [b for b in messages[1]["content"] if b["type"] != "tool_use"]
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (None, None),
+    (alter_thinking, "Invalid signature in thinking block"),
+    (drop_tool_use, "unexpected tool_use_id found in tool_result blocks"),
+    (lambda m: m.pop(2), "tool_use ids were found without tool_result blocks"),
+])
+def test_the_messages_endpoint_enforces_the_pairing_rules(
+    server: OpenAIServer, change: Callable[[Items], object] | None, error: str | None,
+) -> None:
+    ask: Items = [{"role": "user", "content": "Please check reservation R042"}]
+    status, reply = post_messages(server, ask)
+    assert status == 200 and reply["stop_reason"] == "tool_use"
+    [call] = [block for block in reply["content"] if block["type"] == "tool_use"]
+    messages = [*ask, {"role": "assistant", "content": reply["content"]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
+                                              "content": "confirmed"}]}]
+    if change is not None:
+        change(messages)
+
+    status, reply = post_messages(server, messages)
+
+    if error is None:
+        assert status == 200 and "confirmed" in reply["content"][-1]["text"]
+        assert server.rejected("/v1/messages") == []
+    else:
+        assert status == 400 and error in reply["error"]["message"]
+        assert len(server.rejected("/v1/messages")) == 1
