@@ -13,6 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.cli.demo_sessions import generate_sessions
+from tests.support.provider_rules import anthropic_rejections, responses_rejections
+from tests.support.wire_convert import chat_to_anthropic, chat_to_responses
 from tests.support.wire_sessions import anthropic_messages, responses_items
 from worker.compaction import (
     Action,
@@ -161,3 +164,18 @@ def test_chat_messages_holding_another_formats_parts_are_named() -> None:
     assert items is not None and "is a Responses item" in items.detail
     assert find_foreign_chat_fields([{"role": "user", "content": [
         {"type": "text", "text": "hi"}]}]) is None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_demo_sessions_rewritten_in_each_format_pass_intake_and_the_provider_rules(
+    seed: int,
+) -> None:
+    for record in generate_sessions(4, seed):
+        items = chat_to_responses(record["messages"], seed=seed)
+        system, messages = chat_to_anthropic(record["messages"], seed=seed)
+
+        assert check_responses_items(items, POLICY).problems == ()
+        assert check_anthropic_messages(messages, POLICY).problems == ()
+        assert responses_rejections(items, items) == []
+        assert anthropic_rejections(messages, messages) == []
+        assert system and len(items) >= len(record["messages"]) > len(messages)
