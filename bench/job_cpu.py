@@ -12,7 +12,8 @@ printed as min / median, then each step's CPU time (median). ``--profile`` runs 
 job per size under cProfile and prints its top functions by cumulative, then by own time.
 ``--skip breaker_open`` opens each copy's breaker first, ``--skip under_trigger`` sets
 the trigger above the session: every job is then one that ends with that outcome or
-reason, which reads the session row and no message.
+reason, which reads the session row and no message. ``--format responses|anthropic``
+times the same sessions rewritten in that format (reasoning or thinking added).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bench.common import (
 from bench.report import bench_parser, median, print_header, print_load, print_table
 from bench.sessions import BenchSession, generated_session, import_copies, new_counter
 from db import BreakerUpdate
+from worker.compaction import SessionFormat
 from worker.errors import Outcome
 from worker.job.values import JobResult, JobTrace
 
@@ -153,16 +155,20 @@ def main() -> None:
     parser.add_argument("--skip", choices=sorted(SKIPS),
                         help="time jobs skipped for this reason instead")
     parser.add_argument("--summarizer", choices=("extractive", "llm"), default="extractive")
+    parser.add_argument("--format", choices=[f.value for f in SessionFormat],
+                        default=SessionFormat.CHAT.value, help="the sessions' format")
     parser.add_argument("--latency-ms", type=int, default=0,
                         help="the LLM server's delay per call: wall minus it is the job's "
                              "local wall, the work it does besides waiting on the model")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.session_tokens = 1, "3000"
-    print_header(f"worker CPU per job, {args.summarizer} summarizer, in-process"
+    print_header(f"worker CPU per job, {args.summarizer} summarizer, {args.format} "
+                 "sessions, in-process"
                  + (f", jobs skipped ({args.skip})" if args.skip else ""))
     counter = new_counter()
-    sessions = [generated_session(int(t), counter) for t in args.session_tokens.split(",")]
+    sessions = [generated_session(int(t), counter, session_format=SessionFormat(args.format))
+                for t in args.session_tokens.split(",")]
     rows, step_rows = [], []
     with private_database() as url, server_if(args.summarizer == "llm",
                                                          args.latency_ms) as server:

@@ -54,7 +54,7 @@ def count_in_child(events: int, pipe_w: int) -> None:
 def run(processes: int, events: int) -> tuple[float, float]:
     """Fork ``processes`` counting children; return (median µs/event, median scrape ms)."""
     os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="metrics-bench-")  # this run only
-    enable_metrics()
+    enable_metrics(port=0)
     from prometheus_client import CollectorRegistry, generate_latest  # after: multiprocess
     from prometheus_client.multiprocess import MultiProcessCollector
 

@@ -13,8 +13,11 @@ from typing import Any
 from db import NewMessage, Store
 from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.corpus import corpus_path, load_corpus
+from tests.support.wire_convert import chat_to_anthropic, chat_to_responses
+from worker.compaction import IntakePolicy, SessionFormat
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
+from worker.platform.formats import check_items, item_rows
 from worker.platform.ingest import count_messages
 from worker.tokenizer.offline import load_encoding
 
@@ -28,6 +31,8 @@ class BenchSession:
 
     name: str
     rows: tuple[NewMessage, ...]
+    session_format: SessionFormat = SessionFormat.CHAT
+    metadata: dict[str, Any] | None = None  # an Anthropic session's system prompt
 
     @property
     def tokens(self) -> int:
@@ -66,10 +71,26 @@ def tool_heavy_messages(target_tokens: int, counter: TokenCounter, *, seed: int 
 
 
 def generated_session(target_tokens: int, counter: TokenCounter, *, seed: int = 1,
-                      with_system: bool = True) -> BenchSession:
-    """A tool-heavy session of at least ``target_tokens`` tokens."""
+                      with_system: bool = True,
+                      session_format: SessionFormat = SessionFormat.CHAT) -> BenchSession:
+    """A tool-heavy session of at least ``target_tokens`` tokens (of chat messages), in
+    ``session_format``: its Responses or Anthropic equivalent, reasoning or thinking
+    added (``tests/support/wire_convert.py``)."""
     messages = tool_heavy_messages(target_tokens, counter, seed=seed, with_system=with_system)
-    return BenchSession(f"generated-{target_tokens}", tuple(to_rows(messages, counter)))
+    name = f"generated-{target_tokens}"
+    if session_format is SessionFormat.CHAT:
+        return BenchSession(name, tuple(to_rows(messages, counter)))
+    metadata = None
+    if session_format is SessionFormat.RESPONSES:
+        items = chat_to_responses(messages, seed=seed)
+    else:
+        system, items = chat_to_anthropic(messages, seed=seed)
+        metadata = {"system": system}
+    checked = check_items(session_format, items, IntakePolicy.strict())
+    if checked.rejected:
+        raise ValueError(f"the {session_format} rewrite was refused: {checked.problems[:3]}")
+    return BenchSession(name, tuple(item_rows(session_format, checked, counter)),
+                        session_format, metadata)
 
 
 def largest_corpus_session(counter: TokenCounter, name: str = "dev_long") -> BenchSession | None:
@@ -95,8 +116,10 @@ def to_rows(messages: Iterable[dict[str, Any]], counter: TokenCounter) -> list[N
 def import_copies(store: Store, session: BenchSession, session_ids: Sequence[str]) -> None:
     """Store ``session`` under each id (counted once, so copies cost only the inserts)."""
     now = datetime.now(UTC) - IMPORTED_AGO
+    metadata = {"bench": session.name, **(session.metadata or {})}
     for session_id in session_ids:
-        store.import_session(session_id, {"bench": session.name}, list(session.rows), now)
+        store.import_session(session_id, metadata, list(session.rows), now,
+                             session_format=session.session_format.value)
 
 
 def append_rows(store: Store, session_id: str, rows: Sequence[NewMessage]) -> None:

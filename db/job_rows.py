@@ -38,7 +38,8 @@ def to_session_state(row: Row[Any]) -> SessionState:
 def session_state_of(m: Mapping[Any, Any]) -> SessionState:
     """The session's record from its table's columns by name."""
     return SessionState(
-        session_id=m["session_id"], metadata=m["metadata"], head_seq=m["head_seq"],
+        session_id=m["session_id"], metadata=m["metadata"], session_format=m["format"],
+        head_seq=m["head_seq"],
         active_revision_id=m["active_revision_id"], total_tokens=m["total_tokens"],
         projection_tokens=m["projection_tokens"],
         tokens_since_compaction=m["tokens_since_compaction"], created_at=m["created_at"],

@@ -36,6 +36,8 @@ NAMING_CONVENTION = {
 
 BREAKER_STATES = ("closed", "open", "half_open")
 SUMMARIZER_KINDS = ("llm", "extractive", "fallback")
+# Mirrors worker.compaction.formats.SessionFormat (db/ may not import worker/).
+SESSION_FORMATS = ("chat", "responses", "anthropic")
 # The artifacts table stores an identifier's sources as bits; mirrors
 # worker.compaction.identifiers.SOURCES (db/ may not import worker/).
 SOURCE_BITS = {"user": 1, "assistant": 2, "tool_argument": 4, "tool_output": 8}
@@ -65,6 +67,7 @@ class SessionRow(Base):
     __tablename__ = "sessions"
     __table_args__ = (
         CheckConstraint(f"breaker_state IN ({_quoted(BREAKER_STATES)})", name="breaker_state"),
+        CheckConstraint(f"format IN ({_quoted(SESSION_FORMATS)})", name="format"),
         # The due-session scan's keyset tiers (migration 0002, db/scan.py).
         Index(None, "projection_tokens", "id"),
         Index(None, "tokens_since_compaction", "id"),
@@ -73,6 +76,8 @@ class SessionRow(Base):
     id: Mapped[int] = mapped_column(IdType, primary_key=True)
     session_id: Mapped[str] = mapped_column(KeyString, unique=True)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonDocument)
+    # The wire format of its messages' bodies, fixed at creation (migration 0006).
+    format: Mapped[str] = mapped_column(server_default="chat")
     head_seq: Mapped[int] = mapped_column(default=0)
     active_revision_id: Mapped[int | None] = mapped_column(
         IdType, ForeignKey("revisions.id", use_alter=True)

@@ -67,13 +67,15 @@ def find_session(session: Session, session_id: str, *, lock: bool = False) -> Se
 
 
 def insert_session_if_absent(
-    session: Session, session_id: str, metadata: dict[str, Any], now: datetime
+    session: Session, session_id: str, metadata: dict[str, Any], now: datetime,
+    session_format: str = "chat",
 ) -> bool:
     """Insert a fresh session row unless the id exists; return whether it was inserted."""
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     statement = (
         dialect.insert(SessionRow)
-        .values(session_id=session_id, metadata_=metadata, created_at=now)
+        .values(session_id=session_id, metadata_=metadata, created_at=now,
+                format=session_format)
         .on_conflict_do_nothing(index_elements=[SessionRow.session_id])
         .returning(SessionRow.id)
     )
@@ -160,28 +162,47 @@ def _is_active(through_seq: int) -> Any:
     return or_(MessageRow.seq > through_seq, MessageRow.role.in_(INSTRUCTION_ROLES))
 
 
-def read_tool_call_state(session: Session, session_pk: int) -> ToolCallState:
+def read_tool_call_state(session: Session, row: SessionRow) -> ToolCallState:
     """Read the open and answered tool call ids from two narrow queries (no bodies but
-    the last non-tool message's)."""
+    the last non-tool message's).
+
+    A call's id is in ``tool_call_id`` on its own row where its format gives each call
+    a row (a Responses ``function_call``); otherwise in the body of the last message
+    that is not a result (a chat assistant message's ``tool_calls``, an Anthropic
+    assistant message's ``tool_use`` blocks).
+    """
+    ids = session.execute(
+        select(MessageRow.seq, MessageRow.role, MessageRow.tool_call_id)
+        .where(MessageRow.session_id == row.id, MessageRow.tool_call_id.is_not(None))
+    ).all()
+    answers = [(seq, str(call_id)) for seq, role, call_id in ids if role == "tool"]
+    answered_ids = frozenset(call_id for _, call_id in answers)
+    own_rows = tuple(str(call_id) for _, role, call_id in sorted(ids)
+                     if role != "tool" and call_id not in answered_ids)
     last_call = session.execute(
         select(MessageRow.seq, MessageRow.body)
-        .where(MessageRow.session_id == session_pk, MessageRow.role != "tool")
+        .where(MessageRow.session_id == row.id, MessageRow.role != "tool")
         .order_by(MessageRow.seq.desc())
         .limit(1)
     ).first()
-    answers = session.execute(
-        select(MessageRow.seq, MessageRow.tool_call_id)
-        .where(MessageRow.session_id == session_pk, MessageRow.role == "tool",
-               MessageRow.tool_call_id.is_not(None))
-    ).all()
-    answered_ids = frozenset(call_id for _, call_id in answers if call_id is not None)
     if last_call is None:
-        return ToolCallState(open_ids=(), answered_ids=answered_ids)
+        return ToolCallState(own_rows, answered_ids, row.format)
     last_seq, body = last_call
     answered_after = {call_id for seq, call_id in answers if seq > last_seq}
-    calls = body.get("tool_calls") or ()
-    open_ids = tuple(call["id"] for call in calls if call["id"] not in answered_after)
-    return ToolCallState(open_ids=open_ids, answered_ids=answered_ids)
+    open_ids = own_rows + tuple(call_id for call_id in _body_call_ids(body)
+                                if call_id not in answered_after)
+    return ToolCallState(open_ids, answered_ids, row.format)
+
+
+def _body_call_ids(body: dict[str, Any]) -> list[str]:
+    if body.get("role") != "assistant":
+        return []
+    calls = [call["id"] for call in body.get("tool_calls") or ()]
+    content = body.get("content")
+    if isinstance(content, list):
+        calls += [block["id"] for block in content
+                  if isinstance(block, dict) and block.get("type") == "tool_use"]
+    return calls
 
 
 def _select_messages(session: Session, session_pk: int, condition: Any
@@ -263,6 +284,7 @@ def run_values(run: NewRun, *, revision_id: int | None) -> dict[str, Any]:
 def to_session_state(row: SessionRow) -> SessionState:
     return SessionState(
         session_id=row.session_id, metadata=row.metadata_, head_seq=row.head_seq,
+        session_format=row.format,
         active_revision_id=row.active_revision_id, total_tokens=row.total_tokens,
         projection_tokens=row.projection_tokens,
         tokens_since_compaction=row.tokens_since_compaction, created_at=row.created_at,

@@ -107,6 +107,7 @@ class SessionState:
 
     session_id: str
     metadata: dict[str, Any]
+    session_format: str  # chat, responses or anthropic: its messages' wire format
     head_seq: int
     active_revision_id: int | None
     total_tokens: int
@@ -279,6 +280,7 @@ class ToolCallState:
 
     open_ids: tuple[str, ...]  # the last call group's calls without a result, in call order
     answered_ids: frozenset[str]  # every tool call id a stored tool result answers
+    session_format: str = "chat"  # the session's wire format (sessions.format)
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,20 +83,22 @@ class Store(JobStoreMethods, SchedulingStoreMethods):
     # --- sessions and messages ------------------------------------------------------
 
     def create_session(
-        self, session_id: str, metadata: dict[str, Any], now: datetime
+        self, session_id: str, metadata: dict[str, Any], now: datetime, *,
+        session_format: str = "chat",
     ) -> SessionState:
-        """Create an empty session; raises SessionExists when the id is taken."""
+        """Create an empty session of ``session_format`` (chat, responses, anthropic);
+        raises SessionExists when the id is taken."""
         with self._write() as session:
-            _insert_new_session(session, session_id, metadata, now)
+            _insert_new_session(session, session_id, metadata, now, session_format)
             return q.to_session_state(q.find_session(session, session_id))
 
     def import_session(
         self, session_id: str, metadata: dict[str, Any], messages: Sequence[NewMessage],
-        now: datetime,
+        now: datetime, *, session_format: str = "chat",
     ) -> SessionState:
         """Create a session with its whole history at once (SessionExists when present)."""
         with self._write() as session:
-            _insert_new_session(session, session_id, metadata, now)
+            _insert_new_session(session, session_id, metadata, now, session_format)
             if messages:
                 q.append_rows(session, session_id, messages, now)
             return q.to_session_state(q.find_session(session, session_id))
@@ -117,19 +119,21 @@ class Store(JobStoreMethods, SchedulingStoreMethods):
 
     def append_checked(
         self, session_id: str, check: AppendCheck[T], *, now: datetime, create: bool = False,
-        metadata: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None, session_format: str = "chat",
     ) -> tuple[list[int], T]:
         """Append the rows ``check`` returns; return their seqs and ``check``'s report.
 
         One transaction under the session's row lock: ``check`` gets the tool-call state
-        read under it, so two concurrent appends never both answer one open call; what
-        ``check`` raises rolls everything back. ``create`` as in ``append_messages``.
+        read under it (the session's format with it), so two concurrent appends never
+        both answer one open call; what ``check`` raises rolls everything back.
+        ``create`` as in ``append_messages``, of ``session_format``.
         """
         with self._write() as session:
             if create:
-                q.insert_session_if_absent(session, session_id, metadata or {}, now)
+                q.insert_session_if_absent(session, session_id, metadata or {}, now,
+                                           session_format)
             row = q.find_session(session, session_id, lock=True)
-            messages, report = check(q.read_tool_call_state(session, row.id))
+            messages, report = check(q.read_tool_call_state(session, row))
             if not messages:
                 return [], report
             return q.append_rows(session, session_id, messages, now), report
@@ -322,8 +326,9 @@ class Store(JobStoreMethods, SchedulingStoreMethods):
 
 
 def _insert_new_session(
-    session: Session, session_id: str, metadata: dict[str, Any], now: datetime
+    session: Session, session_id: str, metadata: dict[str, Any], now: datetime,
+    session_format: str,
 ) -> None:
-    if not q.insert_session_if_absent(session, session_id, metadata, now):
+    if not q.insert_session_if_absent(session, session_id, metadata, now, session_format):
         raise SessionExists(f"session {session_id!r} already exists")
 

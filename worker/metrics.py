@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-# The worker's own directory under the configured one: the only place it deletes files.
+# The worker's own directory under the configured one, named by its metrics port (one
+# live worker per port on a host, the same across its restarts): the only place it
+# deletes files.
 OWN_DIRNAME = "compactor-metrics"
 # prometheus-client's sample files: ``<type>_<pid>.db``, ``gauge_<mode>_<pid>.db``.
 SAMPLE_FILE = re.compile(r"(counter|histogram|summary|gauge_(live)?(all|min|max|sum|mostrecent))"
@@ -148,10 +150,16 @@ def choose_multiproc_dir() -> str:
     return directory
 
 
-def enable_metrics() -> Path:
+def own_metrics_dirname(port: int) -> str:
+    """The directory of the worker serving ``port``, under ``PROMETHEUS_MULTIPROC_DIR``."""
+    return f"{OWN_DIRNAME}-{port}"
+
+
+def enable_metrics(port: int) -> Path:
     """Prepare multiprocess collection in the worker's main process, before the pool
-    forks: the worker's own directory under the configured one is created and emptied of
-    an earlier run's sample files (nothing else in it or around it is touched).
+    forks: the directory of the worker serving ``port``, under the configured one, is
+    created and emptied of an earlier run's sample files (nothing else in it or around
+    it is touched: workers sharing the configured directory keep their samples).
 
     Raises:
         MetricsSetupError: prometheus-client was imported in single-process mode.
@@ -163,7 +171,7 @@ def enable_metrics() -> Path:
             f"prometheus_client was imported before the worker set {MULTIPROC_ENV}, so its "
             f"samples would stay in each pool process; start it with `compactor worker`, "
             f"or set {MULTIPROC_ENV} to a directory in its environment")
-    path = Path(choose_multiproc_dir()) / OWN_DIRNAME
+    path = Path(choose_multiproc_dir()) / own_metrics_dirname(port)
     path.mkdir(parents=True, exist_ok=True)
     for stale in path.iterdir():
         if SAMPLE_FILE.fullmatch(stale.name) and stale.is_file():

@@ -30,6 +30,9 @@ _NAMED_VALUE = re.compile(
     r"(?<![\w.-])(?P<name>[A-Za-z][\w.-]*)"
     r"(?P<sep>[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token|digest)\s+)?)"
     r"(?P<value>[^\s\"'&#,;)}\]]+)", re.IGNORECASE)
+# A ";" that starts the next URL of a list (kombu's Sentinel syntax), not one inside a
+# password.
+_URL_LIST_SEPARATOR = re.compile(r";(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 _QUERY_PAIR = re.compile(
     r"(?P<lead>[?&;])(?P<name>[^=&#;\s]+)=(?P<value>[^&#;\s\"'<>)\]}]*)")
 _PATTERNS = (
@@ -117,8 +120,11 @@ def mask_url(url: str) -> str:
     hidden, however they are written.
 
     The user info runs to the last ``@`` in the URL, so a password holding ``/``, ``@``,
-    ``:`` or percent escapes is hidden whole.
+    ``:`` or percent escapes is hidden whole. A ``;``-joined list (Sentinel's
+    ``sentinel://…;sentinel://…``) has each of its URLs masked.
     """
+    if len(urls := _URL_LIST_SEPARATOR.split(url)) > 1:
+        return ";".join(mask_url(one) for one in urls)
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -138,6 +144,10 @@ def url_secrets(url: str | None) -> Iterator[str]:
     """The secrets a URL holds (its password, its secret query values), as written and
     percent-decoded: what ``remember_secrets`` needs to find them in any text."""
     if not url:
+        return
+    if len(urls := _URL_LIST_SEPARATOR.split(url)) > 1:
+        for one in urls:
+            yield from url_secrets(one)
         return
     rest = url.partition("://")[2]
     userinfo, at, _ = rest.rpartition("@")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,6 +31,14 @@ if TYPE_CHECKING:
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
+class FormatName(StrEnum):
+    """The session formats, spelled here so the command line loads without the core."""
+
+    CHAT = "chat"
+    RESPONSES = "responses"
+    ANTHROPIC = "anthropic"
+
+
 @expected_errors
 def append_command(
     session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
@@ -38,24 +47,36 @@ def append_command(
         help="Messages as JSONL (one per line) or one JSON array; - reads stdin.")],
     create: Annotated[bool, typer.Option(
         "--create", help="Create the session when it does not exist.")] = False,
+    session_format: Annotated[FormatName | None, typer.Option(
+        "--format", help="The session's format: items of another are refused; a session "
+        "--create makes is of this format (chat when not given).")] = None,
     policy: Annotated[PolicyName, typer.Option(
         help="Intake policy, as for `compactor import`.")] = PolicyName.DEFAULT,
     as_json: JsonOption = False,
 ) -> None:
-    """Append messages to a session: checked like an import, stored in one transaction.
+    """Append messages (or Responses items, Anthropic messages: the session's format) to
+    a session: checked like an import, stored in one transaction.
 
     Results for a tool call an earlier append left open are accepted. Prints the new
     messages' seqs and what intake repaired; exits 1, storing nothing, when intake
     rejects them (the problems say why).
     """
-    from worker.platform.sessions import AppendReport, MessagesRejected, SessionStore
+    from worker.platform.sessions import (
+        AppendReport,
+        MessagesRejected,
+        SessionFormat,
+        SessionStore,
+    )
 
     messages = read_messages(file)
     settings = get_settings()
     with open_store(settings) as store:
         sessions = SessionStore(store, load_counter(settings), intake_policy(policy))
         try:
-            report = sessions.append(session_id, messages, create=create)
+            report = sessions.append(
+                session_id, messages, create=create,
+                session_format=None if session_format is None
+                else SessionFormat(session_format.value))
         except MessagesRejected as rejected:
             print_append(session_id, "rejected", AppendReport((), rejected.problems), as_json)
             raise typer.Exit(1) from None

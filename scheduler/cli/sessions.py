@@ -130,7 +130,8 @@ def projection_table(projection: list[dict[str, Any]]) -> Table:
     table = readable_table("#", "role", "preview", title="projection (what a model is sent)",
                            shrink=("preview",))
     for position, body in enumerate(projection, start=1):
-        table.add_row(str(position), shown(body.get("role")), shown(preview_message(body)))
+        role = body.get("role") or body.get("type")  # a Responses call or output: its type
+        table.add_row(str(position), shown(role), shown(preview_message(body)))
     return table
 
 

@@ -38,7 +38,7 @@ from tests.support.worker_process import (
     parse_log_lines,
 )
 from worker.broker.celery_app import create_app
-from worker.metrics import OWN_DIRNAME
+from worker.metrics import own_metrics_dirname
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -122,20 +122,26 @@ def metrics_worker(job_env: JobEnv, tmp_path: Path, redis_client: Any,
                    task_events: TaskEvents) -> Iterator[WorkerProcess]:
     """``compactor worker -E`` with metrics on, in an interpreter that imported
     prometheus_client first; its metrics directory holds other programs' files and
-    folders, which it must leave alone, and its own subdirectory a stale sample file from
-    an earlier run, which the start must remove."""
+    folders and another worker's live samples, which it must leave alone, and its own
+    subdirectory a stale sample file from an earlier run, which the start must remove."""
     metrics_dir = tmp_path / "metrics"
+    port = job_env.settings.metrics_port
+    assert port is not None
+    own_name = own_metrics_dirname(port)
+    neighbour = metrics_dir / own_metrics_dirname(port + 1)
+    neighbour.mkdir(parents=True)
+    (neighbour / "counter_3.db").write_bytes(b"a neighbouring worker's live samples")
     (metrics_dir / "other" / "deeper").mkdir(parents=True)
     (metrics_dir / "notes.txt").write_text("not the worker's")
     (metrics_dir / "counter_1.db").write_bytes(b"another program's samples")
     (metrics_dir / "other" / "gauge_all_2.db").write_bytes(b"another program's samples")
     (metrics_dir / "other" / "deeper" / "keep.txt").write_text("not the worker's")
-    own = metrics_dir / OWN_DIRNAME
+    own = metrics_dir / own_name
     own.mkdir()
     (own / "counter_1.db").write_bytes(b"stale")
     (own / "README").write_text("not a sample file")
     others = {path: content for path, content in tree_of(metrics_dir).items()
-              if not path.startswith(OWN_DIRNAME)}
+              if not path.startswith(f"{own_name}/")}
     env = {**job_env.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     worker = CompactorWorker(env, tmp_path / "worker.log", concurrency=2, send_events=True)
     mark = import_prometheus_first(worker, tmp_path / "site")
@@ -146,9 +152,9 @@ def metrics_worker(job_env: JobEnv, tmp_path: Path, redis_client: Any,
         worker.stop()
     after = tree_of(metrics_dir)
     assert {path: content for path, content in after.items()
-            if not path.startswith(OWN_DIRNAME)} == others
-    assert f"{OWN_DIRNAME}/counter_1.db" not in after
-    assert after[f"{OWN_DIRNAME}/README"] == b"not a sample file"
+            if not path.startswith(f"{own_name}/")} == others
+    assert f"{own_name}/counter_1.db" not in after
+    assert after[f"{own_name}/README"] == b"not a sample file"
 
 
 def scrape(job_env: JobEnv) -> Samples:

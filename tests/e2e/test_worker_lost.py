@@ -11,7 +11,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -177,12 +176,38 @@ class Fleet:
         return [e for w in self.workers for e in w.events("compaction.job")
                 if e.get("task_id") == task_id]
 
+    def diagnosis(self, store: Store, session_id: str, task_id: str) -> str:
+        """What a failed wait needs to be explained: the session's row and runs, the
+        sweeps' repairs and the job's events on every worker, and beat's last lines."""
+        lines = [f"task {task_id}: {store.get_session(session_id)}",
+                 *(f"run {run}" for run in store.runs(session_id=session_id)),
+                 f"live workers' children: {[w.child_pids() for w in self.live()]}"]
+        for worker in self.workers:
+            lines += [f"{worker.log_path.name}: {event}" for event in worker.events()
+                      if event.get("session_id") == session_id
+                      or str(event.get("event", "")).startswith("reconcile")]
+        beat_log = self.tmp_path / "beat.log"
+        if beat_log.exists():
+            lines += beat_log.read_text(errors="replace").splitlines()[-20:]
+        return "\n".join(lines)
+
     def stop(self) -> None:
         for worker in self.workers:
             worker.stop()
         if self.beat is not None:
             os.killpg(self.beat.pid, signal.SIGTERM)
             self.beat.wait(30)
+
+
+def rerun_started(store: Store, session_id: str, task_id: str) -> list[datetime]:
+    """The start of another job of the session than ``task_id`` (none yet: empty): now,
+    while it holds the lease, or its run's start once it ended (a quick rerun can begin
+    and end between two looks at the lease)."""
+    owner = store.get_session(session_id).lease_owner
+    if owner is not None and not owner.endswith(f":{task_id}"):
+        return [datetime.now(UTC)]
+    return [run.started_at for run in store.runs(session_id=session_id)
+            if run.task_id != task_id]
 
 
 def kill_worker_mid_job(fleet: Fleet, store: Store, publisher: JobPublisher,
@@ -193,12 +218,20 @@ def kill_worker_mid_job(fleet: Fleet, store: Store, publisher: JobPublisher,
     doomed = fleet.holder(store, session_id)
     assert doomed is not None and doomed.process is not None
     os.kill(doomed.process.pid, signal.SIGKILL)  # its pool child dies with it (pdeathsig)
-    killed = time.monotonic()
-    wait_until(lambda: (owner := store.get_session(session_id).lease_owner) is not None
-               and not owner.endswith(f":{task_id}"), timeout_s=120)
-    rerun_s = time.monotonic() - killed
+    killed = datetime.now(UTC)
+    reruns: list[datetime] = []
+
+    def rerun_seen() -> bool:
+        reruns.extend(rerun_started(store, session_id, task_id))
+        return bool(reruns)
+
+    try:
+        wait_until(rerun_seen, timeout_s=120)
+    except TimeoutError as exc:
+        raise AssertionError(fleet.diagnosis(store, session_id, task_id)) from exc
+    rerun_s = (min(reruns) - killed).total_seconds()
     wait_until(lambda: bool(store.revisions(session_id)), timeout_s=60)
-    compacted_s = time.monotonic() - killed
+    compacted_s = (datetime.now(UTC) - killed).total_seconds()
     assert doomed.process.poll() is not None
     fleet.start_worker()  # two workers again for the next kill
     return rerun_s, compacted_s

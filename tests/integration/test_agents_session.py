@@ -13,9 +13,16 @@ from agents.memory import Session
 from db import Store
 from tests.integration.test_store import T0, job_run, summary_revision
 from tests.support.e2e import token_counter
+from tests.support.provider_rules import responses_rejections
 from tests.support.store_jobs import swap_in
+from tests.support.wire_sessions import responses_items
 from worker.errors import MessagesRejected
-from worker.platform.agents_session import CompactorSession, PopRefused, UnsupportedItem
+from worker.platform.agents_session import (
+    CompactorSession,
+    PopRefused,
+    SessionFormat,
+    UnsupportedItem,
+)
 from worker.platform.sessions import SessionStore
 
 pytestmark = pytest.mark.integration
@@ -38,7 +45,8 @@ def items(values: list[dict[str, Any]]) -> list[TResponseInputItem]:
 
 @pytest.fixture
 def session(store: Store) -> CompactorSession:
-    return CompactorSession("agent-1", SessionStore(store, token_counter()))
+    return CompactorSession("agent-1", SessionStore(store, token_counter()),
+                            session_format=SessionFormat.CHAT)
 
 
 def test_the_session_implements_the_sdks_session_protocol(session: CompactorSession) -> None:
@@ -137,3 +145,21 @@ def test_clear_erases_the_session_and_the_agent_starts_again_from_nothing(
     assert store.list_sessions() == []
     asyncio.run(session.add_items(items(turn(2))))
     assert store.get_session("agent-1").head_seq == 4
+
+
+def test_a_responses_session_keeps_every_sdk_item_as_given(store: Store) -> None:
+    session = CompactorSession("agent-r", SessionStore(store, token_counter()))
+    given = responses_items(6, 3)
+
+    asyncio.run(session.add_items(items(given[:4])))
+    asyncio.run(session.add_items(items(given[4:])))
+
+    assert store.get_session("agent-r").session_format == "responses"
+    assert asyncio.run(session.get_items()) == given
+    for limit in range(1, len(given)):
+        window = [dict(item) for item in asyncio.run(session.get_items(limit))]
+        assert window == given[len(given) - len(window):]
+        assert responses_rejections(window, given) == []  # the API would take it
+    newest = given[-1]
+    assert asyncio.run(session.pop_item()) == newest
+    assert asyncio.run(session.get_items()) == given[:-1]

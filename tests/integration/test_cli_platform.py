@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Compactor, compactor_for
+from tests.support.wire_sessions import responses_items
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +105,20 @@ def test_import_of_a_missing_file_is_a_one_line_error(compactor: Compactor) -> N
 
     assert result.exit_code == 1
     assert "cannot read /nonexistent/sessions.jsonl" in result.stderr
+
+
+def test_append_creates_a_responses_session_and_refuses_chat_messages_to_it(
+    compactor: Compactor,
+) -> None:
+    items = responses_items(3, 2)
+
+    created = compactor.run_with_input(jsonl(*items[:5]), "append", "r", "-", "--create",
+                                       "--format", "responses", "--json")
+    chat = compactor.run_with_input(jsonl(RESULT), "append", "r", "-")
+    rest = compactor.run_with_input(jsonl(*items[5:]), "append", "r", "-")
+    table = compactor("projection", "r")
+
+    assert created.exit_code == 0 and rest.exit_code == 0, created.output + rest.output
+    assert chat.exit_code == 1 and "format_mismatch" in chat.stderr
+    assert compactor.json("projection", "r") == items
+    assert "function_call_output" in table.stdout

@@ -29,7 +29,9 @@ from tests.support.e2e import (
 from tests.support.generated import generated_session, generated_turns
 from tests.support.job_harness import FakeClock
 from tests.support.openai_server import OpenAIServer
+from tests.support.provider_rules import anthropic_rejections, responses_rejections
 from tests.support.store_jobs import swap_in
+from tests.support.wire_sessions import anthropic_record, responses_record
 from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
@@ -398,3 +400,32 @@ def test_a_stored_message_that_no_longer_parses_fails_the_job_and_releases_its_l
     assert (run.outcome, run.failure_class) == ("failed", "StoredMessageInvalid")
     # The connection is whole again: the next job reads the same row and fails the same way.
     assert harness.run(session_id).reason == "stored_message_invalid"
+
+
+@pytest.mark.parametrize(("make_record", "rejections"), [
+    (responses_record, responses_rejections), (anthropic_record, anthropic_rejections)])
+def test_a_responses_or_anthropic_session_is_compacted_into_a_projection_of_its_format(
+    make_harness: MakeHarness, make_record: Callable[[str, int, int], dict[str, Any]],
+    rejections: Callable[[list[dict[str, Any]], list[dict[str, Any]]], list[str]],
+) -> None:
+    harness = make_harness()
+    record = make_record("wire", 5, 60)
+    [session_id] = import_records(harness.store, [record])
+    items = record.get("items") or record["messages"]
+
+    result = harness.run(session_id)
+
+    assert result.outcome is Outcome.COMPACTED, result
+    projection = harness.store.projection(session_id)
+    [revision] = harness.store.revisions(session_id)
+    block = projection[projection.index(revision.block)]
+    assert block["role"] == "user" and block["content"][0]["type"] in ("input_text", "text")
+    assert (block.get("type") == "message") is ("items" in record)
+    assert projection[projection.index(block) + 1:] == items[revision.through_seq:]
+    assert rejections(projection, items) == []
+    secrets = [item.get("encrypted_content") for item in items if item.get("encrypted_content")]
+    secrets += [b.get("signature") or b.get("data") for m in items
+                for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+                if b.get("type") in ("thinking", "redacted_thinking")]
+    assert secrets and not any(secret in json.dumps(revision.summary) for secret in secrets)
+    assert revision.summary["relevant_artifacts"]

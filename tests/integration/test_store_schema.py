@@ -17,6 +17,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from db import (
     NewMessage,
@@ -307,3 +308,30 @@ def test_an_upgrade_tries_again_and_goes_through_once_the_transaction_ends() -> 
         assert current_revision(url) == head_revision()
     finally:
         drop_postgres_database(url)
+
+
+def test_sessions_stored_before_0006_are_chat_sessions_and_downgrade_drops_the_format(
+    empty_database_url: str,
+) -> None:
+    upgrade_database(empty_database_url, "0005")
+    engine = create_db_engine(empty_database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO sessions (session_id, metadata, head_seq, total_tokens, "
+                "projection_tokens, tokens_since_compaction, created_at, breaker_state, "
+                "breaker_failures) VALUES ('old', '{}', 0, 0, 0, 0, :now, 'closed', 0)"),
+                {"now": T0.replace(tzinfo=None)})
+        upgrade_database(empty_database_url)
+        with open_store(empty_database_url) as store:
+            assert store.get_session("old").session_format == "chat"
+        with engine.begin() as connection, pytest.raises(IntegrityError):
+            connection.execute(text("UPDATE sessions SET format = 'gemini'"))
+        downgrade_database(empty_database_url, "0005")
+        with engine.connect() as connection:
+            assert "format" not in {c["name"] for c in inspect(connection).get_columns(
+                "sessions")}
+            assert connection.execute(text("SELECT session_id FROM sessions")).all() == [
+                ("old",)]
+    finally:
+        engine.dispose()

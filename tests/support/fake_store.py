@@ -68,11 +68,12 @@ class FakeStore:
     # --- ingest ---------------------------------------------------------------------
 
     def import_session(self, session_id: str, metadata: dict[str, Any],
-                       messages: Sequence[NewMessage], now: datetime) -> SessionState:
+                       messages: Sequence[NewMessage], now: datetime, *,
+                       session_format: str = "chat") -> SessionState:
         self._check("import_session")
         if session_id in self._sessions:
             raise SessionExists(f"session {session_id!r} already exists")
-        self._sessions[session_id] = _new_session(session_id, metadata, now)
+        self._sessions[session_id] = _new_session(session_id, metadata, now, session_format)
         self._messages[session_id] = []
         if messages:
             self._append(session_id, messages, now)
@@ -91,10 +92,12 @@ class FakeStore:
     def append_checked(
         self, session_id: str, check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]],
         *, now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
+        session_format: str = "chat",
     ) -> tuple[list[int], T]:
         self._check("append_checked")
         if create and session_id not in self._sessions:
-            self._sessions[session_id] = _new_session(session_id, metadata or {}, now)
+            self._sessions[session_id] = _new_session(session_id, metadata or {}, now,
+                                                      session_format)
             self._messages[session_id] = []
         self._find(session_id)
         messages, report = check(_tool_call_state(self._messages[session_id]))
@@ -345,9 +348,12 @@ class FakeStore:
         return record.id
 
 
-def _new_session(session_id: str, metadata: dict[str, Any], now: datetime) -> SessionState:
+def _new_session(session_id: str, metadata: dict[str, Any], now: datetime,
+                 session_format: str = "chat") -> SessionState:
     return SessionState(
-        session_id=session_id, metadata=dict(metadata), head_seq=0, active_revision_id=None,
+        session_id=session_id, metadata=dict(metadata), session_format=session_format,
+        head_seq=0,
+        active_revision_id=None,
         total_tokens=0, projection_tokens=0, tokens_since_compaction=0, created_at=now,
         last_appended_at=None, last_compacted_at=None, lease_owner=None, lease_expires_at=None,
         breaker_state="closed", breaker_failures=0, breaker_opened_at=None, queued_at=None,

@@ -1,5 +1,8 @@
 """A real loopback HTTP server speaking enough of the OpenAI API to test the LLM client
-(and, for a request offering ``tools``, an agent: ``tests/support/agent_replies.py``).
+(and, for a request offering ``tools``, an agent: ``tests/support/agent_replies.py``; on
+``/v1/responses`` and ``/v1/messages``, an agent on the Responses API or Anthropic's
+Messages API that refuses what the real API refuses: ``tests/support/responses_api.py``,
+``tests/support/anthropic_api.py``).
 
 It misbehaves on cue: for the whole run (``behaviour``, changeable between calls), per
 request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` marker),
@@ -35,6 +38,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from tests.support.agent_replies import answer_agent_turn, is_agent_turn
+from tests.support.anthropic_api import answer_messages
 from tests.support.openai_behaviours import (
     Behaviour,
     BehaviourSpec,
@@ -45,6 +49,7 @@ from tests.support.openai_behaviours import (
     error_reply,
 )
 from tests.support.prompt_cache import PromptCache, prefix_block_hashes
+from tests.support.responses_api import Ledger, answer_responses
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
 from worker.tokenizer.offline import load_encoding
@@ -55,6 +60,7 @@ BEHAVIOUR_HEADER = "X-Test-Behaviour"
 # prompts (one per session size), at most a few MB in all.
 MEMO_BODIES = 8
 _MARKER = re.compile(r"\[\[behave:([A-Za-z0-9_]+(?::\d+)?)\]\]")
+AGENT_ENDPOINTS = {"/v1/responses": answer_responses, "/v1/messages": answer_messages}
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,8 @@ class _State:
     prompt_cache: PromptCache = field(default_factory=PromptCache)
     stopping: threading.Event = field(default_factory=threading.Event)
     log: list[RecordedRequest] = field(default_factory=list)
+    ledgers: dict[str, Ledger] = field(
+        default_factory=lambda: {path: Ledger() for path in AGENT_ENDPOINTS})
     served: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -244,6 +252,13 @@ class OpenAIServer:
         with self._state.lock:
             return self._state.max_in_flight
 
+    def rejected(self, path: str) -> list[list[str]]:
+        """The errors of every request to an agent endpoint (``/v1/responses``,
+        ``/v1/messages``) refused with a 400, oldest first."""
+        ledger = self._state.ledgers[path]
+        with ledger.lock:
+            return list(ledger.rejected)
+
     def clear_log(self) -> None:
         with self._state.lock:
             self._state.log.clear()
@@ -282,6 +297,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if urlsplit(self.path).path.rstrip("/") in AGENT_ENDPOINTS:
+            self._send(self._answer_agent(_parse_body(raw)))
+            return
         if urlsplit(self.path).path.rstrip("/") != "/v1/chat/completions":
             self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
             return
@@ -325,6 +343,14 @@ class _Handler(BaseHTTPRequestHandler):
         reply = state.memo.reply(seen, (behaviour, config),
                                  lambda: answer_chat(behaviour, request, config, _counter()))
         return _with_cached_tokens(reply, cached_tokens)
+
+    def _answer_agent(self, body: dict[str, Any] | None) -> Reply:
+        state, path = self.server.state, urlsplit(self.path).path.rstrip("/")
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with state.lock:
+            state.log.append(RecordedRequest(headers, body or {}, 0, None, self.path))
+            model = state.config.model
+        return AGENT_ENDPOINTS[path](body, state.ledgers[path], model)
 
     def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:
         state = self.server.state

@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 from tests.support.corpus import load_corpus, skip_without_corpus
 from tests.unit.session_strategies import sessions, shared_counter, to_stored
 from tests.unit.test_identifiers import _labelled_ids
+from worker.compaction.facts import _FACT
 from worker.compaction.fallback import (
     _AGENT_DECISION,
     _DECISION,
     _DONE,
-    _PREFERENCE,
     MAX_ARTIFACTS,
     NO_WORDS_GOAL,
-    _Cue,
     _PassedValues,
     fallback_summary,
 )
@@ -33,6 +32,7 @@ from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_m
 from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
 from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
+from worker.compaction.sentences import Cue
 from worker.compaction.validation import validate_summary
 
 
@@ -264,12 +264,12 @@ _CUE_TEXT = st.lists(st.sampled_from(
 
 
 @settings(max_examples=300, deadline=None)
-@given(_CUE_TEXT, st.sampled_from([_PREFERENCE, _DECISION, _AGENT_DECISION, _DONE]))
-def test_a_cue_finds_what_its_case_insensitive_pattern_finds(text: str, cue: _Cue) -> None:
+@given(_CUE_TEXT, st.sampled_from([_FACT, _DECISION, _AGENT_DECISION, _DONE]))
+def test_a_cue_finds_what_its_case_insensitive_pattern_finds(text: str, cue: Cue) -> None:
     assert cue.search(text) is (cue._any_case.search(text) is not None)
 
 
 def test_a_cue_must_be_written_in_lowercase() -> None:
     with pytest.raises(ValueError, match="lowercase"):
-        _Cue(r"\bDone\b")
-    assert _Cue(r"\Adone\b\s*\Z").search("DONE ")
+        Cue(r"\bDone\b")
+    assert Cue(r"\Adone\b\s*\Z").search("DONE ")

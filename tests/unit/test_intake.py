@@ -147,7 +147,9 @@ def test_a_session_that_repair_empties_is_rejected() -> None:
 
 def test_every_problem_kind_has_a_case() -> None:
     # The record's own kinds are reported by ingest (tests/integration/test_import_limits.py).
-    record_kinds = {ProblemKind.MALFORMED_SESSION, ProblemKind.STORE_REFUSED}
+    # A format mismatch is reported by the formats' intake (tests/unit/test_wire_intake.py).
+    record_kinds = {ProblemKind.MALFORMED_SESSION, ProblemKind.STORE_REFUSED,
+                    ProblemKind.FORMAT_MISMATCH}
     assert {case.kind for case in CASES} == set(ProblemKind) - record_kinds
 
 

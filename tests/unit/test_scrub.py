@@ -72,6 +72,9 @@ def test_ordinary_error_text_is_left_as_it_was(text: str) -> None:
     ("https://blob/x?sv=2024&X-Amz-Credential=c&X-Amz-Signature=s",
      "https://blob/x?sv=2024&X-Amz-Credential=***&X-Amz-Signature=***"),
     ("sqlite:////var/lib/compactor/compactor.db", "sqlite:////var/lib/compactor/compactor.db"),
+    ("sentinel://:pw1@s1:26379/0;sentinel://:pw2@s2:26379;sentinel://s3:26379",
+     "sentinel://:***@s1:26379/0;sentinel://:***@s2:26379;sentinel://s3:26379"),
+    ("sentinel://:p;w@s1:26379;sentinel://:p;w@s2", "sentinel://:***@s1:26379;sentinel://:***@s2"),
 ])
 def test_a_url_password_is_hidden_however_it_is_written(url: str, shown: str) -> None:
     assert mask_url(url) == shown
@@ -129,6 +132,7 @@ def test_a_urls_secrets_are_found_as_written_and_decoded() -> None:
 
     assert set(url_secrets(url)) == {"p%2Fa%40ss", "p/a@ss", "k%3D1", "k=1"}
     assert list(url_secrets("redis://127.0.0.1:6379/0")) == []
+    assert set(url_secrets("sentinel://:a1@s1;sentinel://:b%402@s2")) == {"a1", "b%402", "b@2"}
 
 
 class Address(NamedTuple):

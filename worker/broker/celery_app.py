@@ -195,11 +195,11 @@ def _prepare_metrics(**_: Any) -> None:
     """With ``metrics_port`` set, every process of this worker records its samples in one
     emptied directory, set up before the pool forks (``worker/metrics.py``); a worker
     whose metrics could not be collected refuses to start (exit 78, one line)."""
-    if get_settings().metrics_port is not None:
+    if (port := get_settings().metrics_port) is not None:
         from worker.metrics import MetricsSetupError, enable_metrics
 
         try:
-            enable_metrics()
+            enable_metrics(port)
         except MetricsSetupError as exc:
             get_logger().error("metrics.refused", message=str(exc))
             raise SystemExit(EXIT_INVALID_SETTINGS) from None

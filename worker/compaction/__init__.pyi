@@ -24,6 +24,11 @@ from .errors import SummaryInvalid as SummaryInvalid
 from .errors import TokenizerUnavailable as TokenizerUnavailable
 from .errors import TransientError as TransientError
 from .fallback import fallback_summary as fallback_summary
+from .formats import ItemView as ItemView
+from .formats import SessionFormat as SessionFormat
+from .formats import count_view as count_view
+from .formats import view_chat_message as view_chat_message
+from .formats import view_item as view_item
 from .grouping import Group as Group
 from .grouping import group_messages as group_messages
 from .identifiers import Artifact as Artifact
@@ -41,6 +46,9 @@ from .intake import ProblemKind as ProblemKind
 from .intake import check_session as check_session
 from .intake import clean_text as clean_text
 from .intake import find_open_tool_calls as find_open_tool_calls
+from .item_groups import StoredItem as StoredItem
+from .item_groups import group_items as group_items
+from .item_groups import read_item as read_item
 from .limits import MAX_MESSAGES as MAX_MESSAGES
 from .limits import MAX_NESTING_DEPTH as MAX_NESTING_DEPTH
 from .limits import MAX_RECORD_BYTES as MAX_RECORD_BYTES
@@ -94,3 +102,7 @@ from .truth import find_contradictions as find_contradictions
 from .truth import read_record as read_record
 from .validation import parse_summary as parse_summary
 from .validation import validate_summary as validate_summary
+from .wire_intake import CheckedItems as CheckedItems
+from .wire_intake import check_anthropic_messages as check_anthropic_messages
+from .wire_intake import check_responses_items as check_responses_items
+from .wire_intake import find_foreign_chat_fields as find_foreign_chat_fields

@@ -10,13 +10,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.compaction.budget import fit_summary, truncate_text
+from worker.compaction.facts import find_facts
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus, Failure, classify_calls
+from worker.compaction.parties import Party, party_of
 from worker.compaction.requests import RequestLedger, read_requests
 from worker.compaction.salience import featured_values, rank_artifacts, rerank_featured
 from worker.compaction.schema import LIST_SECTIONS, Summary
+from worker.compaction.sentences import Cue, Sentences
 from worker.compaction.tokens import TokenCounter
 
 NO_WORDS_GOAL = "Continue the session: the compacted messages state no request in words"
@@ -24,7 +27,8 @@ TIMES = "\u00d7"  # the multiplication sign: "looked up with get_user_details" T
 GOAL_TOKENS = 60
 SENTENCE_TOKENS = 48
 RESULT_TOKENS = 20
-MAX_PREFERENCES = 6
+# A user turn keeps every fact it states; a span keeps its newest this many.
+MAX_FACTS = 16
 MAX_DECISIONS = 60
 MAX_COMPLETIONS = 8
 MAX_CALL_VALUES = 4
@@ -42,36 +46,14 @@ SAID_UNKNOWN = "unknown"
 NO_RESULT = "no result yet"
 
 
-class _Cue:
-    """A case-insensitive pattern written in lowercase. ASCII text is lowercased and
-    searched case-sensitively: the same answer (an ASCII letter matches only its own two
-    cases), in a third of the time (a 1M-token span has ~8k sentences to try)."""
-
-    def __init__(self, pattern: str) -> None:
-        if any(char.isupper() for char in re.sub(r"\\.", "", pattern)):
-            raise ValueError(f"a cue is written in lowercase: {pattern!r}")
-        self._any_case = re.compile(pattern, re.IGNORECASE)
-        self._lowercase = re.compile(pattern)
-
-    def search(self, text: str) -> bool:
-        """Tell whether the cue occurs in ``text``."""
-        if text.isascii():
-            return self._lowercase.search(text.lower()) is not None
-        return self._any_case.search(text) is not None
-
-
-_PREFERENCE = _Cue(
-    r"\b(?:prefer|don't want|do not want|don't|do not|must|only|instead|rather|"
-    r"no later than|not before|not after|at most|at least|without)\b"
-)
 # Choices, pins and refusals: what was decided, by whom, and why.
-_DECISION = _Cue(
+_DECISION = Cue(
     r"\bdecision\s*:|\bdecided\b|\b(?:we|i)(?:'ll| will) (?:go with|use|pin|keep|stick)"
     r"|\blet's (?:go with|use|pin|keep)|\bgoing with\b|\bchose\b|\bopted\b|\bsettled on\b"
     r"|\bpinn?(?:ed|ing)?\b|\bagreed\b"
 )
 # What the agent confirmed or refused is a decision too; a user's "can't" is not.
-_AGENT_DECISION = _Cue(
+_AGENT_DECISION = Cue(
     r"\bconfirmed\b|\bcannot\b|\bcan't\b|\bunable\b|\bnot eligible\b|\bdenied\b"
     r"|\bapproved\b|\bunfortunately\b|\bnot (?:possible|allowed|permitted)\b"
 )
@@ -80,7 +62,7 @@ _NOT_DONE = re.compile(
     r"\?\s*\Z|(?i:\b(?:if|whether|could|would|cannot|can't|can be|will|shall|once|"
     r"as soon as|going to|about to|ready to|let me|i'll|we'll|you'll|it'll|confirm)\b)")
 # Work reported done, in the agent's words.
-_DONE = _Cue(
+_DONE = Cue(
     r"\b(?:done|fixed|successfully|has been|have been|completed|cancell?ed|booked|"
     r"refunded|transferred|merged|deployed|installed|upgraded|downgraded)\b"
 )
@@ -88,7 +70,6 @@ _CONFIRMATION = re.compile(
     r"(?i:\A\W*(?:yes|yeah|yep|confirm(?:ed)?|correct|go ahead|please proceed|"
     r"that works|sounds good)\b)"
 )
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 # Tools that only read: many calls, one line.
 _LOOKUP = re.compile(r"(?i:\A(?:get|search|list|find|read|fetch|lookup|view|show|cat|grep|ls|"
                      r"think|calculate|query|check|describe)(?:_|\b|[A-Z]))")
@@ -110,7 +91,9 @@ def fallback_summary(
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
     Goal: the first request of the span's latest conversation (the prior's stands when
-    the span starts none); constraints: user sentences stating preferences; completed
+    the span starts none); constraints: every sentence of a user's turn that states a
+    constraint, a preference or a fact about the user's situation (where, device or plan,
+    deadlines), the newest first when the budget is short; completed
     actions: each call that changed something with its result, look-ups tallied, work the
     agent reports done; key decisions: choices, pins, refusals and confirmations;
     resolved: answered requests, fixed errors, and the prior's items the span settled
@@ -132,21 +115,24 @@ def fallback_summary(
     failures = [outcome for outcome in outcomes if outcome.failed]
     succeeded = _succeeded_tools(outcomes)
     fixed = _fixed_failures(outcomes, failures)
-    sentences = _Sentences()
-    decisions = _draft_decisions(messages, counter, sentences)
+    sentences, whose = Sentences(), _Whose(ledger.parties)
+    decisions = _draft_decisions(messages, counter, sentences, whose)
     # By identity: ``fixed`` holds some of these very failures (comparing each with each
     # by value cost ~30 ms at 1M tokens).
     fixed_ids = {id(failure) for failure in fixed}
-    open_errors = [_describe_failure(f, counter) for f in failures if id(f) not in fixed_ids]
+    # An earlier party's errors are its own: its call lines say they failed.
+    open_errors = [_describe_failure(f, counter) for f in failures
+                   if id(f) not in fixed_ids and f.seq >= whose.current_seq]
     drafted = Summary(
         goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
-        constraints_and_preferences=_pick_sentences(
-            ledger.user_texts, _PREFERENCE, MAX_PREFERENCES, counter, sentences),
+        constraints_and_preferences=_draft_facts(messages, counter, sentences, whose),
         completed_actions=[*_describe_span(messages),
                            *_draft_actions(messages, artifacts, counter, by_call),
                            *_draft_completions(ledger.agent_texts, counter, sentences)],
         key_decisions=decisions,
-        resolved=[*_settled_pending(prior, messages, succeeded), *_superseded(prior, decisions),
+        resolved=[*_settled_pending(prior, messages, succeeded,
+                                    new_party=bool(prior and prior.goal and ledger.goal)),
+                  *_superseded(prior, decisions),
                   *(f"{ANSWERED}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered
                     if t not in ledger.open_requests),
                   *(f"{ACTED_ON}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.acted_on
@@ -201,28 +187,29 @@ def _clip(text: str, max_tokens: int, counter: TokenCounter) -> str:
     return truncate_text(re.sub(r"\s+", " ", text).strip(), max_tokens, counter)
 
 
-class _Sentences(dict[str, list[str]]):
-    """Each text's sentences, split on first use: preferences and decisions read the
-    user's texts, decisions and completions the agent's."""
+class _Whose:
+    """Whose an item is: in a span of several parties, each item says its party's
+    (``Party.label``); in a span of one, none needs to."""
 
-    def __missing__(self, text: str) -> list[str]:
-        sentences = self[text] = [s.strip() for s in _SENTENCE_BREAK.split(text) if s.strip()]
-        return sentences
+    def __init__(self, parties: Sequence[Party]) -> None:
+        self._parties = parties if len(parties) > 1 else ()
+        self.current_seq = self._parties[-1].first_seq if self._parties else 0
 
-    def of(self, texts: Iterable[str]) -> list[str]:
-        return [sentence for text in texts for sentence in self[text]]
+    def __call__(self, seq: int) -> str:
+        return party_of(self._parties, seq).label() if self._parties else ""
 
 
-def _pick_sentences(
-    texts: Sequence[str], cue: _Cue, limit: int, counter: TokenCounter, sentences: _Sentences
-) -> list[str]:
-    """Return the last ``limit`` distinct sentences matching ``cue``, in order."""
-    matching = dict.fromkeys(s for s in sentences.of(texts) if cue.search(s))
-    return [_clip(sentence, SENTENCE_TOKENS, counter) for sentence in list(matching)[-limit:]]
+def _draft_facts(messages: Sequence[StoredMessage], counter: TokenCounter,
+                 sentences: Sentences, whose: _Whose) -> list[str]:
+    """Every fact sentence of the users' turns (``facts.find_facts``) with whose it is,
+    the newest ``MAX_FACTS`` distinct ones, in order."""
+    facts = dict.fromkeys(whose(seq) + _clip(sentence, SENTENCE_TOKENS, counter)
+                          for seq, sentence in find_facts(messages, sentences))
+    return list(facts)[-MAX_FACTS:]
 
 
 def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
-                       sentences: _Sentences) -> list[str]:
+                       sentences: Sentences) -> list[str]:
     """The agent's last reports of work done (not questions or conditionals about it)."""
     done = [s for s in sentences.of(agent_texts)
             if _DONE.search(s) and not _NOT_DONE.search(s)]
@@ -231,25 +218,27 @@ def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
 
 
 def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter,
-                     sentences: _Sentences) -> list[str]:
-    """Decision sentences of either side, and user confirmations with what they confirm."""
+                     sentences: Sentences, whose: _Whose) -> list[str]:
+    """Decision sentences of either side, and user confirmations with what they confirm,
+    each with whose it is."""
     decisions: list[str] = []
     asked = ""
     for stored in messages:
         message, text = stored.message, stored.message.text
         if message.role not in (Role.USER, Role.ASSISTANT):
             continue
-        said = sentences[text]
+        said, label = sentences[text], whose(stored.seq)
         if message.role is Role.ASSISTANT and text.strip():
             questions = [s for s in said if s.endswith("?")]
             asked = questions[-1] if questions else asked
         if message.role is Role.USER and _CONFIRMATION.match(text):
             context = f" (to: {_clip(asked, SENTENCE_TOKENS // 2, counter)})" if asked else ""
-            decisions.append(f"User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
+            decisions.append(
+                f"{label}User confirmed: {_clip(text, SENTENCE_TOKENS, counter)}{context}")
             continue
         agent = message.role is Role.ASSISTANT
         decisions.extend(
-            _clip(s, SENTENCE_TOKENS, counter) for s in said
+            label + _clip(s, SENTENCE_TOKENS, counter) for s in said
             if _DECISION.search(s) or (agent and _AGENT_DECISION.search(s)))
     return list(dict.fromkeys(decisions))[-MAX_DECISIONS:]
 
@@ -359,20 +348,21 @@ def _succeeded_tools(outcomes: Sequence[CallOutcome]) -> dict[str, int]:
 
 
 def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage],
-                     succeeded: Mapping[str, int]) -> list[str]:
+                     succeeded: Mapping[str, int], *, new_party: bool) -> list[str]:
     """The prior's pending items this span settles, copied verbatim: a request the agent
     answered, a call whose result arrived, an error whose tool has since succeeded
-    (``succeeded``: ``_succeeded_tools`` of the span)."""
+    (``succeeded``: ``_succeeded_tools`` of the span); with ``new_party`` (the span starts
+    another conversation), every open request and error, which were the earlier party's."""
     if prior is None:
         return []
-    answered = any(m.message.role is Role.ASSISTANT and m.message.text.strip()
-                   for m in messages)
+    answered = new_party or any(m.message.role is Role.ASSISTANT and m.message.text.strip()
+                                for m in messages)
     result_ids = {m.message.tool_call_id for m in messages if m.message.role is Role.TOOL}
     return [item for item in prior.pending
             if (item.startswith(UNANSWERED) and answered)
             or any(f"({call_id})" in item for call_id in result_ids if call_id)
             or (item.startswith(OPEN_ERROR)
-                and item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded)]
+                and (new_party or item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded))]
 
 
 def _superseded(prior: Summary | None, decisions: Sequence[str]) -> list[str]:

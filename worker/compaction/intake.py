@@ -34,6 +34,7 @@ class ProblemKind(StrEnum):
     INVALID_TEXT = "invalid_text"
     EMPTY_SESSION = "empty_session"
     TOO_LARGE = "too_large"  # over a nesting, size or count limit (``limits.py``)
+    FORMAT_MISMATCH = "format_mismatch"  # another wire format's record, item or field
     STORE_REFUSED = "store_refused"  # the database refused the record; nothing stored
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from worker.compaction.messages import Role, StoredMessage
 from worker.compaction.outcomes import CallStatus
+from worker.compaction.parties import BOUNDARY, GREETING, STOP, Party, find_parties
 
 MAX_ANSWERED = 4
 
@@ -18,16 +19,6 @@ REQUEST = re.compile(
     r"\?|(?i:\b(?:i want|i'd like|i would like|i need|i'm looking|i am looking|looking to|"
     r"trying to|help me|can you|could you|please)\b)"
 )
-# A joined session marks where one conversation ends and an unrelated one starts; a
-# greeting or a finished exchange ("###STOP###") starts one too.
-_BOUNDARY = re.compile(
-    r"(?i:conversation has ended|session boundary|new (?:customer|conversation|task)\b"
-    r"|next task\b)"
-)
-_GREETING = re.compile(r"(?i:\A\W*(?:hi|hello|hey|good (?:morning|afternoon|evening))\b)")
-_STOP = "###STOP###"
-
-
 @dataclass(frozen=True, slots=True)
 class RequestLedger:
     """The span's user and agent texts, its current goal ("" when the span starts no
@@ -41,6 +32,7 @@ class RequestLedger:
     answered: tuple[str, ...]
     open_requests: tuple[str, ...]
     acted_on: tuple[str, ...] = ()
+    parties: tuple[Party, ...] = ()
 
 
 def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
@@ -54,9 +46,14 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
     agent_texts = tuple(m.message.text for m in messages if m.message.role is Role.ASSISTANT)
     settled: list[tuple[str, bool]] = []  # (request, acted on rather than answered)
     current: str | None = None
+    parties = find_parties(messages)
+    # An earlier party's request left open is not the current party's to answer.
+    starts = {party.first_seq for party in parties[1:]}
     for stored in messages:
         message, text = stored.message, stored.message.text
-        if message.role is Role.USER and REQUEST.search(text) and not _BOUNDARY.search(text):
+        if stored.seq in starts:
+            current = None
+        if message.role is Role.USER and REQUEST.search(text) and not BOUNDARY.search(text):
             current = text
         elif message.role is not Role.ASSISTANT or current is None:
             continue
@@ -67,15 +64,18 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
                  for call in message.tool_calls or ()):
             settled.append((current, True))
             current = None
-    goal = _find_goal(user_texts, has_prior_goal)
+    # A party starts at a user's message: its index among the user texts.
+    user_seqs = [m.seq for m in messages if m.message.role is Role.USER]
+    latest = user_seqs.index(parties[-1].first_seq) if len(parties) > 1 else None
+    goal = _find_goal(user_texts, has_prior_goal, latest)
     if tail_continues and goal:
         settled = [(text, acted) for text, acted in settled
-                   if acted or text.replace(_STOP, "").strip() != goal]
+                   if acted or text.replace(STOP, "").strip() != goal]
     newest = settled[-MAX_ANSWERED:]
     return RequestLedger(user_texts, agent_texts, goal,
                          tuple(text for text, acted in newest if not acted),
                          () if current is None else (current,),
-                         tuple(text for text, acted in newest if acted))
+                         tuple(text for text, acted in newest if acted), tuple(parties))
 
 
 def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredMessage]
@@ -85,24 +85,27 @@ def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredM
     if not tail:
         return False
     said = [m.message.text for m in span if m.message.role is Role.USER and m.message.text]
-    if said and _STOP in said[-1]:
+    if said and STOP in said[-1]:
         return False
     first = next((m.message.text for m in tail
                   if m.message.role is Role.USER and m.message.text.strip()), None)
-    return first is None or not (_BOUNDARY.search(first) or _GREETING.match(first))
+    return first is None or not (BOUNDARY.search(first) or GREETING.match(first))
 
 
-def _find_goal(user_texts: Sequence[str], has_prior_goal: bool) -> str:
-    """The first request of the latest conversation the span starts ("" if none starts)."""
+def _find_goal(user_texts: Sequence[str], has_prior_goal: bool, latest_party: int | None
+               ) -> str:
+    """The first request of the latest conversation the span starts ("" if none starts);
+    ``latest_party``: the index of the latest party's first user text, when one starts."""
     start: int | None = None if has_prior_goal else 0
     for index, text in enumerate(user_texts):
-        if _BOUNDARY.search(text):
+        if BOUNDARY.search(text):
             start = index + 1
-        elif _GREETING.match(text) or (index and _STOP in user_texts[index - 1]):
+        elif GREETING.match(text) or (index and STOP in user_texts[index - 1]) \
+                or index == latest_party:
             start = index
     if start is None:
         return ""
-    conversation = [t for t in user_texts[start:] if t.strip() and not _BOUNDARY.search(t)]
+    conversation = [t for t in user_texts[start:] if t.strip() and not BOUNDARY.search(t)]
     substantive = [t for t in conversation if len(t.split()) >= 3]
     requests = [t for t in substantive if REQUEST.search(t)]
-    return (requests or substantive or conversation or [""])[0].replace(_STOP, "").strip()
+    return (requests or substantive or conversation or [""])[0].replace(STOP, "").strip()

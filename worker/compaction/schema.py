@@ -250,8 +250,15 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s*[\r\n]+\s*", " / ", text) if "\n" in text or "\r" in text else text
 
 
-def summary_block_message(text: str) -> dict[str, Any]:
-    """Return the chat message that carries a rendered block in the projection."""
+def summary_block_message(text: str, session_format: str = "chat") -> dict[str, Any]:
+    """Return the item that carries a rendered block in the projection, in the session's
+    format: a chat message, a Responses ``message`` item with ``input_text``, an
+    Anthropic user message with one text block."""
+    if session_format == "responses":
+        return {"type": "message", "role": SUMMARY_BLOCK_ROLE,
+                "content": [{"type": "input_text", "text": text}]}
+    if session_format == "anthropic":
+        return {"role": SUMMARY_BLOCK_ROLE, "content": [{"type": "text", "text": text}]}
     return {"role": SUMMARY_BLOCK_ROLE, "content": text}
 
 

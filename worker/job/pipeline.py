@@ -264,7 +264,7 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         record=read_record(work.span, outcomes=work.outcomes, artifacts=work.artifacts,
                            prior=work.prior, tail_continues=work.tail_continues),
     )
-    block = summary_block_message(validated.fitted.text)
+    block = summary_block_message(validated.fitted.text, plan.session.session_format)
     # The block was counted once, at the merge; only the message's framing is added.
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens

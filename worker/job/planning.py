@@ -6,6 +6,7 @@ without the rest of the job."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from worker.compaction import (
     Boundary,
     CallOutcome,
     Group,
+    SessionFormat,
     StoredMessage,
     Summary,
     apply_strategy,
@@ -28,10 +30,13 @@ from worker.compaction import (
     collect_artifacts,
     continues_conversation,
     decide_compaction,
+    dump_message,
+    group_items,
     group_messages,
     parse_message_json,
     plan_boundary,
     prune_groups,
+    read_item,
 )
 from worker.errors import (
     StoredMessageInvalid,
@@ -48,8 +53,12 @@ class SnapshotMessage:
     """A snapshot's message as the job reads it, with the identifiers ingest stored (as
     their JSON text: only the span's are decoded, as they are tallied)."""
 
-    stored: StoredMessage
+    seq: int
+    tokens: int
+    stored: StoredMessage | None  # None: not a chat message (``body_json`` holds it)
     mentions_json: str | None  # None: not indexed yet
+    body_json: str | None = None
+    errors: int = 0  # what the chat model found wrong with it
 
 
 @dataclass(frozen=True)
@@ -84,11 +93,35 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 
 
 def to_snapshot_message(text: MessageText) -> SnapshotMessage:
+    """Parse a chat message as it arrives; keep the text of anything else, which only the
+    session's format, read with the snapshot, tells how to read (``stored_messages``)."""
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
-        raise StoredMessageInvalid(text.seq, exc.error_count()) from None  # quotes contents
-    return SnapshotMessage(StoredMessage(text.seq, message, text.tokens), text.identifiers_json)
+        return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
+                               text.body_json, exc.error_count())
+    return SnapshotMessage(text.seq, text.tokens, StoredMessage(text.seq, message, text.tokens),
+                           text.identifiers_json)
+
+
+def group_snapshot(snapshot: JobSnapshot[SnapshotMessage]) -> list[Group]:
+    """The snapshot's atomic groups, by its session's format's pairing rules.
+
+    Raises:
+        StoredMessageInvalid: a chat session's stored row is not a chat message.
+    """
+    session_format = SessionFormat(snapshot.session.session_format)
+    if session_format is SessionFormat.CHAT:
+        stored = []
+        for message in snapshot.messages:
+            if message.stored is None:
+                raise StoredMessageInvalid(message.seq, message.errors)
+            stored.append(message.stored)
+        return group_messages(stored)
+    return group_items(session_format, [read_item(
+        session_format, m.seq, m.tokens,
+        dump_message(m.stored.message) if m.stored else json.loads(m.body_json or "null"))
+        for m in snapshot.messages])
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
@@ -96,25 +129,24 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.job.preview`` runs it without the rest of the job)."""
     revision = snapshot.revision
-    stored = [m.stored for m in snapshot.messages]
     prior_tokens = revision.summary_tokens if revision else 0
     # Under the trigger only the row was read: its projection is the same sum, kept by
     # every append, swap and rollback.
     tokens_before = snapshot.session.projection_tokens if snapshot.under_trigger \
-        else sum(m.tokens for m in stored) + prior_tokens
+        else sum(m.tokens for m in snapshot.messages) + prior_tokens
     request = trace.request
     decision = decide_compaction(tokens_before, _recent_savings(snapshot),
                                  policy.trigger, request.force)
     trace.note(tokens_before=tokens_before, decision=decision.reason.value)
     if not decision.compact:
         raise Skip(decision.reason.value)
-    boundary = plan_boundary(group_messages(stored),
+    boundary = plan_boundary(group_snapshot(snapshot),
                              prior_through_seq=revision.through_seq if revision else 0,
                              summary_tokens=prior_tokens, policy=policy.trigger)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
-    span_mentions = {m.stored.seq: m.mentions_json for m in snapshot.messages
-                     if m.mentions_json and m.stored.seq <= boundary.through_seq}
+    span_mentions = {m.seq: m.mentions_json for m in snapshot.messages
+                     if m.mentions_json and m.seq <= boundary.through_seq}
     return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
 
 

@@ -1,6 +1,7 @@
 """Sessions in and out: import and append (intake check, one token count per message,
 then the store) and export, in the session record format of the JSONL files:
-``{"session_id": str, "messages": [...], **metadata}``.
+``{"session_id": str, "messages": [...], **metadata}`` for chat sessions, and the
+Responses and Anthropic records of ``worker/platform/formats.py``.
 
 An append runs its intake check inside the store's transaction, under the session's row
 lock: the store reads the open and answered tool call ids there and hands them to the
@@ -9,11 +10,12 @@ check (a callable: ``db`` may not import ``worker``), which returns the rows to 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 from db import (
     MessageRecord,
@@ -30,22 +32,33 @@ from worker.compaction import (
     MAX_NESTING_DEPTH,
     Action,
     ChatMessage,
+    CheckedItems,
     IntakePolicy,
     IntakeResult,
     Problem,
     ProblemKind,
+    SessionFormat,
     TokenCounter,
     check_session,
     clean_text,
     dump_message,
+    find_foreign_chat_fields,
     identify_message,
     measure_depth,
     search_text,
 )
 from worker.errors import MessagesRejected
 from worker.platform.export_views import ExportView
+from worker.platform.formats import (
+    ITEMS_KEY,
+    check_items,
+    item_rows,
+    mismatch,
+    record_format,
+    session_record,
+)
 
-RECORD_KEYS = ("session_id", "messages")
+RECORD_KEYS = ("session_id", "format", "messages", "items")
 T = TypeVar("T")
 
 
@@ -54,13 +67,14 @@ class IngestStore(Protocol):
 
     def import_session(
         self, session_id: str, metadata: dict[str, Any], messages: list[NewMessage],
-        now: datetime,
+        now: datetime, *, session_format: str = "chat",
     ) -> object: ...
 
     def append_checked(
         self, session_id: str,
         check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]], *,
         now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
+        session_format: str = "chat",
     ) -> tuple[list[int], T]: ...
 
     def get_session(self, session_id: str) -> SessionState: ...
@@ -111,16 +125,28 @@ def import_record(
     A database error about this record (a value it refuses, a lost connection) rejects
     the record alone, so an import goes on; only a schema not migrated stops it.
     """
-    session_id, metadata, result = check_record(record, policy)
+    result: IntakeResult | CheckedItems
+    session_format = record_format(record)
+    if isinstance(session_format, Problem):
+        session_id, _, result = _rejected_record(record, session_format)
+        session_format = SessionFormat.CHAT
+    elif session_format is SessionFormat.CHAT:
+        session_id, metadata, result = check_record(record, policy)
+    else:
+        session_id, metadata, result = check_record(record, policy, session_format)
     if result.rejected:
-        raw_messages = record.get("messages")
+        raw_messages = record.get(ITEMS_KEY[session_format])
         count = len(raw_messages) if isinstance(raw_messages, list) else 0
         return SessionReport(session_id, ImportStatus.REJECTED, count, 0, result.problems)
-    new_messages = count_messages(result.messages, counter)
+    if isinstance(result, IntakeResult):
+        new_messages = count_messages(result.messages, counter)
+    else:
+        new_messages = item_rows(session_format, result, counter)
     tokens = sum(message.tokens for message in new_messages)
     status = ImportStatus.REPAIRED if result.problems else ImportStatus.IMPORTED
     try:
-        store.import_session(session_id, metadata, new_messages, now)
+        store.import_session(session_id, metadata, new_messages, now,
+                             session_format=session_format.value)
     except SessionExists:
         status = ImportStatus.EXISTS
     except (SchemaMissing, StoreUnavailable):
@@ -135,32 +161,67 @@ def import_record(
     return SessionReport(session_id, status, len(new_messages), tokens, result.problems)
 
 
+@overload
 def check_record(
     record: dict[str, Any], policy: IntakePolicy
-) -> tuple[str, dict[str, Any], IntakeResult]:
-    """Split a record into its id, metadata and checked messages (metadata text included)."""
+) -> tuple[str, dict[str, Any], IntakeResult]: ...
+
+
+@overload
+def check_record(
+    record: dict[str, Any], policy: IntakePolicy, session_format: SessionFormat
+) -> tuple[str, dict[str, Any], IntakeResult | CheckedItems]: ...
+
+
+def check_record(
+    record: dict[str, Any], policy: IntakePolicy,
+    session_format: SessionFormat = SessionFormat.CHAT,
+) -> tuple[str, dict[str, Any], IntakeResult | CheckedItems]:
+    """Split a record of ``session_format`` into its id, metadata and checked messages
+    or items (metadata text included)."""
     session_id = record.get("session_id")
-    raw_messages = record.get("messages")
+    key = ITEMS_KEY[session_format]
+    raw_messages = record.get(key)
     metadata = {k: v for k, v in record.items() if k not in RECORD_KEYS}
-    problem = _find_shape_problem(session_id, raw_messages, metadata)
+    problem = _find_shape_problem(session_id, raw_messages, metadata, key)
+    if problem is None and session_format is SessionFormat.CHAT \
+            and isinstance(raw_messages, list):
+        problem = find_foreign_chat_fields(raw_messages)
     if problem is not None or not isinstance(raw_messages, list):
-        rejection = (problem or Problem(ProblemKind.MALFORMED_SESSION, None, "", Action.REJECT),)
-        shown_id = session_id[:MAX_SESSION_ID_CHARS] if isinstance(session_id, str) else ""
-        return shown_id, {}, IntakeResult((), rejection, rejected=True)
+        return _rejected_record(record, problem)
     metadata, changed = clean_text(metadata)
-    result = check_session(raw_messages, policy)
+    result: IntakeResult | CheckedItems = (
+        check_session(raw_messages, policy) if session_format is SessionFormat.CHAT
+        else check_items(session_format, raw_messages, policy))
     if changed:
         action = policy.action_for(ProblemKind.INVALID_TEXT)
         problem = Problem(ProblemKind.INVALID_TEXT, None, "NUL byte or lone surrogate in "
                           "metadata", action)
         rejected = result.rejected or action is Action.REJECT
-        result = IntakeResult(() if rejected else result.messages,
-                              (problem, *result.problems), rejected)
+        result = dataclasses.replace(result, problems=(problem, *result.problems),
+                                     rejected=rejected)
+        if rejected:
+            result = _emptied(result)
     return str(session_id), metadata, result
 
 
+def _emptied(result: IntakeResult | CheckedItems) -> IntakeResult | CheckedItems:
+    if isinstance(result, IntakeResult):
+        return dataclasses.replace(result, messages=())
+    return dataclasses.replace(result, items=(), views=())
+
+
+def _rejected_record(
+    record: dict[str, Any], problem: Problem | None
+) -> tuple[str, dict[str, Any], IntakeResult]:
+    session_id = record.get("session_id")
+    rejection = (problem or Problem(ProblemKind.MALFORMED_SESSION, None, "", Action.REJECT),)
+    shown_id = session_id[:MAX_SESSION_ID_CHARS] if isinstance(session_id, str) else ""
+    return shown_id, {}, IntakeResult((), rejection, rejected=True)
+
+
 def _find_shape_problem(
-    session_id: object, raw_messages: object, metadata: dict[str, Any]
+    session_id: object, raw_messages: object, metadata: dict[str, Any], key: str
 ) -> Problem | None:
     """The record's own problem, if any: checked before anything walks its contents."""
     if not isinstance(session_id, str) or not session_id.strip():
@@ -177,7 +238,7 @@ def _find_shape_problem(
     if control:
         return _rejection(ProblemKind.MALFORMED_SESSION, control)
     if not isinstance(raw_messages, list):
-        return _rejection(ProblemKind.MALFORMED_SESSION, "messages missing or not a list")
+        return _rejection(ProblemKind.MALFORMED_SESSION, f"{key} missing or not a list")
     if measure_depth(metadata) > MAX_NESTING_DEPTH:
         return _rejection(ProblemKind.TOO_LARGE, "metadata objects and arrays nested deeper "
                           f"than {MAX_NESTING_DEPTH} levels")
@@ -196,9 +257,12 @@ class AppendReport:
 def append_checked(
     store: IngestStore, counter: TokenCounter, policy: IntakePolicy, session_id: str,
     raw_messages: Sequence[Any], now: datetime, *, create: bool = False,
-    metadata: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None, session_format: SessionFormat | None = None,
 ) -> AppendReport:
     """Check ``raw_messages`` against the stored session and append them, atomically.
+
+    They are items of the session's format; ``session_format``, when given, must be it
+    (and is the format of a session ``create`` makes; chat when not given).
 
     One transaction under the session's row lock: a result for a call an earlier append
     left open is accepted, and of two concurrent appends answering the same call the
@@ -213,6 +277,20 @@ def append_checked(
     check_session_id(session_id)
 
     def check(state: ToolCallState) -> tuple[list[NewMessage], tuple[Problem, ...]]:
+        stored = SessionFormat(state.session_format)
+        if session_format not in (None, stored):
+            raise MessagesRejected(session_id, (mismatch(
+                f"format: session {session_id!r} is a {stored.value} session, not "
+                f"{session_format}"),))
+        if stored is not SessionFormat.CHAT:
+            checked = check_items(stored, raw_messages, policy, open_ids=state.open_ids,
+                                  seen_ids=state.answered_ids, is_append=True)
+            if checked.rejected:
+                raise MessagesRejected(session_id, checked.problems)
+            return item_rows(stored, checked, counter), checked.problems
+        foreign = find_foreign_chat_fields(raw_messages)
+        if foreign is not None:
+            raise MessagesRejected(session_id, (foreign,))
         result = check_session(
             raw_messages, policy, open_tool_call_ids=state.open_ids,
             seen_tool_call_ids=state.answered_ids, is_append=True,
@@ -222,7 +300,8 @@ def append_checked(
         return count_messages(result.messages, counter), result.problems
 
     seqs, problems = store.append_checked(
-        session_id, check, now=now, create=create, metadata=metadata)
+        session_id, check, now=now, create=create, metadata=metadata,
+        session_format=(session_format or SessionFormat.CHAT).value)
     return AppendReport(tuple(seqs), problems)
 
 
@@ -266,13 +345,15 @@ def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> li
 
 
 def export_session(store: IngestStore, session_id: str, view: ExportView) -> dict[str, Any]:
-    """Return one session as a record; the full view round-trips what was imported."""
+    """Return one session as a record of its format; the full view round-trips what was
+    imported."""
     state = store.get_session(session_id)
     if view is ExportView.FULL:
         bodies = [record.body for record in store.messages(session_id)]
     else:
         bodies = store.projection(session_id)
-    return {"session_id": session_id, **state.metadata, "messages": bodies}
+    return session_record(SessionFormat(state.session_format), session_id, state.metadata,
+                          bodies)
 
 
 def iter_session_ids(store: IngestStore, *, page_size: int = 500) -> Iterator[str]:

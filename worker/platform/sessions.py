@@ -43,6 +43,7 @@ from worker.compaction import (
     IntakePolicy,
     Problem,
     ProblemKind,
+    SessionFormat,
     TokenCounter,
 )
 from worker.errors import MessagesRejected
@@ -66,6 +67,7 @@ __all__ = [
     "RevisionRecord",
     "SchemaMissing",
     "SessionExists",
+    "SessionFormat",
     "SessionLeased",
     "SessionNotFound",
     "SessionState",
@@ -119,34 +121,43 @@ class SessionStore:
     ) -> None:
         self.close()
 
-    def create(self, session_id: str, metadata: dict[str, Any] | None = None) -> SessionState:
-        """Create an empty session; SessionExists when the id is taken, MessagesRejected
-        when it holds a control character."""
+    def create(self, session_id: str, metadata: dict[str, Any] | None = None, *,
+               session_format: SessionFormat = SessionFormat.CHAT) -> SessionState:
+        """Create an empty session of ``session_format`` (fixed from then on);
+        SessionExists when the id is taken, MessagesRejected when it holds a control
+        character."""
         check_session_id(session_id)
-        return self._store.create_session(session_id, metadata or {}, datetime.now(UTC))
+        return self._store.create_session(session_id, metadata or {}, datetime.now(UTC),
+                                          session_format=SessionFormat(session_format).value)
 
     def append(
-        self, session_id: str, messages: Sequence[dict[str, Any]], *, create: bool = False
+        self, session_id: str, messages: Sequence[dict[str, Any]], *, create: bool = False,
+        session_format: SessionFormat | None = None,
     ) -> AppendReport:
-        """Check and append chat messages (OpenAI format) in one transaction; return
-        their seqs and the problems intake repaired on the way.
+        """Check and append items of the session's format in one transaction (chat
+        messages, Responses input items or Anthropic messages); return their seqs and
+        the problems intake repaired on the way.
 
         Intake runs under the session's row lock with the import rules and this store's
         policy: results for a call left open by an earlier append are accepted; a result
-        for a call already answered is an orphan. ``create`` makes a missing session.
+        for a call already answered is an orphan. ``session_format``, when given, must
+        be the session's; ``create`` makes a missing session of it (chat when None).
 
         Raises:
-            MessagesRejected: the policy rejected a problem (``problems``); nothing stored.
+            MessagesRejected: the policy rejected a problem (``problems``), or the items
+                are another format's (``format_mismatch``); nothing stored.
             SessionNotFound: no such session and ``create`` is False.
         """
         return append_checked(
             self._store, self._counter, self._policy, session_id, messages,
             datetime.now(UTC), create=create,
+            session_format=None if session_format is None else SessionFormat(session_format),
         )
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:
-        """Return the messages to send a model (one query), ready for the OpenAI SDK:
-        instructions, the summary block when compacted, the recent messages verbatim."""
+        """Return the items to send a model (one query), in the session's format:
+        instructions, the summary block when compacted, the recent items verbatim (an
+        Anthropic session's system prompt is its metadata's ``system``)."""
         return self._store.projection(session_id)
 
     def history(self, session_id: str, *, after_seq: int = 0) -> list[MessageRecord]:

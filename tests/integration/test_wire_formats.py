@@ -1,0 +1,175 @@
+"""Responses and Anthropic sessions through the real store, on both databases: stored
+verbatim (import -> export and append -> projection give back equal JSON), the format
+fixed at creation, and a record of one format never read as another."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from db import Store
+from tests.support.wire_sessions import (
+    anthropic_messages,
+    anthropic_record,
+    responses_items,
+    responses_record,
+)
+from worker.compaction import IntakePolicy, ProblemKind, SessionFormat, TokenCounter
+from worker.errors import MessagesRejected
+from worker.platform.export_views import ExportView
+from worker.platform.ingest import ImportStatus, append_checked, export_session, import_record
+from worker.tokenizer.offline import load_encoding
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2024, 5, 15, 15, 0, tzinfo=UTC)
+POLICY = IntakePolicy()
+SEEDS = (3, 17, 29)
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter(load_encoding("o200k_base"))
+
+
+def imported(store: Store, counter: TokenCounter, record: dict[str, Any]) -> ImportStatus:
+    report = import_record(record, store=store, counter=counter, policy=POLICY, now=NOW)
+    assert report.problems == (), report.problems
+    return report.status
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_responses_and_anthropic_records_round_trip_exactly_through_import_and_export(
+    store: Store, counter: TokenCounter, seed: int,
+) -> None:
+    records = [responses_record(f"r{seed}", seed, 6), anthropic_record(f"a{seed}", seed, 6)]
+
+    for record in records:
+        assert imported(store, counter, record) is ImportStatus.IMPORTED
+        for view in ExportView:  # nothing is compacted yet: the projection is the record
+            assert export_session(store, record["session_id"], view) == record
+    assert store.get_session(f"r{seed}").session_format == "responses"
+    assert store.get_session(f"a{seed}").session_format == "anthropic"
+
+
+def split_at_random(items: list[dict[str, Any]], seed: int) -> list[list[dict[str, Any]]]:
+    """Cut a session into appends at random places, some between a call and its output."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(items)), k=min(8, len(items) - 1)))
+    return [items[a:b] for a, b in zip([0, *cuts], [*cuts, len(items)], strict=True)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("session_format", [SessionFormat.RESPONSES, SessionFormat.ANTHROPIC])
+def test_appends_give_back_the_items_verbatim_in_the_projection(
+    store: Store, counter: TokenCounter, seed: int, session_format: SessionFormat,
+) -> None:
+    items = (responses_items(seed, 5) if session_format is SessionFormat.RESPONSES
+             else anthropic_messages(seed, 5))
+
+    for index, batch in enumerate(split_at_random(items, seed)):
+        report = append_checked(store, counter, POLICY, "s", batch, NOW, create=index == 0,
+                                session_format=session_format if index == 0 else None)
+        assert report.problems == ()
+
+    assert store.projection("s") == items
+    assert [m.body for m in store.messages("s")] == items
+    assert store.get_session("s").session_format == session_format.value
+    assert store.get_session("s").total_tokens == sum(m.tokens for m in store.messages("s"))
+
+
+def rejection(error: pytest.ExceptionInfo[MessagesRejected]) -> tuple[ProblemKind, str]:
+    problem = error.value.problems[0]
+    return problem.kind, problem.detail
+
+
+def test_the_format_is_fixed_when_the_session_is_created(
+    store: Store, counter: TokenCounter,
+) -> None:
+    append_checked(store, counter, POLICY, "s", responses_items(1, 1)[:2], NOW, create=True,
+                   session_format=SessionFormat.RESPONSES)
+
+    with pytest.raises(MessagesRejected) as error:
+        append_checked(store, counter, POLICY, "s", [{"role": "user", "content": "hi"}], NOW,
+                       session_format=SessionFormat.CHAT)
+    assert rejection(error) == (ProblemKind.FORMAT_MISMATCH,
+                                "format: session 's' is a responses session, not chat")
+    with pytest.raises(MessagesRejected) as error:
+        append_checked(store, counter, POLICY, "s", [
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}], NOW)
+    assert rejection(error)[0] is ProblemKind.FORMAT_MISMATCH
+    assert "items[0]" in rejection(error)[1]
+    assert len(store.messages("s")) == 2
+
+
+def test_an_anthropic_record_without_its_format_is_refused_not_read_as_chat(
+    store: Store, counter: TokenCounter,
+) -> None:
+    record = anthropic_record("a", 5, 2)
+    del record["format"], record["system"]
+
+    report = import_record(record, store=store, counter=counter, policy=POLICY, now=NOW)
+
+    assert report.status is ImportStatus.REJECTED
+    [problem] = report.problems
+    assert problem.kind is ProblemKind.FORMAT_MISMATCH
+    assert problem.detail.startswith("messages[1].content[0].type")
+    assert "format" in problem.detail and "anthropic" in problem.detail
+
+
+@pytest.mark.parametrize(("change", "detail"), [
+    (lambda r: r.update(format="gemini"), "format 'gemini' is not one of"),
+    (lambda r: r.update(messages=r.pop("items")), 'messages: a responses record holds'),
+    (lambda r: r.update(items=[]), "items: a chat record holds"),
+])
+def test_a_record_that_mixes_formats_is_refused_naming_the_field(
+    store: Store, counter: TokenCounter, change: Any, detail: str,
+) -> None:
+    record = responses_record("r", 2, 1)
+    if "chat record" in detail:
+        record = {"session_id": "r", "messages": [{"role": "user", "content": "hi"}]}
+    change(record)
+
+    report = import_record(record, store=store, counter=counter, policy=POLICY, now=NOW)
+
+    assert report.status is ImportStatus.REJECTED
+    assert report.problems[0].kind is ProblemKind.FORMAT_MISMATCH
+    assert detail in report.problems[0].detail
+    assert store.list_sessions() == []
+
+
+def test_a_responses_output_whose_call_an_earlier_append_left_open_is_accepted_once(
+    store: Store, counter: TokenCounter,
+) -> None:
+    items = responses_items(11, 1)
+    first_output = next(i for i, item in enumerate(items)
+                        if item["type"] == "function_call_output")
+    append_checked(store, counter, POLICY, "s", items[:first_output], NOW, create=True,
+                   session_format=SessionFormat.RESPONSES)
+
+    append_checked(store, counter, POLICY, "s", [items[first_output]], NOW)
+    with pytest.raises(MessagesRejected) as error:
+        append_checked(store, counter, POLICY, "s", [items[first_output]], NOW)
+
+    assert rejection(error)[0] is ProblemKind.ORPHAN_TOOL_RESULT
+    assert "items[0].call_id" in rejection(error)[1]
+
+
+def test_an_anthropic_tool_result_must_answer_the_message_just_before(
+    store: Store, counter: TokenCounter,
+) -> None:
+    messages = anthropic_messages(12, 2)
+    append_checked(store, counter, POLICY, "s", messages[:2], NOW, create=True,
+                   session_format=SessionFormat.ANTHROPIC)
+
+    with pytest.raises(MessagesRejected) as error:  # the answer skipped: results missing
+        append_checked(store, counter, POLICY, "s", messages[3:4], NOW)
+    assert rejection(error)[0] is ProblemKind.MISSING_TOOL_RESULT
+    append_checked(store, counter, POLICY, "s", messages[2:], NOW)
+    with pytest.raises(MessagesRejected) as error:  # the same results again: orphans
+        append_checked(store, counter, POLICY, "s", messages[2:3], NOW)
+    assert ProblemKind.ORPHAN_TOOL_RESULT in {p.kind for p in error.value.problems}
+    assert store.projection("s") == messages

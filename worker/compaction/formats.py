@@ -1,0 +1,189 @@
+"""Session wire formats, and the neutral view the core reads every stored item through.
+
+A session stores the items of one format verbatim: chat-completions messages, Responses
+API input items, or Anthropic Messages API messages. Counting, identifiers, recall and
+summarizing read an item's neutral view (role, text, calls, outputs, reasoning text,
+opaque parts) as chat messages, so each is written once. Opaque parts (encrypted
+reasoning, signatures, redacted thinking, generated images) are kept in the view only to
+be counted: they never reach a chat message, so never the summarizer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from worker.compaction.messages import ChatMessage, FunctionCall, Role, ToolCall, content_text
+
+if TYPE_CHECKING:
+    from worker.compaction.tokens import TokenCounter
+
+
+class SessionFormat(StrEnum):
+    """A session's wire format, fixed when it is created (``sessions.format``)."""
+
+    CHAT = "chat"
+    RESPONSES = "responses"
+    ANTHROPIC = "anthropic"
+
+
+# Responses items that pair a call with a later output item, by ``call_id``.
+RESPONSES_CALLS = {"function_call": "function_call_output",
+                   "custom_tool_call": "custom_tool_call_output",
+                   "computer_call": "computer_call_output"}
+RESPONSES_OUTPUTS = {output: call for call, output in RESPONSES_CALLS.items()}
+# Hosted tool calls: the provider ran them, and each item holds its own result.
+RESPONSES_HOSTED = frozenset({
+    "web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
+    "mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response",
+})
+RESPONSES_TYPES = frozenset({"message", "reasoning", *RESPONSES_CALLS, *RESPONSES_OUTPUTS,
+                             *RESPONSES_HOSTED})
+ANTHROPIC_BLOCKS = frozenset({"text", "image", "document", "tool_use", "tool_result",
+                              "thinking", "redacted_thinking", "server_tool_use",
+                              "web_search_tool_result"})
+# Block types only Anthropic's content has: a chat record holding one is not chat.
+ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "thinking",
+                                   "redacted_thinking", "server_tool_use",
+                                   "web_search_tool_result"})
+# Bookkeeping of a hosted call that says nothing about what it did.
+_HOSTED_SKIPPED = frozenset({"id", "type", "status", "result"})
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutputView:
+    call_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemView:
+    """One stored item as the core reads it, whatever its format."""
+
+    role: Role
+    text: str = ""
+    calls: tuple[CallView, ...] = ()
+    kind: str = "message"  # a Responses item's type; "message" in the other formats
+    outputs: tuple[OutputView, ...] = ()
+    reasoning: str = ""  # a reasoning summary or thinking text: may be summarized
+    opaque: tuple[str, ...] = ()  # never summarized, only counted
+
+    def chat_messages(self) -> tuple[ChatMessage, ...]:
+        """The view as chat messages, opaque parts left out: results one tool message
+        each, the rest one message (reasoning text after the text)."""
+        results = tuple(ChatMessage(role=Role.TOOL, tool_call_id=output.call_id,
+                                    content=output.text) for output in self.outputs)
+        text = "\n".join(part for part in (self.text, self.reasoning) if part)
+        calls = [ToolCall(id=call.call_id, function=FunctionCall(
+            name=call.name, arguments=call.arguments)) for call in self.calls]
+        if self.role is Role.TOOL or (results and not text and not calls):
+            return results
+        role = Role.ASSISTANT if calls else self.role
+        message = ChatMessage(role=role, content=text or None, tool_calls=calls or None)
+        # An Anthropic user message answers its calls first, then says more.
+        return (*results, message) if results else (message,)
+
+
+def count_view(view: ItemView, counter: TokenCounter) -> int:
+    """An item's tokens: its chat messages' and its opaque parts' (which the provider
+    sends back whole, so they take room in every request)."""
+    return (sum(counter.count_message(message) for message in view.chat_messages())
+            + sum(counter.count_text(part) for part in view.opaque))
+
+
+def view_chat_message(message: ChatMessage) -> ItemView:
+    """A chat message's view (its tool calls and result as calls and outputs)."""
+    calls = tuple(CallView(c.id, c.function.name, c.function.arguments)
+                  for c in message.tool_calls or ())
+    if message.role is Role.TOOL:
+        return ItemView(Role.TOOL, outputs=(OutputView(message.tool_call_id or "",
+                                                       message.text),))
+    return ItemView(message.role, message.text, calls)
+
+
+def view_responses_item(item: dict[str, Any]) -> ItemView:
+    """A Responses input item's view (the item has passed intake's shape check)."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        return ItemView(Role(item["role"]), content_text(item.get("content")))
+    if kind == "reasoning":
+        texts = [part.get("text", "") for key in ("summary", "content")
+                 for part in item.get(key) or () if isinstance(part, dict)]
+        opaque = item.get("encrypted_content")
+        return ItemView(Role.ASSISTANT, kind=kind, reasoning="\n".join(t for t in texts if t),
+                        opaque=(opaque,) if isinstance(opaque, str) else ())
+    if kind in RESPONSES_CALLS:
+        name = item.get("name") or kind.removesuffix("_call")
+        arguments = item.get("arguments", item.get("input", item.get("action")))
+        return ItemView(Role.ASSISTANT, kind=kind, calls=(CallView(
+            item["call_id"], name, _as_text(arguments)),))
+    if kind in RESPONSES_OUTPUTS:
+        return ItemView(Role.TOOL, kind=kind, outputs=(OutputView(
+            item["call_id"], _as_text(item.get("output"))),))
+    readable = {key: value for key, value in item.items() if key not in _HOSTED_SKIPPED}
+    image = item.get("result")
+    return ItemView(Role.ASSISTANT, f"[{kind}] {_as_text(readable)}", kind=kind,
+                    opaque=(image,) if isinstance(image, str) else ())
+
+
+def view_anthropic_message(message: dict[str, Any]) -> ItemView:
+    """An Anthropic message's view (the message has passed intake's shape check)."""
+    role = Role(message["role"])
+    content = message["content"]
+    if isinstance(content, str):
+        return ItemView(role, content)
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[CallView] = []
+    outputs: list[OutputView] = []
+    opaque: list[str] = []
+    for block in content:
+        kind = block["type"]
+        if kind == "text":
+            texts.append(block["text"])
+        elif kind == "thinking":
+            thinking.append(block["thinking"])
+            opaque.append(block["signature"])
+        elif kind == "redacted_thinking":
+            opaque.append(block["data"])
+        elif kind in ("tool_use", "server_tool_use"):
+            calls.append(CallView(block["id"], block["name"], _as_text(block.get("input"))))
+        elif kind in ("tool_result", "web_search_tool_result"):
+            outputs.append(OutputView(block["tool_use_id"], _result_text(block)))
+    return ItemView(role, "\n".join(texts), tuple(calls), outputs=tuple(outputs),
+                    reasoning="\n".join(thinking), opaque=tuple(opaque))
+
+
+def view_item(session_format: SessionFormat, body: dict[str, Any]) -> ItemView:
+    """The view of one stored body of ``session_format``."""
+    if session_format is SessionFormat.RESPONSES:
+        return view_responses_item(body)
+    if session_format is SessionFormat.ANTHROPIC:
+        return view_anthropic_message(body)
+    return view_chat_message(ChatMessage.model_validate(body))
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, list):
+        return content_text(content)
+    return _as_text(content)
+
+
+def _as_text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and "text" in p for p in value):
+        return content_text(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

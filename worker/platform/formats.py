@@ -1,0 +1,129 @@
+"""Session records per wire format: which format a record is, its items checked and made
+into store rows, and the record a stored session is exported as.
+
+    chat       {"session_id": ..., "messages": [...]}
+    responses  {"session_id": ..., "format": "responses", "items": [...]}
+    anthropic  {"session_id": ..., "format": "anthropic", "system": ..., "messages": [...]}
+
+Every other key is the session's metadata (an Anthropic record's ``system`` is kept
+with it, as given). A record of one format is never read as another: an unknown
+``format``, or the other formats' list key, is a ``format_mismatch`` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from db import NewMessage
+from worker.compaction import (
+    Action,
+    CheckedItems,
+    IntakePolicy,
+    ItemView,
+    Mention,
+    Problem,
+    ProblemKind,
+    SessionFormat,
+    TokenCounter,
+    check_anthropic_messages,
+    check_responses_items,
+    count_view,
+    identify_message,
+    search_text,
+)
+
+ITEMS_KEY = {SessionFormat.CHAT: "messages", SessionFormat.RESPONSES: "items",
+             SessionFormat.ANTHROPIC: "messages"}
+_FORMATS = ", ".join(f.value for f in SessionFormat)
+
+
+def record_format(record: dict[str, Any]) -> SessionFormat | Problem:
+    """The record's format (``chat`` when it names none), or the rejection saying why
+    it has none."""
+    value = record.get("format", SessionFormat.CHAT.value)
+    if value not in tuple(SessionFormat):
+        return mismatch(f"format {value!r} is not one of {_FORMATS}")
+    session_format = SessionFormat(value)
+    key = ITEMS_KEY[session_format]
+    other = "messages" if key == "items" else "items"
+    if other in record:
+        hint = ('; Responses items go in "items" with "format": "responses"'
+                if other == "items" else "")
+        return mismatch(f'{other}: a {session_format.value} record holds its items in '
+                        f'"{key}"{hint}')
+    system = record.get("system")
+    if session_format is SessionFormat.ANTHROPIC and system is not None \
+            and not _is_system_prompt(system):
+        return Problem(ProblemKind.MALFORMED_SESSION, None,
+                       "system is not a string or a list of text blocks", Action.REJECT)
+    return session_format
+
+
+def _is_system_prompt(system: object) -> bool:
+    return isinstance(system, str) or (isinstance(system, list) and all(
+        isinstance(block, dict) and block.get("type") == "text"
+        and isinstance(block.get("text"), str) for block in system))
+
+
+def mismatch(detail: str, index: int | None = None) -> Problem:
+    return Problem(ProblemKind.FORMAT_MISMATCH, index, detail, Action.REJECT)
+
+
+def check_items(
+    session_format: SessionFormat, raw_items: Sequence[Any], policy: IntakePolicy, *,
+    open_ids: Collection[str] = (), seen_ids: Collection[str] = frozenset(),
+    is_append: bool = False,
+) -> CheckedItems:
+    """Check Responses items or Anthropic messages (chat has its own intake)."""
+    if session_format is SessionFormat.RESPONSES:
+        return check_responses_items(raw_items, policy, open_ids=open_ids,
+                                     seen_ids=seen_ids, is_append=is_append)
+    return check_anthropic_messages(raw_items, policy, open_ids=open_ids, is_append=is_append)
+
+
+def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: TokenCounter
+              ) -> list[NewMessage]:
+    """Turn checked items into store rows, each body verbatim, counted and identified once
+    through its view (opaque parts counted, never searched nor identified).
+
+    The ``role`` column is the view's (a Responses call or reasoning item: assistant; an
+    output: tool), and ``tool_call_id`` the call a Responses call or output item is
+    about, so the store finds open calls without reading bodies. Anthropic messages
+    keep theirs in their bodies (one message may answer several calls).
+    """
+    line_counter = counter.for_job()
+    rows = []
+    for item, view in zip(checked.items, checked.views, strict=True):
+        call_id = None
+        if session_format is SessionFormat.RESPONSES:
+            call_id = next((c.call_id for c in view.calls), None) or next(
+                (o.call_id for o in view.outputs), None)
+        chat = view.chat_messages()
+        rows.append(NewMessage(
+            body=item, role=view.role.value, tool_call_id=call_id,
+            tokens=count_view(view, counter),
+            identifiers=identify_view(view, line_counter),
+            search_text="\n".join(search_text(message) for message in chat)))
+    return rows
+
+
+def identify_view(view: ItemView, counter: TokenCounter) -> tuple[Mention, ...]:
+    """The identifiers of an item's chat messages, once per value, kind and source."""
+    merged: dict[tuple[str, str, str], Mention] = {}
+    for message in view.chat_messages():
+        for mention in identify_message(message, counter):
+            key = (mention.value, mention.kind, mention.source)
+            prior = merged.get(key)
+            merged[key] = mention if prior is None else mention._replace(
+                occurrences=prior.occurrences + mention.occurrences)
+    return tuple(merged.values())
+
+
+def session_record(session_format: SessionFormat, session_id: str,
+                   metadata: dict[str, Any], bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record of a session in its format (what import reads back unchanged)."""
+    if session_format is SessionFormat.CHAT:
+        return {"session_id": session_id, **metadata, "messages": bodies}
+    return {"session_id": session_id, "format": session_format.value, **metadata,
+            ITEMS_KEY[session_format]: bodies}
