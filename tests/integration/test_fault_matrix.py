@@ -44,8 +44,8 @@ from worker.runtime import Runtime
 pytestmark = pytest.mark.integration
 
 NOW = datetime.now(UTC)
-TURNS = 9  # about 3,800 tokens: over the 2,100-token trigger; two chunks in a 4,000 window
-CHUNKED_WINDOW_TOKENS = 4_000
+TURNS = 9  # about 3,800 tokens: over the 2,100-token trigger; two chunks in a 4,700 window
+CHUNKED_WINDOW_TOKENS = 4_700
 SINGLE_WINDOW_TOKENS = 128_000
 SEED = 3  # with TURNS, checked to plan exactly two chunks at both chunked points
 PRIOR_THROUGH_TURNS = 2  # the merge point's prior revision covers the first two turns
@@ -122,7 +122,7 @@ EXCEPTIONS: dict[tuple[Behaviour, Point], Expected] = {
     # An empty partial summary is not a failure: only the final summary is held to "a
     # long span needs a goal and progress", and the merge fills it from the other part.
     (Behaviour.EMPTY_SECTIONS, Point.CHUNK_MAP): COMPACTED,
-    # The re-plan after a context-length error shrinks the window to 60%: a 4,000-token
+    # The re-plan after a context-length error shrinks the window to 60%: a 4,700-token
     # window then cannot hold two partials to merge, which the planner says up front.
     (Behaviour.CONTEXT_LENGTH, Point.CHUNK_MAP): session_fault("merge_window_too_small"),
     (Behaviour.CONTEXT_LENGTH, Point.MERGE): session_fault("merge_window_too_small"),
@@ -226,7 +226,7 @@ def store_prior_revision(runtime: Runtime, session_id: str, behaviour: Behaviour
 
 
 def is_merge_request(request: RecordedRequest) -> bool:
-    return str(request.body["messages"][0]["content"]).startswith("You merge")
+    return "\nTask: merge the partial summaries" in str(request.body["messages"][-1]["content"])
 
 
 def assert_fault_hit_its_point(requests: list[RecordedRequest], behaviour: Behaviour,

@@ -158,3 +158,28 @@ def test_cost_before_the_night_counts_nothing_and_an_unpriced_model_is_unknown(
     assert report["sessions"][0]["payback_requests"] is None
     later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
     assert compactor.json("cost", "--since", later)["jobs"] == 0
+
+
+def test_a_job_refused_before_any_call_costs_nothing_even_on_an_unpriced_model(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    compactor = compactor_for(postgres_url, tmp_path / "data")
+    sessions = write_jsonl(tmp_path / "big.jsonl", [generated_session("too-big", 140)])
+    assert compactor("import", str(sessions)).exit_code == 0
+    with OpenAIServer(latency_ms=0) as server:
+        llm = Compactor({**compactor.env, "COMPACTOR_LLM_BASE_URL": server.base_url,
+                         "COMPACTOR_LLM_MODEL": "a-model-without-a-price",
+                         "COMPACTOR_MODEL_CONTEXT_TOKENS": "8000",
+                         "COMPACTOR_TAIL_BUDGET_TOKENS": "500",
+                         "COMPACTOR_LLM_CONTEXT_TOKENS": "12000",
+                         "COMPACTOR_LLM_MAX_CALLS_PER_JOB": "1"})
+        done = llm("compact", "--inline", "--all", "--json")
+        assert server.requests == []
+
+    event = json.loads(done.stdout)
+    assert (event["outcome"], event["reason"], event["llm_calls"]) == (
+        "failed", "too_many_calls", 0)
+    assert (event["cost_usd"], event["llm_model"]) == (0.0, None)
+    report = compactor.json("cost", "--since", "1h")
+    assert (report["jobs"], report["unpriced_jobs"], report["cost_usd"]) == (1, 0, 0.0)
+    assert report["jobs_by_outcome"] == {"failed": 1} and report["sessions"] == []

@@ -12,7 +12,7 @@ from typing import Self
 
 from pydantic import Field, field_validator, model_validator
 
-from worker.compaction import PROMPT_VERSION, ModelPrice, dump_price_table, parse_price_table
+from worker.compaction import ModelPrice, dump_price_table, parse_price_table
 from worker.scrub import url_secrets
 from worker.settings import rules as setting_rules
 from worker.settings.core import (
@@ -352,6 +352,8 @@ class Settings(CoreSettings):
         prompt version, whose static prefix is what the cache can serve."""
         if not self.llm_prompt_cache:
             return None
+        from worker.compaction import PROMPT_VERSION  # the prompts' modules: not for every command
+
         fleet = self.llm_prompt_cache_key or f"{self.redis_key_prefix}{self.queue_name}"
         return f"{fleet}:{PROMPT_VERSION}"
 

@@ -85,12 +85,13 @@ class LLMSummarizer:
     def _usage_figures(self, usage: LLMUsage) -> dict[str, Any]:
         """The job figures of what the calls so far cost, priced when the model is."""
         figures = _usage_figures(usage)
+        if not figures["llm_calls"]:
+            return {**figures, "llm_model": None, "cost_usd": 0.0}
         cost_usd = None if self._price is None else price_calls(
             self._price, prompt_tokens=figures["prompt_tokens"],
             cached_tokens=figures["cached_tokens"],
             completion_tokens=figures["completion_tokens"])
-        model = self._client.model if figures["llm_calls"] else None
-        return {**figures, "llm_model": model, "cost_usd": cost_usd}
+        return {**figures, "llm_model": self._client.model, "cost_usd": cost_usd}
 
     def plan_calls(self, work: SummaryWork) -> tuple[ChunkPlan, int]:
         """The calls ``summarize`` would make (before any replan) and each one's output
