@@ -203,9 +203,11 @@ def _draft_facts(messages: Sequence[StoredMessage], counter: TokenCounter,
                  sentences: Sentences, whose: _Whose) -> list[str]:
     """Every fact sentence of the users' turns (``facts.find_facts``) with whose it is,
     the newest ``MAX_FACTS`` distinct ones, in order."""
-    facts = dict.fromkeys(whose(seq) + _clip(sentence, SENTENCE_TOKENS, counter)
-                          for seq, sentence in find_facts(messages, sentences))
-    return list(facts)[-MAX_FACTS:]
+    # Distinct by party and words; only the kept ones are clipped (an encode each).
+    facts = dict.fromkeys((whose(seq), sentence) for seq, sentence in find_facts(messages,
+                                                                                 sentences))
+    return list(dict.fromkeys(label + _clip(sentence, SENTENCE_TOKENS, counter)
+                              for label, sentence in list(facts)[-MAX_FACTS:]))
 
 
 def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
