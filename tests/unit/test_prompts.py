@@ -157,7 +157,9 @@ def test_the_prompt_states_the_merge_contract_the_merge_applies() -> None:
            "item the input settles (answered, fixed, replaced)" in rules
     assert "An error that ended a tool call or test run stays in pending" in rules
     assert "Sections are budgeted separately" in rules
-    assert PROMPT_VERSION == "summarize-v3"
+    assert "each whole, wherever in a message it stands" in rules
+    assert "constraints, preferences and decisions say whose they are" in rules
+    assert PROMPT_VERSION == "summarize-v4"
 
 
 def test_merge_messages_fence_each_partial_in_order() -> None:

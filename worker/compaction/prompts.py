@@ -16,7 +16,7 @@ from worker.compaction.messages import ChatMessage, Role, StoredMessage, parse_m
 from worker.compaction.schema import SECTION_GUIDE, Summary, empty_summary, summary_json_schema
 from worker.compaction.tokens import TokenCounter
 
-PROMPT_VERSION = "summarize-v3"
+PROMPT_VERSION = "summarize-v4"
 QUOTE_PREFIX = "    | "
 # Upper bound of what one partial summary adds to a merge prompt besides its JSON.
 PART_FRAMING_TOKENS = 32
@@ -42,9 +42,14 @@ afterwards, section by section. Do not repeat its items.
 each prior pending, remaining_work or key_decisions item the input settles (answered, \
 fixed, replaced). An error that ended a tool call or test run stays in pending, with its \
 code, until fixed.
-8. Sections are budgeted separately; in each, keep errors, decisions, open requests, \
+8. constraints_and_preferences: every constraint, preference and fact the user stated \
+about their situation (where they are, device or plan, deadlines), each whole, wherever in \
+a message it stands. Where the transcript joins several customers or conversations, \
+constraints, preferences and decisions say whose they are; the goal and pending items are \
+the newest one's.
+9. Sections are budgeted separately; in each, keep errors, decisions, open requests, \
 said identifiers and the newest facts first.
-9. Reply with the JSON object only: no prose, no code fence."""
+10. Reply with the JSON object only: no prose, no code fence."""
 
 _SUMMARIZE_TASK = (
     "You compact the earlier part of a conversation between a user and an AI agent (with "
