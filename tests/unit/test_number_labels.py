@@ -16,11 +16,15 @@ from tests.support.job_harness import JobHarness
 from tests.unit.session_strategies import shared_counter, to_stored
 from tests.unit.test_schema import filled
 from worker.compaction import identify_message
+from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
+from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.merge import merge_summaries
 from worker.compaction.number_labels import label_number, label_numbers
+from worker.compaction.outcomes import classify_calls
 from worker.compaction.schema import Summary
+from worker.compaction.truth import find_contradictions, read_record
 from worker.errors import Outcome
 from worker.platform.ingest import ImportStatus, import_sessions
 
@@ -72,14 +76,15 @@ def test_the_span_labels_come_from_the_stored_mentions(seed: int) -> None:
         {n.value: listed(n) for n in numbers if n.value in indexed}
 
 
-def test_the_merge_lists_a_bare_number_with_its_label_and_counts_it_reattached() -> None:
+def test_the_merge_lists_bare_numbers_with_their_labels_and_counts_them_reattached() -> None:
     new = filled(goal="User request: swap the item.", relevant_artifacts=["123456789"])
     merged = merge_summaries(None, new, budget_tokens=2_000, counter=shared_counter(),
                              identifiers=["123456789", "987654321"],
                              labels={"123456789": "item 123456789 (Kettle)",
                                      "987654321": "order 987654321"})
     assert merged.summary.relevant_artifacts == ["item 123456789 (Kettle)", "order 987654321"]
-    assert merged.reattached == ("987654321",)
+    # The one listed bare is re-attached with its label, the one left out re-attached.
+    assert merged.reattached == ("123456789", "987654321")
 
 
 @pytest.mark.parametrize("seed", SEEDS[:10])
@@ -95,3 +100,27 @@ def test_every_bare_number_a_job_lists_carries_its_label(seed: int) -> None:
     summary = Summary.model_validate(harness.store.revisions("s")[0].summary)
     bare, unlabelled = count_bare_numbers(summary)
     assert bare >= 5 and unlabelled == 0
+
+
+def test_a_call_line_names_its_bare_number_by_the_argument_and_stays_checked() -> None:
+    messages = [
+        {"role": "user", "content": "Please refund my order."},
+        *[m for n, result in ((1, "Error: refund failed"), (2, '{"status": "done"}'))
+          for m in ({"role": "assistant", "content": None, "tool_calls": [{
+              "id": f"c{n}", "type": "function", "function": {
+                  "name": "refund", "arguments": f'{{"order_id": "93181874304{n}"}}'}}]},
+              {"role": "tool", "tool_call_id": f"c{n}", "content": result})]]
+    stored = to_stored(messages, shared_counter())
+    groups = group_messages(stored)
+    summary = fallback_summary(groups, artifacts=extract_identifiers(stored),
+                               budget_tokens=2_000, counter=shared_counter())
+    assert "called refund(order_id 931818743041) → failed: Error: refund failed" in \
+        summary.completed_actions
+    assert "called refund(order_id 931818743042) → ok" in summary.completed_actions
+    record = read_record(groups, outcomes=classify_calls(groups),
+                         artifacts=extract_identifiers(stored), prior=None,
+                         tail_continues=False)
+    assert find_contradictions(summary, record) == []
+    lying = summary.model_copy(update={"completed_actions": [
+        "called refund(order_id 931818743041) → ok"]})
+    assert [c.kind for c in find_contradictions(lying, record)] == ["false_outcome"]

@@ -14,6 +14,7 @@ from worker.compaction.facts import find_facts
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
+from worker.compaction.number_labels import is_bare_number, label_number
 from worker.compaction.outcomes import CallOutcome, CallStatus, Failure, classify_calls
 from worker.compaction.parties import Party, party_of
 from worker.compaction.requests import RequestLedger, read_requests
@@ -279,9 +280,11 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
 
 def _call_values(arguments: str, passed: Sequence[str]) -> list[str]:
     """The identifiers a call passed, in argument order, from the span's stored index (the
-    arguments are not scanned for identifiers again)."""
+    arguments are not scanned for identifiers again); a bare number with the argument's
+    name (``order_id 1536995876``)."""
     found = [(arguments.find(value), value) for value in passed if value in arguments]
-    return [value for _, value in sorted(found)]
+    return [label_number(value, (arguments,)) if is_bare_number(value) else value
+            for _, value in sorted(found)]
 
 
 class _PassedValues:

@@ -31,7 +31,8 @@ MIN_ARTIFACT_TOKENS = 3
 @dataclass(frozen=True, slots=True)
 class MergedSummary:
     """The merged summary within budget, rendered and counted, and the identifiers the
-    merge re-attached to relevant_artifacts."""
+    merge re-attached to relevant_artifacts (a bare number held without its label counts:
+    it is listed again with it)."""
 
     fitted: FittedSummary
     reattached: tuple[str, ...]
@@ -65,7 +66,10 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
                                                 if name not in HISTORY_SECTIONS
                                                 for item in merged.items_of(name))]),
                       asked=len(wanted))
-    missing = list(islice((value for value in wanted if not known.contains(value)),
+    listed_as = labels or {}
+    # A bare number the text holds without its label is missing its label.
+    missing = list(islice((value for value in wanted
+                           if not known.contains(listed_as.get(value, value))),
                           _most_listed(budget_tokens)))
     # The span's indexed values lead in salience order, whichever summarizer listed them
     # or left them out; the summarizer's other items follow.
@@ -80,7 +84,6 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     prior_items = _prior_items(prior, merged, len(fresh), keys)
     fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
-    listed_as = labels or {}
     return MergedSummary(fitted, tuple(value for value in missing
                                        if listed_as.get(value, value) in kept))
 

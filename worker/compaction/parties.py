@@ -1,7 +1,7 @@
 """Parties in a joined session: where one conversation, or one customer, ends and the next
 begins. General signals only: a boundary marker, a greeting after a closing (a farewell, a
-finished exchange) that does not say the user is back, a user naming an identity of a kind
-the current party gave with another value. Items kept from a party say whose they are.
+finished exchange) that does not say the user is back, a user naming in the first person
+an identity of a kind the party gave with another value. Items say whose they are.
 """
 
 from __future__ import annotations
@@ -30,16 +30,17 @@ _RETURNING = re.compile(
     r"(?i:\b(?:again|i'm back|i am back|as (?:discussed|promised|agreed|mentioned)"
     r"|following up|it's me)\b)"
 )
-# Who the user says they are: a labelled id or address, or a name.
+# Who the user says they are, in the first person: a labelled id or address, or a name
+# (asking about another account's id is not saying who one is).
 _IDENTITY = re.compile(
-    r"(?i:\b(?P<kind>user ?id|user ?name|customer (?:id|number)|account (?:id|number)"
+    r"(?i:\bmy (?P<kind>user ?id|user ?name|customer (?:id|number)|account (?:id|number)"
     r"|member(?:ship)? (?:id|number)|e-?mail(?: address)?)\b(?:\s+is|\s*[:=#])?\s*)"
     r"(?P<value>[\w.@+-]*\d[\w.@+-]*\w|[\w.+-]+@[\w-]+\.[\w.]+)"
     r"|\b(?i:my name is)\s+(?P<name>[A-Z][\w'-]+(?: [A-Z][\w'-]+)?)"
 )
 
 # Words every identity statement holds: most turns hold none and skip the pattern.
-_IDENTITY_HINTS = ("user", "customer", "account", "member", "mail", "name is")
+_IDENTITY_HINTS = ("my ",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +52,10 @@ class Party:
     identity: str = ""
 
     def label(self) -> str:
-        """How an item says whose it is: the party's first seq and identity."""
+        """How an item says whose it is: the party's first seq and identity (short: a
+        joined session's items each carry one)."""
         who = f", {self.identity}" if self.identity else ""
-        return f"[party from seq {self.first_seq}{who}] "
+        return f"[party {self.first_seq}{who}] "
 
 
 def find_parties(messages: Sequence[StoredMessage]) -> list[Party]:
