@@ -202,11 +202,13 @@ class _Whose:
 
 def _draft_facts(messages: Sequence[StoredMessage], counter: TokenCounter,
                  sentences: Sentences, whose: _Whose) -> list[str]:
-    """Every fact sentence of the users' turns (``facts.find_facts``) with whose it is,
-    the newest ``MAX_FACTS`` distinct ones, in order."""
-    # Distinct by party and words; only the kept ones are clipped (an encode each).
-    facts = dict.fromkeys((whose(seq), sentence) for seq, sentence in find_facts(messages,
-                                                                                 sentences))
+    """Every fact sentence of the users' turns (``facts.find_facts``) but decisions, with
+    whose it is, the newest ``MAX_FACTS`` distinct ones, in order."""
+    # Distinct by party and words; a decision is listed with the decisions, not twice;
+    # only the kept ones are clipped (an encode each).
+    facts = dict.fromkeys((whose(seq), sentence)
+                          for seq, sentence in find_facts(messages, sentences)
+                          if not _DECISION.search(sentence))
     return list(dict.fromkeys(label + _clip(sentence, SENTENCE_TOKENS, counter)
                               for label, sentence in list(facts)[-MAX_FACTS:]))
 
