@@ -9,8 +9,10 @@ Every job is forced (a small growth is compacted too). The tail is min(8,000, a 
 the session) tokens; the summary budget and everything else are the production defaults.
 
 Truth: after each job the active summary is read against the original messages it covers
-(``count_untruths``): its lines that state a call outcome (ok / failed) the classification
-of the call's original result refutes, and its items listed both as open and as done.
+and the verbatim tail (``bench.fidelity_truth.count_untruths``): its lines that state a
+call outcome (ok / failed) the classification of the call's original result refutes, its
+items listed both as open and as done, the goal listed as answered or done while the tail
+goes on with it, and the bare 9-12 digit numbers it lists without their label.
 The same is measured over the shared corpus's sessions (``--corpus``, one forced job
 each), where present.
 """
@@ -32,7 +34,6 @@ from typing import Any
 from bench.fidelity_figures import (
     Observation,
     SessionRun,
-    count_untruths,
     lag_rows,
     listed_open,
     projection_text,
@@ -45,8 +46,9 @@ from bench.fidelity_figures import (
     visible_values,
 )
 from bench.fidelity_sessions import SHAPES, PlantedSession, generate_session
+from bench.fidelity_truth import Untruths, count_untruths
 from bench.report import bench_parser, describe_machine, print_header, print_load, print_table
-from db import Store, upgrade_database
+from db import RevisionRecord, Store, upgrade_database
 from tests.support.corpus import corpus_path, load_corpus
 from tests.support.openai_server import OpenAIServer
 from worker.compaction import SummaryBudget, TokenCounter, parse_message
@@ -183,7 +185,7 @@ def _corpus_truth(name: str, summarizer: str, database_url: str, base_url: str |
                   counter: TokenCounter) -> dict[str, Any]:
     """One forced job per corpus session; its summary's untruths against the originals."""
     reasons: dict[str, int] = {}
-    false_outcomes = open_and_done = 0
+    totals = dict.fromkeys(Untruths.__dataclass_fields__, 0)
     records = load_corpus(name)
     for record in records:
         rows = count_messages([parse_message(m) for m in record["messages"]], counter)
@@ -197,16 +199,26 @@ def _corpus_truth(name: str, summarizer: str, database_url: str, base_url: str |
             reasons[result.reason] = reasons.get(result.reason, 0) + 1
             revisions = runtime.store.revisions(session_id)
             if revisions:
-                covered = [m.body for m in runtime.store.messages(session_id)
-                           if m.seq <= revisions[0].through_seq]
-                false, both = count_untruths(revisions[0].summary, covered)
-                false_outcomes, open_and_done = false_outcomes + false, open_and_done + both
+                found = _untruths(runtime.store, session_id, revisions[0])
+                totals = {name: count + getattr(found, name) for name, count in totals.items()}
         finally:
             runtime.close()
     _progress(f"{summarizer} corpus {name}: {len(records)} sessions, {reasons}")
     return {"corpus": name, "sessions": len(records),
             "reasons": ",".join(f"{k}={v}" for k, v in sorted(reasons.items())),
-            "false_outcome_lines": false_outcomes, "open_and_done": open_and_done}
+            "false_outcome_lines": totals["false_outcomes"],
+            "open_and_done": totals["open_and_done"],
+            "goals_answered_while_continued": totals["goal_answered_while_continued"],
+            "bare_numbers": totals["bare_numbers"],
+            "unlabelled_numbers": totals["unlabelled_numbers"]}
+
+
+def _untruths(store: Store, session_id: str, revision: RevisionRecord) -> Untruths:
+    """The active revision's summary against the messages it covers and the tail."""
+    messages = store.messages(session_id)
+    return count_untruths(revision.summary,
+                          [m.body for m in messages if m.seq <= revision.through_seq],
+                          [m.body for m in messages if m.seq > revision.through_seq])
 
 
 def _observe(store: Store, session_id: str, session: PlantedSession, round_index: int,
@@ -224,10 +236,6 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
         recalled = frozenset(value for value in values if value not in visible
                              and is_recalled(store, session_id, value))
     keys = [request.key for request in session.requests if request.round <= round_index]
-    false_outcomes, open_and_done = count_untruths(
-        revision.summary if revision else None,
-        [m.body for m in store.messages(session_id)
-         if revision and m.seq <= revision.through_seq])
     return Observation(
         round=round_index, outcome=outcome,
         through_seq=revision.through_seq if revision else 0,
@@ -236,7 +244,8 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
         history_tokens=history_tokens,
         goal=str(revision.summary.get("goal") or "") if revision else "", visible=visible,
         listed_open=listed_open(keys, revision.summary if revision else None),
-        recalled=recalled, false_outcomes=false_outcomes, open_and_done=open_and_done)
+        recalled=recalled,
+        untruths=_untruths(store, session_id, revision) if revision else Untruths())
 
 
 def is_recalled(store: Store, session_id: str, value: str) -> bool:

@@ -7,20 +7,12 @@ over plain values: the runner observes, these count.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.fidelity_sessions import Fact, PlantedSession
-from worker.compaction import (
-    StoredMessage,
-    Summary,
-    classify_calls,
-    extract_identifiers,
-    find_contradictions,
-    group_messages,
-    parse_message,
-    read_record,
-)
+from bench.fidelity_truth import Untruths
+from worker.compaction import parse_message
 
 LAGS = (0, 1, 5, 10)  # compactions after the one that first covered a round's facts
 SAID_SOURCES = frozenset({"user", "assistant", "tool_argument"})
@@ -41,8 +33,7 @@ class Observation:
     visible: frozenset[str]  # fact values that occur in the projection
     listed_open: frozenset[str]  # request keys the summary lists as pending or remaining
     recalled: frozenset[str] | None = None  # hidden values a recall found (first round only)
-    false_outcomes: int = 0  # summary lines stating an outcome the originals refute
-    open_and_done: int = 0  # items listed both as open and as done
+    untruths: Untruths = field(default_factory=Untruths)  # against the originals, the tail
 
 
 @dataclass(frozen=True)
@@ -68,24 +59,6 @@ def projection_text(projection: Iterable[Mapping[str, Any]]) -> str:
 def visible_values(values: Iterable[str], text: str) -> frozenset[str]:
     """The values that occur verbatim in ``text``."""
     return frozenset(value for value in values if value in text)
-
-
-def count_untruths(summary: Mapping[str, Any] | None,
-                   messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """The active summary against the originals it covers (``messages``, in seq order):
-    how many of its lines state a call outcome the classification of the call's original
-    result refutes, and how many of its items are listed both as open and as done."""
-    if not summary:
-        return 0, 0
-    stored = [StoredMessage(index + 1, parse_message(dict(body)), 0)
-              for index, body in enumerate(messages)]
-    groups = group_messages(stored)
-    record = read_record(groups, outcomes=classify_calls(groups),
-                         artifacts=extract_identifiers(stored), prior=None,
-                         tail_continues=False)
-    found = find_contradictions(Summary.model_validate(dict(summary)), record)
-    return (sum(c.kind == "false_outcome" for c in found),
-            sum(c.kind == "open_and_done" for c in found))
 
 
 def listed_open(keys: Iterable[str], summary: Mapping[str, Any] | None) -> frozenset[str]:
@@ -178,8 +151,12 @@ def round_rows(runs: Sequence[SessionRun]) -> list[dict[str, Any]]:
             "open_listed": sum(len(set(open_keys(run, seen)) & seen.listed_open)
                                for run, seen in present),
             "joined_goals_current": _count_current_goals(present),
-            "false_outcome_lines": sum(seen.false_outcomes for _, seen in present),
-            "open_and_done": sum(seen.open_and_done for _, seen in present),
+            "false_outcome_lines": sum(seen.untruths.false_outcomes for _, seen in present),
+            "open_and_done": sum(seen.untruths.open_and_done for _, seen in present),
+            "goals_answered_while_continued": sum(
+                seen.untruths.goal_answered_while_continued for _, seen in present),
+            "bare_numbers": sum(seen.untruths.bare_numbers for _, seen in present),
+            "unlabelled_numbers": sum(seen.untruths.unlabelled_numbers for _, seen in present),
             "not_compacted": sum(seen.outcome != "compacted" for _, seen in present),
         })
     return rows
@@ -276,7 +253,10 @@ def target_rows(runs: Sequence[SessionRun]) -> list[dict[str, Any]]:
         rows.append(_target("facts of each round visible one round later (lowest)",
                             ">= 90%", min(one_round_on, default=None), 90))
         for name, key in (("false outcome lines (ok/failed against the originals)",
-                           "false_outcome_lines"), ("items both open and done", "open_and_done")):
+                           "false_outcome_lines"), ("items both open and done", "open_and_done"),
+                          ("goals listed as answered while the tail continues them",
+                           "goals_answered_while_continued"),
+                          ("bare 9-12 digit numbers without their label", "unlabelled_numbers")):
             figure = sum(row[key] for row in rounds)
             rows.append({"target": f"{name}, all rounds", "wanted": "0", "figure": figure,
                          "met": figure == 0})

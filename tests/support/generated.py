@@ -206,3 +206,32 @@ def joined_session(seed: int, parties: int) -> tuple[list[dict[str, Any]], list[
                 signals[index + 1] != "end" and rng.random() < 0.5):
             messages.append({"role": "assistant", "content": rng.choice(_CLOSINGS)})
     return messages, planted
+
+
+@dataclass(frozen=True)
+class LabelledNumber:
+    """A bare number as a text gives it: the value, the label word, the name beside it."""
+
+    value: str
+    label: str
+    name: str
+    text: str
+
+
+def labelled_number(rng: random.Random) -> LabelledNumber:
+    """A 9-12 digit number in one of the ways texts label one, with invented words."""
+    digits = rng.randint(9, 12)
+    value = str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
+    word, name = _word(rng, 2).lower(), _word(rng, rng.randint(1, 2))
+    form = rng.randrange(5)
+    if form == 0:
+        return LabelledNumber(value, word, "", f"I looked at the {word} {value} for you.")
+    if form == 1:
+        return LabelledNumber(value, f"{word} number", "",
+                              f"My {word} number is {value}, thanks.")
+    if form == 2:
+        return LabelledNumber(value, f"{word}_id", name, f'{{"items": [{{"{word}_id": '
+                              f'"{value}", "name": "{name}", "price": {rng.randint(1, 99)}}}]}}')
+    if form == 3:
+        return LabelledNumber(value, word, name, f"Swap {word} {value} ({name}) please.")
+    return LabelledNumber(value, f"{word}_ref", "", f"{word}_ref={value} status=open")

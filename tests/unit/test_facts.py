@@ -66,3 +66,12 @@ def test_a_turns_fact_is_told_from_its_fillers(seed: int) -> None:
     "Could you ship it to Lisbon instead?"])
 def test_a_question_states_no_fact(question: str) -> None:
     assert not is_fact(question)
+
+
+def test_a_users_decision_is_listed_with_the_decisions_not_again_as_a_fact() -> None:
+    messages = [{"role": "user", "content": "We decided to keep card_1234; do not change it. "
+                 "I'm only on mobile data today."},
+                {"role": "assistant", "content": "Understood."}]
+    summary = summarize(messages)
+    assert summary.key_decisions == ["We decided to keep card_1234; do not change it."]
+    assert summary.constraints_and_preferences == ["I'm only on mobile data today."]

@@ -56,7 +56,7 @@ def test_each_fact_and_decision_says_whose_it_is(seed: int) -> None:
     for party, found in zip(planted, expected, strict=True):
         assert f"{found.label()}{party.fact}" in summary.constraints_and_preferences
         assert f"{found.label()}{party.decision}" in summary.key_decisions
-    assert all(item.startswith("[party from seq ")
+    assert all(item.startswith("[party ")
                for item in [*summary.constraints_and_preferences, *summary.key_decisions])
 
 

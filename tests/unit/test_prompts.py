@@ -4,6 +4,7 @@ message lists, and an overhead figure that chunking can trust."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -158,6 +159,8 @@ def test_the_prompt_states_the_merge_contract_the_merge_applies() -> None:
            "item the input settles (answered, fixed, replaced)" in rules
     assert "An error that ended a tool call or test run stays in pending" in rules
     assert "Sections are budgeted separately" in rules
+    assert "each whole, wherever in a message it stands" in rules
+    assert "constraints, preferences and decisions say whose they are" in rules
     assert PROMPT_VERSION == "summarize-v4"
 
 
@@ -248,8 +251,20 @@ def test_a_name_on_one_line_collapses_whitespace_as_the_pattern_does(
     assert prompts._one_line(name) == re.sub(r"\s+", " ", name).strip()
 
 
-def test_the_static_prefix_is_long_enough_for_a_provider_to_cache_it() -> None:
-    """OpenAI caches nothing of a prompt under 1,024 tokens, then whole 128-token blocks."""
+def test_the_fixed_prefix_is_cacheable_and_carries_the_cache_past_the_system_message(
+) -> None:
+    """OpenAI caches nothing of a prompt under 1,024 tokens, then whole 128-token blocks:
+    the fixed text every request opens with (the system message, then the user message's
+    shared head) is long enough, and the head, over a block, carries the cache past the
+    system message's last partial block however long the instructions grow."""
     counter = shared_counter()
+    requests = [
+        build_summarize_messages("span one", prior=None, identifiers=["ZFA04Y"]),
+        build_summarize_messages("span two", prior=PRIOR, identifiers=[], budget_tokens=900),
+        build_merge_messages([PRIOR, empty_summary()], prior=None, identifiers=()),
+    ]
+    users = [request[1]["content"] for request in requests]
+    shared_head = os.path.commonprefix(users)  # noqa: RUF071  (a text's prefix, not a path)
     system = parse_message({"role": "system", "content": static_prompt()})
-    assert counter.count_messages([system]) >= 1_024
+    assert counter.count_messages([system]) + counter.count_text(shared_head) >= 1_024
+    assert counter.count_text(shared_head) > 128

@@ -63,6 +63,7 @@ from .messages import StoredMessage as StoredMessage
 from .messages import dump_message as dump_message
 from .messages import parse_message as parse_message
 from .messages import parse_message_json as parse_message_json
+from .number_labels import label_numbers as label_numbers
 from .outcomes import CallOutcome as CallOutcome
 from .outcomes import CallStatus as CallStatus
 from .outcomes import Failure as Failure

@@ -24,11 +24,11 @@ _FACT = Cue(
     r"abroad|overseas|travell?ing|on (?:a )?(?:trip|vacation|holiday)|"
     r"(?:live|living|based|located|staying|moving|relocat\w+) (?:in|at|to|near)|"
     # device, connection, plan, account
-    r"phone|mobile|cellular|wi-?fi|internet|broadband|roaming|laptop|desktop|computer|"
+    r"phone(?! number)|mobile|cellular|wi-?fi|internet|broadband|roaming|laptop|desktop|computer|"
     r"tablet|ipad|iphone|android|windows|mac ?os|linux|browser|router|modem|device|"
     r"plan|subscription|membership|tier|premium|prepaid|postpaid|contract|"
     # deadlines and times
-    r"deadline|due|urgent|asap|as soon as possible|until|till|tomorrow|tonight|today|"
+    r"deadline|due|urgent|asap|as soon as possible|until|till|tomorrow|tonight|"
     rf"this (?:week|weekend|month|morning|afternoon|evening)|next (?:week|month|year|{_DAYS})|"
     rf"(?:by|before|on|after) (?:the )?(?:{_DAYS}|end|noon|midnight|\d)|"
     r"within \d|in \d+ (?:minutes?|hours?|days?|weeks?|months?))\b"

@@ -14,6 +14,7 @@ from worker.compaction.facts import find_facts
 from worker.compaction.grouping import Group
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
+from worker.compaction.number_labels import is_bare_number, label_number
 from worker.compaction.outcomes import CallOutcome, CallStatus, Failure, classify_calls
 from worker.compaction.parties import Party, party_of
 from worker.compaction.requests import RequestLedger, read_requests
@@ -201,11 +202,15 @@ class _Whose:
 
 def _draft_facts(messages: Sequence[StoredMessage], counter: TokenCounter,
                  sentences: Sentences, whose: _Whose) -> list[str]:
-    """Every fact sentence of the users' turns (``facts.find_facts``) with whose it is,
-    the newest ``MAX_FACTS`` distinct ones, in order."""
-    facts = dict.fromkeys(whose(seq) + _clip(sentence, SENTENCE_TOKENS, counter)
-                          for seq, sentence in find_facts(messages, sentences))
-    return list(facts)[-MAX_FACTS:]
+    """Every fact sentence of the users' turns (``facts.find_facts``) but decisions, with
+    whose it is, the newest ``MAX_FACTS`` distinct ones, in order."""
+    # Distinct by party and words; a decision is listed with the decisions, not twice;
+    # only the kept ones are clipped (an encode each).
+    facts = dict.fromkeys((whose(seq), sentence)
+                          for seq, sentence in find_facts(messages, sentences)
+                          if not _DECISION.search(sentence))
+    return list(dict.fromkeys(label + _clip(sentence, SENTENCE_TOKENS, counter)
+                              for label, sentence in list(facts)[-MAX_FACTS:]))
 
 
 def _draft_completions(agent_texts: Sequence[str], counter: TokenCounter,
@@ -277,9 +282,11 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
 
 def _call_values(arguments: str, passed: Sequence[str]) -> list[str]:
     """The identifiers a call passed, in argument order, from the span's stored index (the
-    arguments are not scanned for identifiers again)."""
+    arguments are not scanned for identifiers again); a bare number with the argument's
+    name (``order_id 1536995876``)."""
     found = [(arguments.find(value), value) for value in passed if value in arguments]
-    return [value for _, value in sorted(found)]
+    return [label_number(value, (arguments,)) if is_bare_number(value) else value
+            for _, value in sorted(found)]
 
 
 class _PassedValues:

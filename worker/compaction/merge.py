@@ -9,7 +9,7 @@ goal), and its goal is the goal as it stands now.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -31,7 +31,8 @@ MIN_ARTIFACT_TOKENS = 3
 @dataclass(frozen=True, slots=True)
 class MergedSummary:
     """The merged summary within budget, rendered and counted, and the identifiers the
-    merge re-attached to relevant_artifacts."""
+    merge re-attached to relevant_artifacts (a bare number held without its label counts:
+    it is listed again with it)."""
 
     fitted: FittedSummary
     reattached: tuple[str, ...]
@@ -42,7 +43,8 @@ class MergedSummary:
 
 
 def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
-                    counter: TokenCounter, identifiers: Sequence[str] = ()) -> MergedSummary:
+                    counter: TokenCounter, identifiers: Sequence[str] = (),
+                    labels: Mapping[str, str] | None = None) -> MergedSummary:
     """Merge ``new`` into ``prior`` section by section, then fit ``budget_tokens``.
 
     Prior items come first, de-duplicated; prior items of ``CLOSABLE_SECTIONS`` that a
@@ -52,7 +54,9 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     new span's artifacts. Artifacts list the new span's first (the indexed values the
     summarizer listed or left out, most salient first, then its other items), then the
     prior's, so the list reads newest and most salient first: an LLM's listing order
-    decides nothing the index ranks. The budget is shared by section, the new
+    decides nothing the index ranks. ``labels``: the span's bare numbers with the label
+    the text gave them (``number_labels.label_number``), listed so. The budget is shared
+    by section, the new
     span's items first up to their reserved share (:func:`fit_summary`).
     """
     keys = _ItemKeys()
@@ -62,7 +66,10 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
                                                 if name not in HISTORY_SECTIONS
                                                 for item in merged.items_of(name))]),
                       asked=len(wanted))
-    missing = list(islice((value for value in wanted if not known.contains(value)),
+    listed_as = labels or {}
+    # A bare number the text holds without its label is missing its label.
+    missing = list(islice((value for value in wanted
+                           if not known.contains(listed_as.get(value, value))),
                           _most_listed(budget_tokens)))
     # The span's indexed values lead in salience order, whichever summarizer listed them
     # or left them out; the summarizer's other items follow.
@@ -70,12 +77,15 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     leading = [value for value in wanted if keys[value] in listed]
     earlier = prior.relevant_artifacts if prior else []
     fresh = _dedupe([*_in_order(leading, missing, wanted), *new.relevant_artifacts], keys)
+    if labels:
+        fresh = _dedupe([labels.get(value, value) for value in fresh], keys)
     artifacts = _dedupe([*fresh, *earlier], keys)
     merged = merged.model_copy(update={"relevant_artifacts": artifacts})
     prior_items = _prior_items(prior, merged, len(fresh), keys)
     fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
-    return MergedSummary(fitted, tuple(value for value in missing if value in kept))
+    return MergedSummary(fitted, tuple(value for value in missing
+                                       if listed_as.get(value, value) in kept))
 
 
 def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter, *,

@@ -1,7 +1,7 @@
 """Parties in a joined session: where one conversation, or one customer, ends and the next
 begins. General signals only: a boundary marker, a greeting after a closing (a farewell, a
-finished exchange) that does not say the user is back, a user naming an identity of a kind
-the current party gave with another value. Items kept from a party say whose they are.
+finished exchange) that does not say the user is back, a user naming in the first person
+an identity of a kind the party gave with another value. Items say whose they are.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.compaction.messages import Role, StoredMessage
+from worker.compaction.messages import ChatMessage, Role, StoredMessage
+from worker.compaction.sentences import Cue
 
 # A joined session marks where one conversation ends and an unrelated one starts.
-BOUNDARY = re.compile(
-    r"(?i:conversation has ended|session boundary|new (?:customer|conversation|task)\b"
-    r"|next task\b)"
+BOUNDARY = Cue(
+    r"conversation has ended|session boundary|new (?:customer|conversation|task)\b"
+    r"|next task\b"
 )
 GREETING = re.compile(r"(?i:\A\W*(?:hi|hello|hey|good (?:morning|afternoon|evening))\b)")
 STOP = "###STOP###"
@@ -29,13 +30,17 @@ _RETURNING = re.compile(
     r"(?i:\b(?:again|i'm back|i am back|as (?:discussed|promised|agreed|mentioned)"
     r"|following up|it's me)\b)"
 )
-# Who the user says they are: a labelled id or address, or a name.
+# Who the user says they are, in the first person: a labelled id or address, or a name
+# (asking about another account's id is not saying who one is).
 _IDENTITY = re.compile(
-    r"(?i:\b(?P<kind>user ?id|user ?name|customer (?:id|number)|account (?:id|number)"
+    r"(?i:\bmy (?P<kind>user ?id|user ?name|customer (?:id|number)|account (?:id|number)"
     r"|member(?:ship)? (?:id|number)|e-?mail(?: address)?)\b(?:\s+is|\s*[:=#])?\s*)"
     r"(?P<value>[\w.@+-]*\d[\w.@+-]*\w|[\w.+-]+@[\w-]+\.[\w.]+)"
     r"|\b(?i:my name is)\s+(?P<name>[A-Z][\w'-]+(?: [A-Z][\w'-]+)?)"
 )
+
+# Words every identity statement holds: most turns hold none and skip the pattern.
+_IDENTITY_HINTS = ("my ",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +52,10 @@ class Party:
     identity: str = ""
 
     def label(self) -> str:
-        """How an item says whose it is: the party's first seq and identity."""
+        """How an item says whose it is: the party's first seq and identity (short: a
+        joined session's items each carry one)."""
         who = f", {self.identity}" if self.identity else ""
-        return f"[party from seq {self.first_seq}{who}] "
+        return f"[party {self.first_seq}{who}] "
 
 
 def find_parties(messages: Sequence[StoredMessage]) -> list[Party]:
@@ -59,31 +65,47 @@ def find_parties(messages: Sequence[StoredMessage]) -> list[Party]:
         return []
     starts: list[int] = [messages[0].seq]
     identities: list[dict[str, str]] = [{}]
-    closed = after_boundary = False
+    after_boundary = False
+    # The user's last turn and the agent's after it: read for a farewell only when a
+    # greeting follows (a span has few greetings and many agent turns).
+    since: list[ChatMessage] = []
     for stored in messages:
-        message, text = stored.message, stored.message.text
+        message = stored.message
         if message.role is Role.ASSISTANT:
-            closed = closed or bool(_CLOSING.search(text))
+            since.append(message)
             continue
-        if message.role is not Role.USER or not text.strip():
+        if message.role is not Role.USER:
+            continue
+        text = message.text
+        if not text.strip():
             continue
         said = _identities(text)
         switched = any(identities[-1].get(kind, value) != value for kind, value in said.items())
-        if (after_boundary or switched or (closed and GREETING.match(text)
-                                          and not _RETURNING.search(text))) \
-                and stored.seq != starts[-1]:
+        greeted = bool(GREETING.match(text)) and not _RETURNING.search(text) \
+            and _is_closed(since)
+        if (after_boundary or switched or greeted) and stored.seq != starts[-1]:
             starts.append(stored.seq)
             identities.append({})
-        after_boundary = bool(BOUNDARY.search(text))
-        closed = STOP in text or bool(_CLOSING.search(text))
+        after_boundary = BOUNDARY.search(text)
+        since = [message]
         for kind, value in said.items():
             identities[-1].setdefault(kind, value)
     return [Party(seq, next(iter(found.values()), ""))
             for seq, found in zip(starts, identities, strict=True)]
 
 
+def _is_closed(since: Sequence[ChatMessage]) -> bool:
+    """Whether the conversation was closed: the user's last turn finished its exchange
+    (``STOP``) or said farewell, or the agent did after it."""
+    return bool(since) and (STOP in since[0].text
+                            or any(_CLOSING.search(message.text) for message in since))
+
+
 def _identities(text: str) -> dict[str, str]:
     """The identities ``text`` states, by kind; the first of each kind."""
+    lowered = text.lower()
+    if not any(hint in lowered for hint in _IDENTITY_HINTS):
+        return {}
     found: dict[str, str] = {}
     for match in _IDENTITY.finditer(text):
         if match.group("name"):

@@ -47,9 +47,14 @@ afterwards, section by section. Do not repeat its items.
 each prior pending, remaining_work or key_decisions item the input settles (answered, \
 fixed, replaced). An error that ended a tool call or test run stays in pending, with its \
 code, until fixed.
-8. Sections are budgeted separately; in each, keep errors, decisions, open requests, \
+8. constraints_and_preferences: every constraint, preference and fact the user stated \
+about their situation (where they are, device or plan, deadlines), each whole, wherever in \
+a message it stands. Where the transcript joins several customers or conversations, \
+constraints, preferences and decisions say whose they are; the goal and pending items are \
+the newest one's.
+9. Sections are budgeted separately; in each, keep errors, decisions, open requests, \
 said identifiers and the newest facts first.
-9. Reply with the JSON object only: no prose, no code fence."""
+10. Reply with the JSON object only: no prose, no code fence."""
 
 _ROLE = (
     "You write structured summaries of conversations between a user and an AI agent (with "
@@ -81,8 +86,7 @@ the size your JSON must keep under."""
 
 _SUMMARIZE_TASK = "Task: summarize the transcript above."
 _MERGE_TASK = "Task: merge the partial summaries above."
-# The head of every user message, whatever its task or prior: the prompt cache serves it
-# with the static prefix, whose last whole block it completes.
+# After the layout, whatever its task or prior, every user message goes on with this.
 _PRIOR_HEAD = "Prior summary (read-only context: already stored; yours is merged into it):"
 
 
@@ -165,13 +169,17 @@ def static_prompt() -> str:
     sections = "\n".join(f"- {name}: {guide}" for name, guide in SECTION_GUIDE.items())
     schema = json.dumps(summary_json_schema(), separators=(",", ":"))
     return "\n\n".join([_ROLE, f"Output one JSON object matching this JSON schema:\n{schema}",
-                        f"Sections:\n{sections}", _LAYOUT, _RULES])
+                        f"Sections:\n{sections}", _RULES])
 
 
 def _prior_lines(prior: Summary | None) -> list[str]:
+    """The user message's opening: the input layout, the same in every request, then the
+    prior. A provider caches whole blocks of tokens (OpenAI: 128), so the system
+    message's last partial block is served only when what follows it matches too: the
+    layout, longer than a block, carries the cache past it on every request."""
     if prior is None:
-        return [f"{_PRIOR_HEAD} none, this is the start of the conversation."]
-    return [_PRIOR_HEAD, fence("PRIOR SUMMARY", render_prior_json(prior))]
+        return [_LAYOUT, f"{_PRIOR_HEAD} none, this is the start of the conversation."]
+    return [_LAYOUT, _PRIOR_HEAD, fence("PRIOR SUMMARY", render_prior_json(prior))]
 
 
 def _closing_lines(identifiers: Sequence[str], budget_tokens: int | None, task: str,

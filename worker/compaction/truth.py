@@ -180,9 +180,10 @@ def _claims(item: str, tools: dict[str, list[CallOutcome]]
 
 
 def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
-    """The calls whose arguments hold the values a claim names (all when none does)."""
+    """The calls whose arguments hold the values a claim names (all when none does); a
+    value is read without its label (``order_id 1536995876``)."""
     named = calls
-    for value in (v.strip() for v in args.split(",")):
+    for value in (v.strip().rsplit(" ", 1)[-1] for v in args.split(",")):
         if value:
             named = [c for c in named if value in c.target]
     return named or calls

@@ -239,7 +239,8 @@ def _merge_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: Sum
     with trace.step("merge"):
         merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=work.budget_tokens,
-                                 identifiers=_ranked_identifiers(work, draft))
+                                 identifiers=_ranked_identifiers(work, draft),
+                                 labels=work.number_labels)
     with trace.step("validate"):
         return _validate(trace, deps, plan, work, draft, merged)
 

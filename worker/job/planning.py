@@ -33,6 +33,7 @@ from worker.compaction import (
     dump_message,
     group_items,
     group_messages,
+    label_numbers,
     parse_message_json,
     plan_boundary,
     prune_groups,
@@ -159,7 +160,8 @@ def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
 @dataclass(frozen=True)
 class PrunedSpan:
     """The plan's span as the summarizer reads it (old tool outputs pruned), with what
-    only the span as stored tells: its calls' outcomes, its seqs and its tokens; and
+    only the span as stored tells: its calls' outcomes, its seqs, its tokens and its bare
+    numbers' labels; and
     whether the verbatim tail goes on with the span's latest conversation."""
 
     groups: tuple[Group, ...]
@@ -167,6 +169,7 @@ class PrunedSpan:
     seqs: tuple[int, ...]
     tokens: int
     tail_continues: bool
+    number_labels: dict[str, str]  # the span's bare numbers with the labels its text gave
 
 
 def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
@@ -179,7 +182,8 @@ def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
     tail = [m for group in plan.boundary.tail for m in group.messages]
     return PrunedSpan(tuple(groups), tuple(classify_calls(stored)),
                       tuple(m.seq for m in messages), sum(m.tokens for m in messages),
-                      continues_conversation(messages, tail))
+                      continues_conversation(messages, tail),
+                      label_numbers(stored, plan.span_mentions))
 
 
 def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPlan,
@@ -199,6 +203,7 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
         budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
         counter=deps.counter,
         tail_continues=span.tail_continues,
+        number_labels=span.number_labels,
     )
     work.use_stored_line_counts()
     trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),

@@ -7,7 +7,7 @@ OpenAI-compatible endpoint, chunk-and-merge).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +46,8 @@ class SummaryWork:
     counter: TokenCounter | None = None
     # Whether the verbatim tail goes on with the span's latest conversation.
     tail_continues: bool = False
+    # The span's bare numbers as the merge lists them, with the labels the text gave them.
+    number_labels: Mapping[str, str] = field(default_factory=dict)
 
     @functools.cached_property
     def failures(self) -> tuple[Failure, ...]:
