@@ -12,14 +12,18 @@ from typing import Any
 
 from bench.fidelity_sessions import Fact, PlantedSession
 from worker.compaction import (
+    SessionFormat,
     StoredMessage,
     Summary,
     classify_calls,
     extract_identifiers,
     find_contradictions,
+    group_items,
     group_messages,
     parse_message,
+    read_item,
     read_record,
+    view_item,
 )
 
 LAGS = (0, 1, 5, 10)  # compactions after the one that first covered a round's facts
@@ -54,14 +58,16 @@ class SessionRun:
     observations: tuple[Observation, ...]
 
 
-def projection_text(projection: Iterable[Mapping[str, Any]]) -> str:
-    """Everything a model reads in the projection: texts and tool calls, one per line."""
+def projection_text(projection: Iterable[Mapping[str, Any]],
+                    session_format: SessionFormat = SessionFormat.CHAT) -> str:
+    """Everything a model reads in the projection: texts and tool calls, one per line
+    (of a Responses or Anthropic item: its view's, reasoning and thinking text included)."""
     parts: list[str] = []
     for body in projection:
-        message = parse_message(dict(body))
-        parts.append(message.text)
-        parts.extend(f"{call.function.name} {call.function.arguments}"
-                     for call in message.tool_calls or ())
+        for message in view_item(session_format, dict(body)).chat_messages():
+            parts.append(message.text)
+            parts.extend(f"{call.function.name} {call.function.arguments}"
+                         for call in message.tool_calls or ())
     return "\n".join(parts)
 
 
@@ -71,15 +77,22 @@ def visible_values(values: Iterable[str], text: str) -> frozenset[str]:
 
 
 def count_untruths(summary: Mapping[str, Any] | None,
-                   messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+                   messages: Sequence[Mapping[str, Any]],
+                   session_format: SessionFormat = SessionFormat.CHAT) -> tuple[int, int]:
     """The active summary against the originals it covers (``messages``, in seq order):
     how many of its lines state a call outcome the classification of the call's original
     result refutes, and how many of its items are listed both as open and as done."""
     if not summary:
         return 0, 0
-    stored = [StoredMessage(index + 1, parse_message(dict(body)), 0)
-              for index, body in enumerate(messages)]
-    groups = group_messages(stored)
+    if session_format is SessionFormat.CHAT:
+        stored = [StoredMessage(index + 1, parse_message(dict(body)), 0)
+                  for index, body in enumerate(messages)]
+        groups = group_messages(stored)
+    else:
+        items = [read_item(session_format, index + 1, 0, dict(body))
+                 for index, body in enumerate(messages)]
+        stored = [message for item in items for message in item.messages]
+        groups = group_items(session_format, items)
     record = read_record(groups, outcomes=classify_calls(groups),
                          artifacts=extract_identifiers(stored), prior=None,
                          tail_continues=False)

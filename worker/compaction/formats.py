@@ -80,15 +80,18 @@ class ItemView:
     def chat_messages(self) -> tuple[ChatMessage, ...]:
         """The view as chat messages, opaque parts left out: results one tool message
         each, the rest one message (reasoning text after the text)."""
-        results = tuple(ChatMessage(role=Role.TOOL, tool_call_id=output.call_id,
-                                    content=output.text) for output in self.outputs)
+        # Built without validation: every field comes from an item intake checked.
+        results = tuple(ChatMessage.model_construct(
+            role=Role.TOOL, tool_call_id=output.call_id, content=output.text)
+            for output in self.outputs)
         text = "\n".join(part for part in (self.text, self.reasoning) if part)
-        calls = [ToolCall(id=call.call_id, function=FunctionCall(
+        calls = [ToolCall.model_construct(id=call.call_id, function=FunctionCall.model_construct(
             name=call.name, arguments=call.arguments)) for call in self.calls]
         if self.role is Role.TOOL or (results and not text and not calls):
             return results
         role = Role.ASSISTANT if calls else self.role
-        message = ChatMessage(role=role, content=text or None, tool_calls=calls or None)
+        message = ChatMessage.model_construct(role=role, content=text or None,
+                                              tool_calls=calls or None)
         # An Anthropic user message answers its calls first, then says more.
         return (*results, message) if results else (message,)
 

@@ -95,6 +95,9 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 def to_snapshot_message(text: MessageText) -> SnapshotMessage:
     """Parse a chat message as it arrives; keep the text of anything else, which only the
     session's format, read with the snapshot, tells how to read (``stored_messages``)."""
+    if '"role"' not in text.body_json:  # a Responses call or output: no chat message
+        return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
+                               text.body_json, 1)
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
