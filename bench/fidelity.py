@@ -167,22 +167,26 @@ def _runtime(database_url: str, summarizer: str, base_url: str | None, tokens: i
 
 
 def _rows(messages: Sequence[dict[str, Any]], session_format: SessionFormat, round_index: int,
-          counter: TokenCounter) -> tuple[list[NewMessage], dict[str, Any]]:
+          counter: TokenCounter) -> tuple[list[NewMessage], dict[str, Any], list[int]]:
     """One round's messages as store rows in ``session_format``, with the metadata an
-    imported session of it holds (an Anthropic session's system prompt)."""
+    imported session of it holds (an Anthropic session's system prompt), and the index of
+    the round's chat message each row came from (the planted facts' seqs are chat seqs)."""
     if session_format is SessionFormat.CHAT:
-        return count_messages([parse_message(m) for m in messages], counter), {}
+        rows = count_messages([parse_message(m) for m in messages], counter)
+        return rows, {}, list(range(len(rows)))
     metadata: dict[str, Any] = {}
+    origins: list[int] = []
     if session_format is SessionFormat.RESPONSES:
-        items = chat_to_responses(list(messages), seed=round_index + 1)
+        items = chat_to_responses(list(messages), seed=round_index + 1, origins=origins)
     else:
-        system, items = chat_to_anthropic(list(messages), seed=round_index + 1)
+        system, items = chat_to_anthropic(list(messages), seed=round_index + 1,
+                                          origins=origins)
         metadata = {"system": system} if system else {}
     checked = check_items(session_format, items, IntakePolicy.strict(),
                           is_append=round_index > 0)
     if checked.rejected:
         raise ValueError(f"round {round_index} refused: {checked.problems[:3]}")
-    return item_rows(session_format, checked, counter), metadata
+    return item_rows(session_format, checked, counter), metadata, origins
 
 
 def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
@@ -194,9 +198,12 @@ def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
     store, now = runtime.store, datetime.now(UTC) - IMPORTED_AGO
     observations: list[Observation] = []
     history_tokens = 0
+    chat_seqs = [0]  # by stored seq: the seq of the chat message it came from (0: none)
     try:
         for index, messages in enumerate(session.rounds):
-            rows, metadata = _rows(messages, session_format, index, counter)
+            rows, metadata, origins = _rows(messages, session_format, index, counter)
+            chat_offset = sum(len(earlier) for earlier in session.rounds[:index])
+            chat_seqs += [chat_offset + origin + 1 for origin in origins]
             history_tokens += sum(row.tokens for row in rows)
             if index == 0:
                 store.import_session(session_id, {"bench": "fidelity", **metadata}, rows, now,
@@ -208,7 +215,8 @@ def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
                                   runtime.policy)
             observations.append(_observe(store, session_id, session, index,
                                          result.outcome.value, history_tokens, counter,
-                                         runtime.policy.summary_budget, session_format))
+                                         runtime.policy.summary_budget, session_format,
+                                         chat_seqs))
             _progress(f"{summarizer} {session.name} round {index}/{len(session.rounds) - 1}: "
                       f"{result.outcome.value} ({result.reason}), "
                       f"{time.monotonic() - began:.1f} s")
@@ -249,8 +257,10 @@ def _corpus_truth(name: str, summarizer: str, database_url: str, base_url: str |
 
 def _observe(store: Store, session_id: str, session: PlantedSession, round_index: int,
              outcome: str, history_tokens: int, counter: TokenCounter,
-             budget: SummaryBudget, session_format: SessionFormat) -> Observation:
-    """Read the projection and the active summary after one round's job."""
+             budget: SummaryBudget, session_format: SessionFormat,
+             chat_seqs: Sequence[int]) -> Observation:
+    """Read the projection and the active summary after one round's job (its boundary as
+    the seq of the last chat message it covers, which the planted facts are placed by)."""
     text = projection_text(store.projection(session_id), session_format)
     revisions = store.revisions(session_id)  # newest first: the active one, its parent
     revision = revisions[0] if revisions else None
@@ -268,7 +278,7 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
          if revision and m.seq <= revision.through_seq], session_format)
     return Observation(
         round=round_index, outcome=outcome,
-        through_seq=revision.through_seq if revision else 0,
+        through_seq=chat_seqs[revision.through_seq] if revision else 0,
         summary_tokens=counter.count_text(content_text(revision.block["content"]))
         if revision else 0,
         budget_tokens=budget.for_span(revision.span_tokens if revision else 0, prior_tokens),
