@@ -117,9 +117,11 @@ def build_model(cls: type[M], values: dict[str, Any]) -> M:
     checked data, and ``model_construct`` would cost a neutral view most of its time."""
     model = cls.__new__(cls)
     object.__setattr__(model, "__dict__", values)
-    given = frozenset(name for name, value in values.items() if value is not None)
-    object.__setattr__(model, "__pydantic_fields_set__",
-                       _SHARED_FIELD_SETS.setdefault(given, set(given)))
+    given = frozenset([name for name, value in values.items() if value is not None])
+    shared = _SHARED_FIELD_SETS.get(given)
+    if shared is None:
+        shared = _SHARED_FIELD_SETS[given] = set(given)
+    object.__setattr__(model, "__pydantic_fields_set__", shared)
     object.__setattr__(model, "__pydantic_extra__", _NO_EXTRAS)
     object.__setattr__(model, "__pydantic_private__", None)
     return model
