@@ -15,6 +15,10 @@ items listed both as open and as done, the goal listed as answered or done while
 goes on with it, and the bare 9-12 digit numbers it lists without their label.
 The same is measured over the shared corpus's sessions (``--corpus``, one forced job
 each), where present.
+
+``--format responses|anthropic`` runs the same sessions rewritten in that format, round
+by round (``tests/support/wire_convert.py``: reasoning or thinking added); the corpus's
+truth is measured on chat sessions only.
 """
 
 from __future__ import annotations
@@ -48,12 +52,21 @@ from bench.fidelity_figures import (
 from bench.fidelity_sessions import SHAPES, PlantedSession, generate_session
 from bench.fidelity_truth import Untruths, count_untruths
 from bench.report import bench_parser, describe_machine, print_header, print_load, print_table
-from db import RevisionRecord, Store, upgrade_database
+from db import NewMessage, RevisionRecord, Store, upgrade_database
 from tests.support.corpus import corpus_path, load_corpus
 from tests.support.openai_server import OpenAIServer
-from worker.compaction import SummaryBudget, TokenCounter, parse_message
+from tests.support.wire_convert import chat_to_anthropic, chat_to_responses
+from worker.compaction import (
+    IntakePolicy,
+    SessionFormat,
+    SummaryBudget,
+    TokenCounter,
+    content_text,
+    parse_message,
+)
 from worker.job import pipeline
 from worker.job.values import JobRequest
+from worker.platform.formats import check_items, item_rows
 from worker.platform.ingest import count_messages
 from worker.runtime import Runtime, build_runtime
 from worker.settings.config import Settings
@@ -70,7 +83,8 @@ IMPORTED_AGO = timedelta(days=1)
 
 def main() -> None:
     args = _parse_args()
-    print_header(f"fidelity: {args.rounds} rounds of +{args.growth:.0%} growth")
+    print_header(f"fidelity: {args.rounds} rounds of +{args.growth:.0%} growth, "
+                 f"{args.format} sessions")
     counter = TokenCounter(load_encoding())
     sessions = [generate_session(shape, size, rounds=args.rounds, growth_ratio=args.growth,
                                  seed=args.seed, counter=counter)
@@ -86,11 +100,12 @@ def main() -> None:
         if "llm" in args.summarizers:
             base_url = stack.enter_context(OpenAIServer(latency_ms=0)).base_url
         for kind in args.summarizers:
-            runs = [_compact_rounds(session, kind, url, base_url, counter) for session in sessions]
+            runs = [_compact_rounds(session, kind, url, base_url, counter,
+                                    SessionFormat(args.format)) for session in sessions]
             report["summarizers"][kind] = _figures(runs)
             report["summarizers"][kind]["corpus_truth"] = [
                 _corpus_truth(name, kind, url, base_url, counter) for name in args.corpus
-                if corpus_path(name).is_file()]
+                if corpus_path(name).is_file() and args.format == SessionFormat.CHAT]
     print_load()
     for kind, figures in report["summarizers"].items():
         _print_figures(kind, figures)
@@ -110,6 +125,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--growth", type=float, default=0.20, help="share of the session")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--format", choices=[f.value for f in SessionFormat],
+                        default=SessionFormat.CHAT.value, help="the sessions' format")
     parser.add_argument("--corpus", type=lambda text: [n for n in text.split(",") if n],
                         default=None, help="corpus files to measure truth on "
                         "(default dev,dev_long; none with --quick)")
@@ -151,20 +168,48 @@ def _runtime(database_url: str, summarizer: str, base_url: str | None, tokens: i
     return build_runtime(Settings.model_validate(values), use_redis=False)
 
 
+def _rows(messages: Sequence[dict[str, Any]], session_format: SessionFormat, round_index: int,
+          counter: TokenCounter) -> tuple[list[NewMessage], dict[str, Any], list[int]]:
+    """One round's messages as store rows in ``session_format``, with the metadata an
+    imported session of it holds (an Anthropic session's system prompt), and the index of
+    the round's chat message each row came from (the planted facts' seqs are chat seqs)."""
+    if session_format is SessionFormat.CHAT:
+        rows = count_messages([parse_message(m) for m in messages], counter)
+        return rows, {}, list(range(len(rows)))
+    metadata: dict[str, Any] = {}
+    origins: list[int] = []
+    if session_format is SessionFormat.RESPONSES:
+        items = chat_to_responses(list(messages), seed=round_index + 1, origins=origins)
+    else:
+        system, items = chat_to_anthropic(list(messages), seed=round_index + 1,
+                                          origins=origins)
+        metadata = {"system": system} if system else {}
+    checked = check_items(session_format, items, IntakePolicy.strict(),
+                          is_append=round_index > 0)
+    if checked.rejected:
+        raise ValueError(f"round {round_index} refused: {checked.problems[:3]}")
+    return item_rows(session_format, checked, counter), metadata, origins
+
+
 def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
-                    base_url: str | None, counter: TokenCounter) -> SessionRun:
+                    base_url: str | None, counter: TokenCounter,
+                    session_format: SessionFormat = SessionFormat.CHAT) -> SessionRun:
     """Import the session, compact it, then grow and re-compact it round by round."""
     session_id = f"fidelity-{uuid.uuid4().hex[:8]}-{summarizer}-{session.name}"
     runtime = _runtime(database_url, summarizer, base_url, session.round_tokens[0])
     store, now = runtime.store, datetime.now(UTC) - IMPORTED_AGO
     observations: list[Observation] = []
     history_tokens = 0
+    chat_seqs = [0]  # by stored seq: the seq of the chat message it came from (0: none)
     try:
         for index, messages in enumerate(session.rounds):
-            rows = count_messages([parse_message(m) for m in messages], counter)
+            rows, metadata, origins = _rows(messages, session_format, index, counter)
+            chat_offset = sum(len(earlier) for earlier in session.rounds[:index])
+            chat_seqs += [chat_offset + origin + 1 for origin in origins]
             history_tokens += sum(row.tokens for row in rows)
             if index == 0:
-                store.import_session(session_id, {"bench": "fidelity"}, rows, now)
+                store.import_session(session_id, {"bench": "fidelity", **metadata}, rows, now,
+                                     session_format=session_format.value)
             else:
                 store.append_messages(session_id, rows, now=now)
             began = time.monotonic()
@@ -172,7 +217,8 @@ def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
                                   runtime.policy)
             observations.append(_observe(store, session_id, session, index,
                                          result.outcome.value, history_tokens, counter,
-                                         runtime.policy.summary_budget))
+                                         runtime.policy.summary_budget, session_format,
+                                         chat_seqs))
             _progress(f"{summarizer} {session.name} round {index}/{len(session.rounds) - 1}: "
                       f"{result.outcome.value} ({result.reason}), "
                       f"{time.monotonic() - began:.1f} s")
@@ -213,19 +259,23 @@ def _corpus_truth(name: str, summarizer: str, database_url: str, base_url: str |
             "unlabelled_numbers": totals["unlabelled_numbers"]}
 
 
-def _untruths(store: Store, session_id: str, revision: RevisionRecord) -> Untruths:
-    """The active revision's summary against the messages it covers and the tail."""
+def _untruths(store: Store, session_id: str, revision: RevisionRecord,
+              session_format: SessionFormat = SessionFormat.CHAT) -> Untruths:
+    """The active revision's summary against the items it covers and the tail."""
     messages = store.messages(session_id)
     return count_untruths(revision.summary,
                           [m.body for m in messages if m.seq <= revision.through_seq],
-                          [m.body for m in messages if m.seq > revision.through_seq])
+                          [m.body for m in messages if m.seq > revision.through_seq],
+                          session_format)
 
 
 def _observe(store: Store, session_id: str, session: PlantedSession, round_index: int,
              outcome: str, history_tokens: int, counter: TokenCounter,
-             budget: SummaryBudget) -> Observation:
-    """Read the projection and the active summary after one round's job."""
-    text = projection_text(store.projection(session_id))
+             budget: SummaryBudget, session_format: SessionFormat,
+             chat_seqs: Sequence[int]) -> Observation:
+    """Read the projection and the active summary after one round's job (its boundary as
+    the seq of the last chat message it covers, which the planted facts are placed by)."""
+    text = projection_text(store.projection(session_id), session_format)
     revisions = store.revisions(session_id)  # newest first: the active one, its parent
     revision = revisions[0] if revisions else None
     prior_tokens = revisions[1].summary_tokens if len(revisions) > 1 else 0
@@ -238,14 +288,16 @@ def _observe(store: Store, session_id: str, session: PlantedSession, round_index
     keys = [request.key for request in session.requests if request.round <= round_index]
     return Observation(
         round=round_index, outcome=outcome,
-        through_seq=revision.through_seq if revision else 0,
-        summary_tokens=counter.count_text(str(revision.block["content"])) if revision else 0,
+        through_seq=chat_seqs[revision.through_seq] if revision else 0,
+        summary_tokens=counter.count_text(content_text(revision.block["content"]))
+        if revision else 0,
         budget_tokens=budget.for_span(revision.span_tokens if revision else 0, prior_tokens),
         history_tokens=history_tokens,
         goal=str(revision.summary.get("goal") or "") if revision else "", visible=visible,
         listed_open=listed_open(keys, revision.summary if revision else None),
         recalled=recalled,
-        untruths=_untruths(store, session_id, revision) if revision else Untruths())
+        untruths=_untruths(store, session_id, revision, session_format) if revision
+        else Untruths())
 
 
 def is_recalled(store: Store, session_id: str, value: str) -> bool:

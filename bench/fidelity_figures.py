@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.fidelity_sessions import Fact, PlantedSession
 from bench.fidelity_truth import Untruths
-from worker.compaction import parse_message
+from worker.compaction import SessionFormat, view_item
 
 LAGS = (0, 1, 5, 10)  # compactions after the one that first covered a round's facts
 SAID_SOURCES = frozenset({"user", "assistant", "tool_argument"})
@@ -45,14 +45,16 @@ class SessionRun:
     observations: tuple[Observation, ...]
 
 
-def projection_text(projection: Iterable[Mapping[str, Any]]) -> str:
-    """Everything a model reads in the projection: texts and tool calls, one per line."""
+def projection_text(projection: Iterable[Mapping[str, Any]],
+                    session_format: SessionFormat = SessionFormat.CHAT) -> str:
+    """Everything a model reads in the projection: texts and tool calls, one per line
+    (of a Responses or Anthropic item: its view's, reasoning and thinking text included)."""
     parts: list[str] = []
     for body in projection:
-        message = parse_message(dict(body))
-        parts.append(message.text)
-        parts.extend(f"{call.function.name} {call.function.arguments}"
-                     for call in message.tool_calls or ())
+        for message in view_item(session_format, dict(body)).chat_messages():
+            parts.append(message.text)
+            parts.extend(f"{call.function.name} {call.function.arguments}"
+                         for call in message.tool_calls or ())
     return "\n".join(parts)
 
 

@@ -13,13 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.compaction import (
+    SessionFormat,
     StoredMessage,
     Summary,
     classify_calls,
     extract_identifiers,
     find_contradictions,
+    group_items,
     group_messages,
     parse_message,
+    read_item,
     read_record,
 )
 from worker.compaction.merge import normalize_item
@@ -51,15 +54,24 @@ class Untruths:
 
 
 def count_untruths(summary: Mapping[str, Any] | None, covered: Sequence[Mapping[str, Any]],
-                   tail: Sequence[Mapping[str, Any]] = ()) -> Untruths:
+                   tail: Sequence[Mapping[str, Any]] = (),
+                   session_format: SessionFormat = SessionFormat.CHAT) -> Untruths:
     """The summary against the originals it covers (``covered``, in seq order) and the
-    verbatim tail after them (``tail``)."""
+    verbatim tail after them (``tail``), items of ``session_format`` read through their
+    neutral view."""
     if not summary:
         return Untruths()
-    stored = [StoredMessage(index + 1, parse_message(dict(body)), 0)
-              for index, body in enumerate([*covered, *tail])]
-    spanned, after = stored[:len(covered)], stored[len(covered):]
-    groups = group_messages(spanned)
+    if session_format is SessionFormat.CHAT:
+        stored = [StoredMessage(index + 1, parse_message(dict(body)), 0)
+                  for index, body in enumerate([*covered, *tail])]
+        spanned, after = stored[:len(covered)], stored[len(covered):]
+        groups = group_messages(spanned)
+    else:
+        items = [read_item(session_format, index + 1, 0, dict(body))
+                 for index, body in enumerate([*covered, *tail])]
+        spanned = [message for item in items[:len(covered)] for message in item.messages]
+        after = [message for item in items[len(covered):] for message in item.messages]
+        groups = group_items(session_format, items[:len(covered)])
     record = read_record(groups, outcomes=classify_calls(groups),
                          artifacts=extract_identifiers(spanned), prior=None,
                          tail_continues=False)

@@ -173,3 +173,29 @@ def test_an_anthropic_tool_result_must_answer_the_message_just_before(
         append_checked(store, counter, POLICY, "s", messages[2:3], NOW)
     assert ProblemKind.ORPHAN_TOOL_RESULT in {p.kind for p in error.value.problems}
     assert store.projection("s") == messages
+
+
+@pytest.mark.parametrize("make_record", [responses_record, anthropic_record])
+def test_recall_and_the_artifact_index_read_every_format_and_never_an_opaque_part(
+    store: Store, counter: TokenCounter, make_record: Any,
+) -> None:
+    record = make_record("w", 8, 3)
+    imported(store, counter, record)
+    items = record.get("items") or record["messages"]
+    # A reservation the tool was asked about (a call's arguments, a tool_use's input) and
+    # returned (an output, a tool_result).
+    value = "wR1x0"
+
+    hits = store.recall("w", value)
+    artifacts = {a.value: a for a in store.artifacts("w")}
+
+    assert len(hits) >= 3 and all(value in hit.excerpt for hit in hits)
+    assert {"tool_argument", "tool_output"} <= artifacts[value].sources
+    for item in items:  # no part of an encrypted reasoning or a signature is searchable
+        opaque = item.get("encrypted_content") or next(
+            (b.get("signature") or b.get("data") for b in item.get("content") or ()
+             if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")),
+            None)
+        if opaque:
+            assert store.recall("w", opaque[:24]) == []
+            assert not any(opaque[:24] in a for a in artifacts)

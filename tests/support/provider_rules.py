@@ -25,25 +25,29 @@ def responses_rejections(items: Sequence[dict[str, Any]],
     """The errors the Responses API answers for ``items`` as input (none: accepted)."""
     errors: list[str] = []
     follows: dict[str, str] = {}  # reasoning id -> the key of the item it preceded
-    reasoning_of: dict[str, str] = {}  # call id -> the reasoning id its run began with
+    reasoning_of: dict[str, str] = {}  # an item of a reply -> the reasoning it began with
     issued = {item["id"]: item.get("encrypted_content") for item in original
               if item.get("type") == "reasoning"}
-    run_reasoning: str | None = None
+    reply: str | None = None  # the reasoning id the current reply began with
     for before, item in zip([None, *original], original, strict=False):
         kind = item.get("type", "message")
         if before is not None and before.get("type") == "reasoning":
             follows[before["id"]] = _key(item)
         if kind == "reasoning":
-            run_reasoning = item["id"]
-        elif kind in CALLS and run_reasoning is not None:
-            reasoning_of[item["call_id"]] = run_reasoning
-        else:
-            run_reasoning = None
+            reply = item["id"]
+        elif kind in OUTPUTS or item.get("role") not in (None, "assistant"):
+            reply = None
+        elif reply is not None:
+            reasoning_of[_key(item)] = reply
     calls: dict[str, str] = {}
     answered: set[str] = set()
-    run: set[str] = set()  # reasoning ids of the current run of reasoning and calls
+    seen: set[str] = set()  # reasoning ids sent so far
     for position, item in enumerate(items):
         kind = item.get("type", "message")
+        needed = reasoning_of.get(_key(item))
+        if needed is not None and needed not in seen:
+            errors.append(f"Item {_key(item)!r} of type {kind!r} was provided without its "
+                          "required 'reasoning' item.")
         if kind == "reasoning":
             if issued.get(item.get("id")) != item.get("encrypted_content"):
                 errors.append(f"reasoning {item.get('id')!r}: encrypted content could not "
@@ -52,17 +56,10 @@ def responses_rejections(items: Sequence[dict[str, Any]],
             if after is None or follows.get(item["id"]) != _key(after):
                 errors.append(f"Item {item['id']!r} of type 'reasoning' was provided "
                               "without its required following item.")
-            run.add(item["id"])
-            continue
-        if kind in CALLS:
+            seen.add(item["id"])
+        elif kind in CALLS:
             calls[item["call_id"]] = kind
-            needed = reasoning_of.get(item["call_id"])
-            if needed is not None and needed not in run:
-                errors.append(f"Item {item['call_id']!r} of type {kind!r} was provided "
-                              "without its required 'reasoning' item.")
-            continue
-        run.clear()
-        if kind in OUTPUTS:
+        elif kind in OUTPUTS:
             if calls.get(item["call_id"]) != OUTPUTS[kind]:
                 errors.append(f"No tool call found for {kind} with call_id "
                               f"{item['call_id']!r}.")

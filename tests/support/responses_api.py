@@ -25,6 +25,8 @@ from tests.support.openai_behaviours import Reply, error_reply
 from tests.support.provider_rules import responses_rejections
 
 ANSWER_PREFIX = "Here is what the tool said: "
+# Stands in the ledger for the input each reply answered.
+REQUEST: dict[str, Any] = {"type": "message", "role": "user", "content": "(a request)"}
 
 
 @dataclass
@@ -48,7 +50,8 @@ def answer_responses(body: dict[str, Any] | None, ledger: Ledger, model: str) ->
             ledger.rejected.append(errors)
             return error_reply(400, errors[0], "invalid_request_error", param="input")
         output = _turn(items, (body or {}).get("tools") or [])
-        ledger.items.extend(output)
+        # Each reply follows an input: no item of one reply needs another's reasoning.
+        ledger.items.extend([REQUEST, *output])
     return Reply(200, {
         "id": f"resp_{uuid.uuid4().hex[:16]}", "object": "response",
         "created_at": int(time.time()), "status": "completed", "model": model,

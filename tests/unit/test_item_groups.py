@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.provider_rules import anthropic_rejections, responses_rejections
+from tests.support.wire_convert import chat_to_anthropic, chat_to_responses
 from tests.support.wire_sessions import anthropic_messages, responses_items
 from tests.unit.session_strategies import shared_counter
 from worker.compaction import (
@@ -136,3 +138,24 @@ def test_a_call_waiting_for_its_output_at_the_end_is_pending() -> None:
                          stored(SessionFormat.RESPONSES, items[:cut]))
 
     assert groups[-1].pending and not any(g.pending for g in groups[:-1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(1, 10_000), tail_tokens=st.integers(0, 6_000))
+def test_demo_sessions_rewritten_in_each_format_give_accepted_projections_at_every_cut(
+    seed: int, tail_tokens: int,
+) -> None:
+    [record] = generate_sessions(1, seed)
+    _, anthropic = chat_to_anthropic(record["messages"], seed=seed)
+    cases = ((SessionFormat.RESPONSES, chat_to_responses(record["messages"], seed=seed)),
+             (SessionFormat.ANTHROPIC, anthropic))
+    policy = TriggerPolicy(trigger_tokens=50_000, floor_tokens=25_000,
+                           tail_budget_tokens=tail_tokens, min_tail_user_turns=0)
+    for session_format, items in cases:
+        _, rejections = FORMATS[session_format]
+        groups = group_items(session_format, stored(session_format, items))
+        boundary = plan_boundary(groups, prior_through_seq=0, summary_tokens=500,
+                                 policy=policy)
+        if boundary is not None:
+            projected = project(session_format, items, boundary.through_seq)
+            assert rejections(projected, items) == [], session_format

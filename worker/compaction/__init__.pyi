@@ -60,6 +60,7 @@ from .merge import merge_summaries as merge_summaries
 from .merge import use_stored_line_counts as use_stored_line_counts
 from .messages import ChatMessage as ChatMessage
 from .messages import StoredMessage as StoredMessage
+from .messages import content_text as content_text
 from .messages import dump_message as dump_message
 from .messages import parse_message as parse_message
 from .messages import parse_message_json as parse_message_json

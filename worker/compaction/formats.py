@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from worker.compaction.messages import ChatMessage, FunctionCall, Role, ToolCall, content_text
+from worker.compaction.messages import (
+    ChatMessage,
+    FunctionCall,
+    Role,
+    ToolCall,
+    build_model,
+    content_text,
+)
 
 if TYPE_CHECKING:
     from worker.compaction.tokens import TokenCounter
@@ -80,15 +87,20 @@ class ItemView:
     def chat_messages(self) -> tuple[ChatMessage, ...]:
         """The view as chat messages, opaque parts left out: results one tool message
         each, the rest one message (reasoning text after the text)."""
-        results = tuple(ChatMessage(role=Role.TOOL, tool_call_id=output.call_id,
-                                    content=output.text) for output in self.outputs)
+        # Built without validation: every field comes from an item intake checked.
+        results = tuple(build_model(ChatMessage, {
+            "role": Role.TOOL, "content": output.text, "name": None, "tool_calls": None,
+            "tool_call_id": output.call_id}) for output in self.outputs)
         text = "\n".join(part for part in (self.text, self.reasoning) if part)
-        calls = [ToolCall(id=call.call_id, function=FunctionCall(
-            name=call.name, arguments=call.arguments)) for call in self.calls]
+        calls = [build_model(ToolCall, {"id": call.call_id, "type": "function",
+                                        "function": build_model(FunctionCall, {
+                                            "name": call.name, "arguments": call.arguments})})
+                 for call in self.calls]
         if self.role is Role.TOOL or (results and not text and not calls):
             return results
-        role = Role.ASSISTANT if calls else self.role
-        message = ChatMessage(role=role, content=text or None, tool_calls=calls or None)
+        message = build_model(ChatMessage, {
+            "role": Role.ASSISTANT if calls else self.role, "content": text or None,
+            "name": None, "tool_calls": calls or None, "tool_call_id": None})
         # An Anthropic user message answers its calls first, then says more.
         return (*results, message) if results else (message,)
 

@@ -4,16 +4,17 @@ An item is read as the chat messages of its view, all at its seq (its tokens on 
 first), and a group holds whole items only, so every boundary the plan draws between
 groups falls between items of the original format:
 
-- Responses: a reasoning item travels with the item it precedes (a request that holds
-  reasoning without its following item, or a call without the reasoning that preceded
-  it, is refused); calls made together (parallel ones) with all their outputs; a hosted
-  call holds its own result.
+- Responses: a reasoning item travels with the rest of its reply (its message, its
+  calls made together, hosted calls) and the calls' outputs (a request that holds
+  reasoning without its following item, or an item of a reply without the reasoning
+  that preceded it, is refused); calls with all their outputs; a hosted call holds its
+  own result.
 - Anthropic: an assistant message with ``tool_use`` blocks (its thinking and redacted
   thinking inside it) with the next user message, whose ``tool_result`` blocks answer
   them.
 
-The last group is pending while a call in it waits for its output (or a reasoning item
-for its following item): the agent is still working on it.
+The last group is pending while a call in it waits for its output, or a reply that
+began with reasoning has no output yet: the agent is still working on it.
 """
 
 from __future__ import annotations
@@ -61,14 +62,17 @@ def group_items(session_format: SessionFormat, items: Sequence[StoredItem]) -> l
 
 def _group_responses(items: Sequence[StoredItem]) -> list[Group]:
     groups: list[Group] = []
-    current: list[StoredItem] = []  # an exchange, or reasoning waiting for its item
+    current: list[StoredItem] = []  # one reply's items from its reasoning, or an exchange
     waiting: set[str] = set()
+    replying = False  # current holds a reasoning item and no output yet
 
     def close() -> None:
+        nonlocal replying
         if current:
             groups.append(_group(current))
             current.clear()
             waiting.clear()
+        replying = False
 
     for item in items:
         view = item.view
@@ -77,24 +81,25 @@ def _group_responses(items: Sequence[StoredItem]) -> list[Group]:
             if waiting and answered <= waiting:
                 current.append(item)
                 waiting.difference_update(answered)
+                replying = False
                 continue
             close()
             groups.append(_group([item]))
             continue
-        reasoning_only = bool(current) and all(i.view.kind == "reasoning" for i in current)
-        if view.kind in RESPONSES_CALLS and (waiting or reasoning_only):
-            current.append(item)
-            waiting.update(call.call_id for call in view.calls)
+        if view.role is not Role.ASSISTANT:  # a user's or an instruction message
+            close()
+            groups.append(_group([item]))
             continue
-        if not reasoning_only:
+        calls = view.kind in RESPONSES_CALLS
+        if not (replying or (waiting and calls)):
             close()
         current.append(item)
-        waiting.update(call.call_id for call in view.calls if view.kind in RESPONSES_CALLS)
-        if view.kind != "reasoning" and not waiting:
+        replying = replying or view.kind == "reasoning"
+        waiting.update(call.call_id for call in view.calls if calls)
+        if not replying and not waiting:
             close()
     if current:
-        pending = bool(waiting) or current[-1].view.kind == "reasoning"
-        groups.append(_group(current, pending=pending))
+        groups.append(_group(current, pending=bool(waiting) or replying))
     return groups
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -106,6 +106,25 @@ def share_bookkeeping(model: BaseModel) -> None:
     object.__setattr__(model, "__pydantic_fields_set__", shared)
     if not model.__pydantic_extra__:
         object.__setattr__(model, "__pydantic_extra__", _NO_EXTRAS)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def build_model(cls: type[M], values: dict[str, Any]) -> M:
+    """Build a frozen model of trusted values (every field given, defaults included)
+    without pydantic's validation or its per-instance bookkeeping: the values come from
+    checked data, and ``model_construct`` would cost a neutral view most of its time."""
+    model = cls.__new__(cls)
+    object.__setattr__(model, "__dict__", values)
+    given = frozenset([name for name, value in values.items() if value is not None])
+    shared = _SHARED_FIELD_SETS.get(given)
+    if shared is None:
+        shared = _SHARED_FIELD_SETS[given] = set(given)
+    object.__setattr__(model, "__pydantic_fields_set__", shared)
+    object.__setattr__(model, "__pydantic_extra__", _NO_EXTRAS)
+    object.__setattr__(model, "__pydantic_private__", None)
+    return model
 
 
 def dump_message(message: ChatMessage) -> dict[str, Any]:

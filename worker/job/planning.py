@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -30,7 +31,6 @@ from worker.compaction import (
     collect_artifacts,
     continues_conversation,
     decide_compaction,
-    dump_message,
     group_items,
     group_messages,
     label_numbers,
@@ -96,6 +96,9 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 def to_snapshot_message(text: MessageText) -> SnapshotMessage:
     """Parse a chat message as it arrives; keep the text of anything else, which only the
     session's format, read with the snapshot, tells how to read (``stored_messages``)."""
+    if '"role"' not in text.body_json:  # a Responses call or output: no chat message
+        return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
+                               text.body_json, 1)
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
@@ -119,10 +122,17 @@ def group_snapshot(snapshot: JobSnapshot[SnapshotMessage]) -> list[Group]:
                 raise StoredMessageInvalid(message.seq, message.errors)
             stored.append(message.stored)
         return group_messages(stored)
-    return group_items(session_format, [read_item(
-        session_format, m.seq, m.tokens,
-        dump_message(m.stored.message) if m.stored else json.loads(m.body_json or "null"))
-        for m in snapshot.messages])
+    return group_items(session_format, [read_item(session_format, m.seq, m.tokens, _body(m))
+                                        for m in snapshot.messages])
+
+
+def _body(message: SnapshotMessage) -> dict[str, Any]:
+    """What the view of an item reads of it: a Responses or Anthropic message that parsed
+    as a chat message gives its role, content and extras (its type) back, unserialized."""
+    if message.stored is None:
+        return cast("dict[str, Any]", json.loads(message.body_json or "null"))
+    parsed = message.stored.message
+    return {**(parsed.model_extra or {}), "role": parsed.role.value, "content": parsed.content}
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,

@@ -144,10 +144,17 @@ def _without_orphan_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def _window(items: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """The latest ``limit`` items, moved later past a call the window would part from
-    the reasoning or the calls before it (the Responses API refuses such a call)."""
+    """The latest ``limit`` items, moved later past the rest of a reply whose reasoning
+    the window would cut off (the Responses API refuses a reply's item without it)."""
+    inside, replying = [], False
+    for item in items:  # whether each item belongs to a reply begun before it
+        kind = item.get("type", "message")
+        inside.append(replying and kind != "reasoning")
+        if kind == "reasoning":
+            replying = True
+        elif kind.endswith("_output") or item.get("role") not in (None, "assistant"):
+            replying = False
     start = max(len(items) - limit, 0) if limit else len(items)
-    while 0 < start < len(items) and items[start].get("type") == "function_call" \
-            and items[start - 1].get("type") in ("reasoning", "function_call"):
+    while start < len(items) and inside[start]:
         start += 1
     return _without_orphan_outputs(items[start:])
