@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from worker.compaction.outcomes import CallStatus, classify_result, failing_lines
-from worker.compaction.prompts import QUOTE_PREFIX
+from worker.compaction.prompts import INPUT_LAYOUT, QUOTE_PREFIX
 from worker.compaction.schema import SUMMARY_SECTIONS
 
 ARTIFACTS_SECTION = "relevant_artifacts"
@@ -81,6 +81,7 @@ def extract_summaries(text: str) -> list[dict[str, Any]]:
 
 def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) -> dict[str, Any]:
     """Build the deterministic summary of ``prompt_text`` with the given section keys."""
+    prompt_text = _input_of(prompt_text)
     prior = _read_prior(prompt_text)
     messages = _read_transcript(prompt_text)
     prompt_text = _FENCE_LINE.sub("", _PRIOR_FENCE.sub("", prompt_text))
@@ -103,6 +104,11 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
             found = ruled.get(section) or []
             summary[section] = _unique([*carried, *found, *derived])[:MAX_ENTRIES_PER_SECTION]
     return summary
+
+
+def _input_of(prompt_text: str) -> str:
+    """The user message without the input layout that opens it: instructions, not input."""
+    return prompt_text.replace(INPUT_LAYOUT, "")
 
 
 def _read_prior(prompt_text: str) -> dict[str, Any]:
@@ -185,7 +191,7 @@ def build_empty_summary(sections: Iterable[str] = SUMMARY_SECTIONS) -> dict[str,
 
 def build_wrong_schema_summary(prompt_text: str) -> dict[str, Any]:
     """Build valid JSON that follows none of the summary schema."""
-    lines = _snippets(prompt_text) or ["(no content)"]
+    lines = _snippets(_input_of(prompt_text)) or ["(no content)"]
     return {"summary": lines[0], "notes": lines[1:3], "confidence": "high"}
 
 

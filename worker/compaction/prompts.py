@@ -68,7 +68,7 @@ _ROLE = (
     "a later part settles (answered, fixed, replaced) move from pending, remaining_work or "
     "key_decisions to resolved; drop duplicates."
 )
-_LAYOUT = """\
+INPUT_LAYOUT = """\
 How the input is laid out:
 - Each message of a transcript starts with a header line "[seq N] ROLE:" (N is its \
 position in the stored conversation; ROLE is system, developer, user or assistant), and \
@@ -178,8 +178,8 @@ def _prior_lines(prior: Summary | None) -> list[str]:
     message's last partial block is served only when what follows it matches too: the
     layout, longer than a block, carries the cache past it on every request."""
     if prior is None:
-        return [_LAYOUT, f"{_PRIOR_HEAD} none, this is the start of the conversation."]
-    return [_LAYOUT, _PRIOR_HEAD, fence("PRIOR SUMMARY", render_prior_json(prior))]
+        return [INPUT_LAYOUT, f"{_PRIOR_HEAD} none, this is the start of the conversation."]
+    return [INPUT_LAYOUT, _PRIOR_HEAD, fence("PRIOR SUMMARY", render_prior_json(prior))]
 
 
 def _closing_lines(identifiers: Sequence[str], budget_tokens: int | None, task: str,
