@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output",
-         "computer_call": "computer_call_output"}
+         "computer_call": "computer_call_output", "local_shell_call": "local_shell_call_output",
+         "shell_call": "shell_call_output", "apply_patch_call": "apply_patch_call_output",
+         "tool_search_call": "tool_search_output", "program": "program_output"}
 OUTPUTS = {output: call for call, output in CALLS.items()}
 
 
@@ -60,10 +62,11 @@ def responses_rejections(items: Sequence[dict[str, Any]],
         elif kind in CALLS:
             calls[item["call_id"]] = kind
         elif kind in OUTPUTS:
-            if calls.get(item["call_id"]) != OUTPUTS[kind]:
-                errors.append(f"No tool call found for {kind} with call_id "
-                              f"{item['call_id']!r}.")
-            answered.add(item["call_id"])
+            # A local shell call's output names its call by ``id``.
+            call_id = str(item.get("call_id", item.get("id")))
+            if calls.get(call_id) != OUTPUTS[kind]:
+                errors.append(f"No tool call found for {kind} with call_id {call_id!r}.")
+            answered.add(call_id)
     errors += [f"No tool output found for {kind} {call_id!r}." for call_id, kind
                in calls.items() if call_id not in answered]
     return errors

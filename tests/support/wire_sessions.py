@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import random
+from collections.abc import Callable
 from typing import Any
 
 TOOLS = ("get_reservation_details", "search_flights", "update_seat", "get_user_details")
@@ -28,6 +29,39 @@ def _calls(rng: random.Random, tag: str, turn: int) -> list[tuple[str, str, str,
                       f'{{"reservation_id": "{reservation}", "flight": "{flight}", '
                       f'"seats_left": {rng.randint(0, 9)}, "status": "confirmed"}}'))
     return calls
+
+
+def _call_pair(rng: random.Random, call_id: str, tool: str, arguments: str,
+               output: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One call and its output item: a function call mostly, now and then one of the
+    other kinds the Responses API pairs by call id, each in its own shape."""
+    kind = rng.choice(["function_call"] * 6 + list(_OTHER_CALLS))
+    if kind == "function_call":
+        return ({"type": kind, "id": f"fc_{call_id}", "call_id": call_id, "name": tool,
+                 "arguments": arguments, "status": "completed"},
+                {"type": "function_call_output", "call_id": call_id, "output": output})
+    call, result = _OTHER_CALLS[kind](call_id, arguments, output)
+    return ({"type": kind, "id": f"it_{call_id}", **call},
+            {"type": f"{kind}_output", **result})
+
+
+# The other paired kinds: (call fields, output fields) from (call id, arguments, result).
+_OTHER_CALLS: dict[str, Callable[[str, str, str], tuple[dict[str, Any], dict[str, Any]]]] = {
+    "custom_tool_call": lambda cid, args, out: (
+        {"call_id": cid, "name": "lookup", "input": args}, {"call_id": cid, "output": out}),
+    "shell_call": lambda cid, args, out: (
+        {"call_id": cid, "status": "completed", "action": {"commands": [f"lookup '{args}'"]}},
+        {"call_id": cid, "output": [{"stdout": out, "stderr": "",
+                                     "outcome": {"type": "exit", "exit_code": 0}}]}),
+    "apply_patch_call": lambda cid, args, out: (
+        {"call_id": cid, "status": "completed", "operation": {
+            "type": "update_file", "path": "notes.md", "diff": f"+{args}"}},
+        {"call_id": cid, "status": "completed", "output": out}),
+    "local_shell_call": lambda cid, args, out: (
+        {"call_id": cid, "status": "completed", "action": {
+            "type": "exec", "command": ["lookup", args], "env": {}}},
+        {"id": cid, "output": out}),
+}
 
 
 def _ask(tag: str, turn: int) -> str:
@@ -54,12 +88,9 @@ def responses_items(seed: int, turns: int, *, tag: str = "rs") -> list[dict[str,
             items.append({"type": "reasoning", "id": f"rs_{tag}_{turn}", "summary": [
                 {"type": "summary_text", "text": f"Look up {len(calls)} reservation(s)."}],
                 "encrypted_content": _opaque(rng, rng.randint(48, 160))})
-        for call_id, tool, arguments, _ in calls:
-            items.append({"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id,
-                          "name": tool, "arguments": arguments, "status": "completed"})
-        for call_id, _, _, output in calls:
-            items.append({"type": "function_call_output", "call_id": call_id,
-                          "output": output})
+        pairs = [_call_pair(rng, *call) for call in calls]
+        items += [call for call, _ in pairs]
+        items += [output for _, output in pairs]
         if rng.random() < 0.5:
             items.append({"type": "reasoning", "id": f"rs_{tag}_{turn}_answer", "summary": [],
                           "encrypted_content": _opaque(rng, 64)})

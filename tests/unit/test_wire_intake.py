@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from worker.compaction import (
     check_responses_items,
     find_foreign_chat_fields,
 )
+from worker.compaction.formats import RESPONSES_CALLS, RESPONSES_OUTPUTS, RESPONSES_TYPES
 
 POLICY = IntakePolicy.lenient()  # nothing of these formats is repaired, even so
 Items = list[dict[str, Any]]
@@ -179,3 +181,31 @@ def test_demo_sessions_rewritten_in_each_format_pass_intake_and_the_provider_rul
         assert responses_rejections(items, items) == []
         assert anthropic_rejections(messages, messages) == []
         assert system and len(items) >= len(record["messages"]) > len(messages)
+
+
+def sdk_input_item_types() -> dict[str, frozenset[str]]:
+    """Every input item type the installed OpenAI SDK defines, with its fields."""
+    from openai.types.responses.response_input_item_param import ResponseInputItemParam
+
+    found: dict[str, frozenset[str]] = {}
+    for shape in typing.get_args(ResponseInputItemParam):
+        hints = typing.get_type_hints(shape)
+        literal = hints.get("type")
+        kinds = [kind for arg in typing.get_args(literal) for kind in typing.get_args(arg)
+                 or (arg,) if isinstance(kind, str)] if literal is not None else []
+        for kind in kinds or ["message"]:
+            found[kind] = found.get(kind, frozenset()) | frozenset(hints)
+    return found
+
+
+def test_every_item_type_the_sdk_defines_is_stored_and_every_call_id_pairs() -> None:
+    """Nothing the SDK can send is refused for its type, and an item that carries a call
+    id is a call or an output the groups pair (read from the SDK, not from a list)."""
+    sdk_types = sdk_input_item_types()
+
+    assert len(sdk_types) > 20
+    assert set(sdk_types) <= RESPONSES_TYPES, set(sdk_types) - RESPONSES_TYPES
+    paired = {kind for kind, fields in sdk_types.items() if "call_id" in fields}
+    assert paired <= set(RESPONSES_CALLS) | set(RESPONSES_OUTPUTS), paired
+    for call, output in RESPONSES_CALLS.items():
+        assert {call, output} <= set(sdk_types), (call, output)

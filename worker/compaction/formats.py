@@ -36,15 +36,25 @@ class SessionFormat(StrEnum):
     ANTHROPIC = "anthropic"
 
 
-# Responses items that pair a call with a later output item, by ``call_id``.
+# Every input item type of the Responses API (tests/unit/test_wire_intake.py holds this
+# against the installed SDK's own list). Items that pair a call with a later output item,
+# by ``call_id`` (a local shell output names its call by ``id``):
 RESPONSES_CALLS = {"function_call": "function_call_output",
                    "custom_tool_call": "custom_tool_call_output",
-                   "computer_call": "computer_call_output"}
+                   "computer_call": "computer_call_output",
+                   "local_shell_call": "local_shell_call_output",
+                   "shell_call": "shell_call_output",
+                   "apply_patch_call": "apply_patch_call_output",
+                   "tool_search_call": "tool_search_output",
+                   "program": "program_output"}
 RESPONSES_OUTPUTS = {output: call for call, output in RESPONSES_CALLS.items()}
-# Hosted tool calls: the provider ran them, and each item holds its own result.
+# Items that hold all they say: hosted tool calls (the provider ran them, each holds its
+# own result) and the API's own bookkeeping (compaction, configuration, references).
 RESPONSES_HOSTED = frozenset({
     "web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
     "mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response",
+    "compaction", "compaction_trigger", "additional_tools", "configuration_update",
+    "item_reference",
 })
 RESPONSES_TYPES = frozenset({"message", "reasoning", *RESPONSES_CALLS, *RESPONSES_OUTPUTS,
                              *RESPONSES_HOSTED})
@@ -57,6 +67,8 @@ ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "thinking",
                                    "web_search_tool_result"})
 # Bookkeeping of a hosted call that says nothing about what it did.
 _HOSTED_SKIPPED = frozenset({"id", "type", "status", "result"})
+# Where a call item holds what it was called with, by its type.
+_CALL_INPUTS = ("arguments", "input", "action", "operation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,18 +145,29 @@ def view_responses_item(item: dict[str, Any]) -> ItemView:
         opaque = item.get("encrypted_content")
         return ItemView(Role.ASSISTANT, kind=kind, reasoning="\n".join(t for t in texts if t),
                         opaque=(opaque,) if isinstance(opaque, str) else ())
+    readable = {key: value for key, value in item.items() if key not in _HOSTED_SKIPPED}
     if kind in RESPONSES_CALLS:
         name = item.get("name") or kind.removesuffix("_call")
-        arguments = item.get("arguments", item.get("input", item.get("action")))
+        arguments = next((item[key] for key in _CALL_INPUTS if key in item), None)
         return ItemView(Role.ASSISTANT, kind=kind, calls=(CallView(
-            item["call_id"], name, _as_text(arguments)),))
+            responses_call_id(item), name,
+            _as_text(readable if arguments is None else arguments)),))
     if kind in RESPONSES_OUTPUTS:
+        output = item.get("output", readable)
         return ItemView(Role.TOOL, kind=kind, outputs=(OutputView(
-            item["call_id"], _as_text(item.get("output"))),))
-    readable = {key: value for key, value in item.items() if key not in _HOSTED_SKIPPED}
+            responses_call_id(item), _as_text(output)),))
     image = item.get("result")
     return ItemView(Role.ASSISTANT, f"[{kind}] {_as_text(readable)}", kind=kind,
                     opaque=(image,) if isinstance(image, str) else ())
+
+
+def responses_call_id(item: dict[str, Any]) -> str:
+    """The call id a Responses call or output item pairs by (a local shell call's output
+    names its call by ``id``)."""
+    call_id = item.get("call_id")
+    if call_id is None and item.get("type") == "local_shell_call_output":
+        call_id = item.get("id")
+    return str(call_id)
 
 
 def view_anthropic_message(message: dict[str, Any]) -> ItemView:

@@ -24,6 +24,7 @@ from worker.compaction.formats import (
     RESPONSES_TYPES,
     ItemView,
     SessionFormat,
+    responses_call_id,
     view_anthropic_message,
     view_responses_item,
 )
@@ -36,10 +37,17 @@ _ASSISTANT_BLOCKS = frozenset({"thinking", "redacted_thinking", "tool_use", "ser
 # Required string fields per Responses item type and Anthropic block type.
 _RESPONSES_FIELDS = {"function_call": ("call_id", "name", "arguments"),
                      "custom_tool_call": ("call_id", "name", "input"),
-                     "computer_call": ("call_id",),
-                     "function_call_output": ("call_id",),
-                     "custom_tool_call_output": ("call_id",),
-                     "computer_call_output": ("call_id",)}
+                     **dict.fromkeys(("computer_call", "local_shell_call", "shell_call",
+                                      "apply_patch_call", "tool_search_call", "program",
+                                      "function_call_output", "custom_tool_call_output",
+                                      "computer_call_output", "shell_call_output",
+                                      "apply_patch_call_output", "tool_search_output",
+                                      "program_output"), ("call_id",)),
+                     "local_shell_call_output": ("id",)}
+# Outputs whose result is their ``output`` field (the others hold it in their own fields).
+_OUTPUT_FIELD = frozenset({"function_call_output", "custom_tool_call_output",
+                           "computer_call_output", "local_shell_call_output",
+                           "shell_call_output", "apply_patch_call_output"})
 _BLOCK_FIELDS = {"text": ("text",), "thinking": ("thinking", "signature"),
                  "redacted_thinking": ("data",), "tool_use": ("id", "name"),
                  "server_tool_use": ("id", "name"), "tool_result": ("tool_use_id",),
@@ -118,7 +126,7 @@ def check_responses_items(
             check.report(problem[0], index, problem[1])
             continue
         kind = item.get("type", "message")
-        call_id = str(item.get("call_id"))
+        call_id = responses_call_id(item)
         if kind in RESPONSES_OUTPUTS:
             call_kind = open_calls.pop(call_id, "absent")
             if call_kind not in (None, RESPONSES_OUTPUTS[kind]):
@@ -157,7 +165,7 @@ def _responses_shape(item: dict[str, Any], field: str) -> tuple[ProblemKind, str
     for name in _RESPONSES_FIELDS.get(kind, ()):
         if not isinstance(item.get(name), str) or not item[name]:
             return ProblemKind.MALFORMED_MESSAGE, f"{field}.{name} is not a non-empty string"
-    if kind in RESPONSES_OUTPUTS and "output" not in item:
+    if kind in _OUTPUT_FIELD and "output" not in item:
         return ProblemKind.MALFORMED_MESSAGE, f"{field}.output is missing"
     return None
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, cast
 
+from worker.compaction.formats import RESPONSES_CALLS, RESPONSES_OUTPUTS, responses_call_id
 from worker.platform.agents_items import UnsupportedItem, items_to_messages, messages_to_items
 from worker.platform.sessions import (
     MessagePinned,
@@ -135,10 +136,10 @@ class CompactorSession:
 
 def _without_orphan_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop leading tool outputs whose call the window cut off (the API refuses them)."""
-    calls = {item.get("call_id") for item in items if item.get("type") == "function_call"}
+    calls = {responses_call_id(item) for item in items if item.get("type") in RESPONSES_CALLS}
     start = 0
-    while (start < len(items) and items[start].get("type") == "function_call_output"
-           and items[start].get("call_id") not in calls):
+    while (start < len(items) and items[start].get("type") in RESPONSES_OUTPUTS
+           and responses_call_id(items[start]) not in calls):
         start += 1
     return items[start:]
 
