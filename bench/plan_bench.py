@@ -2,7 +2,7 @@
 span, and plan its calls (render and chunk), on the corpus and on a generated tool-heavy
 session.
 
-    .venv/bin/python bench/plan_bench.py [--target-tokens 1000000] [--windows 128000 32000]
+    .venv/bin/python -m bench.plan_bench [--target-tokens 1000000] [--windows 128000 32000]
 
 Token counts of stored messages are cached at append, so counting them is setup here,
 not timed; counting the rendered span items is timed (the plan needs them). The call

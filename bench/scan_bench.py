@@ -5,7 +5,7 @@ times enqueueing (marking alone; marking and publishing to Redis pipelined, as t
 does, or through kombu's ``Producer.batch``; and with one ``send_task`` per job, for
 comparison).
 
-    .venv/bin/python bench/scan_bench.py --sessions 1000000
+    .venv/bin/python -m bench.scan_bench --sessions 1000000
 
 The database (``compactor_bench_<random>``) is created on the server of ``--admin-url``
 and dropped at the end unless ``--keep``.
