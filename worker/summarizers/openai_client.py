@@ -26,6 +26,7 @@ GenAI semantic conventions' attributes: model, token usage, finish reason.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import ssl
 import threading
@@ -100,6 +101,7 @@ class LLMReply:
     response_model: str | None = None
     response_id: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
+    batched: bool = False  # answered through the Batch API (billed at its discount)
 
     @property
     def is_truncated(self) -> bool:
@@ -113,18 +115,21 @@ class LLMUsage:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals = {"calls": 0, "failed_calls": 0, "prompt_tokens": 0,
-                        "cached_tokens": 0, "completion_tokens": 0, "retries": 0}
+                        "cached_tokens": 0, "completion_tokens": 0, "retries": 0,
+                        "batched_prompt_tokens": 0, "batched_cached_tokens": 0,
+                        "batched_completion_tokens": 0}
         self._latency_s = 0.0
 
     def add(self, reply: LLMReply) -> None:
-        """Count one completed call."""
+        """Count one completed call (a batched one's tokens also apart, for its price)."""
         with self._lock:
             self._totals["calls"] += 1
-            self._totals["prompt_tokens"] += reply.prompt_tokens
-            self._totals["cached_tokens"] += reply.cached_tokens
-            self._totals["completion_tokens"] += reply.completion_tokens
             self._totals["retries"] += reply.retries
             self._latency_s += reply.latency_s
+            for prefix in ("", "batched_") if reply.batched else ("",):
+                self._totals[f"{prefix}prompt_tokens"] += reply.prompt_tokens
+                self._totals[f"{prefix}cached_tokens"] += reply.cached_tokens
+                self._totals[f"{prefix}completion_tokens"] += reply.completion_tokens
 
     def add_failure(self, *, retries: int, latency_s: float) -> None:
         """Count one call that ended in an error."""
@@ -340,8 +345,9 @@ class LLMClient:
     def read_batch_reply(self, body: bytes, messages: list[dict[str, Any]]) -> LLMReply:
         """Read one answered Batch API line's completion as a call's reply."""
         mode = self._modes.get(self.endpoint_key)
-        return self._read_reply(read_completion(body, "application/json"), mode, messages,
-                                retries=0, latency_s=0.0)
+        reply = self._read_reply(read_completion(body, "application/json"), mode, messages,
+                                 retries=0, latency_s=0.0)
+        return dataclasses.replace(reply, batched=True)
 
     def _local_counter(self) -> TokenCounter:
         if self._counter is None:
