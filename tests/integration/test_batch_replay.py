@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,13 +21,12 @@ from worker.compaction import (
     group_messages,
     parse_message,
 )
-from worker.compaction.errors import CompactionError
 from worker.errors import ProviderError
-from worker.summarizers import SummaryDraft, SummaryWork
+from worker.summarizers import BatchLineFailed, BatchPending, SummaryDraft, SummaryWork
 from worker.summarizers.batch_replay import BatchReplay, LineFallback, ReplayPolicy
-from worker.summarizers.llm import BatchPending, LLMSummarizer
+from worker.summarizers.llm import LLMSummarizer
 from worker.summarizers.openai_batch import LLMBatches
-from worker.summarizers.openai_client import LLMClient, LLMConfig, LLMReply
+from worker.summarizers.openai_client import LLMClient, LLMConfig
 from worker.tokenizer.offline import load_encoding
 
 WINDOW_TOKENS = 12_000
@@ -66,7 +66,7 @@ def summarize_through_batches(summarizer: LLMSummarizer, client: LLMClient,
                               counter: TokenCounter, work: SummaryWork,
                               policy: ReplayPolicy) -> tuple[SummaryDraft, int]:
     """Run the job's summarizer, one batch per stop, until it gives its draft."""
-    answers: dict[str, LLMReply | CompactionError] = {}
+    answers: dict[str, dict[str, Any]] = {}
     batches = LLMBatches(client)
     for sent in range(10):
         replay = BatchReplay(client, answers, policy, counter)
@@ -77,9 +77,7 @@ def summarize_through_batches(summarizer: LLMSummarizer, client: LLMClient,
             while not state.status.is_final:
                 time.sleep(0.05)
                 state = batches.state(state.batch_id)
-            results = batches.results(state, replay.pending)
-            answers.update(results.replies)
-            answers.update(results.errors)
+            answers.update(batches.lines(state, [r.custom_id for r in replay.pending]))
     raise AssertionError("the summary never came")
 
 
@@ -127,9 +125,11 @@ def test_expired_lines_are_called_synchronously_or_end_the_llm_summary(
     draft, sent = summarize_through_batches(
         *summarizer(server, counter), counter, work,
         ReplayPolicy(LineFallback.SYNC, sync_max_prompt_tokens=0))
-    with pytest.raises(ProviderError) as failed:
+    with pytest.raises(BatchLineFailed) as failed:
         summarize_through_batches(*summarizer(server, counter), counter, work,
                                   ReplayPolicy(LineFallback.DETERMINISTIC, 0))
 
     assert sent == 1 and draft.usage.llm_calls >= 1
-    assert failed.value.reason == "batch_expired"
+    assert failed.value.reason == "batch_line_failed"
+    assert isinstance(failed.value.error, ProviderError)
+    assert failed.value.error.reason == "batch_expired"

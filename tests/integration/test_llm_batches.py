@@ -15,9 +15,9 @@ from tests.support.batch_api import BatchKnobs
 from tests.support.generated import generated_turns
 from tests.support.openai_server import OpenAIServer
 from worker.compaction import build_summarize_messages, parse_summary, summary_json_schema
-from worker.errors import ContextOverflow, ProviderError
+from worker.errors import CompactionError, ContextOverflow, ProviderError
 from worker.summarizers.openai_batch import BatchRequest, BatchState, BatchStatus, LLMBatches
-from worker.summarizers.openai_client import LLMClient, LLMConfig
+from worker.summarizers.openai_client import LLMClient, LLMConfig, LLMReply
 
 MODEL = "summarizer-test"
 
@@ -50,6 +50,16 @@ def summarizer_requests(seed: int, count: int) -> list[BatchRequest]:
     return requests
 
 
+def read_back(batches: LLMBatches, state: BatchState, requests: list[BatchRequest]
+              ) -> tuple[dict[str, LLMReply], dict[str, CompactionError]]:
+    """Each request's reply, or the error its line ended with."""
+    lines = batches.lines(state, [request.custom_id for request in requests])
+    read = {request.custom_id: batches.read_line(lines[request.custom_id], request.messages)
+            for request in requests}
+    return ({key: value for key, value in read.items() if isinstance(value, LLMReply)},
+            {key: value for key, value in read.items() if isinstance(value, CompactionError)})
+
+
 def finished(batches: LLMBatches, state: BatchState) -> BatchState:
     deadline = time.monotonic() + 20
     while not state.status.is_final:
@@ -67,7 +77,7 @@ def test_a_batch_answers_every_request_as_the_synchronous_call_does(
 
     submitted = batches.submit(requests, metadata={"window": "night-1"})
     state = finished(batches, submitted)
-    results = batches.results(state, requests)
+    replies, errors = read_back(batches, state, requests)
     synchronous = {request.custom_id: client.complete_json(
         request.messages, schema=request.schema, max_output_tokens=request.max_output_tokens)
         for request in requests}
@@ -75,9 +85,9 @@ def test_a_batch_answers_every_request_as_the_synchronous_call_does(
     assert submitted.status is BatchStatus.VALIDATING and submitted.total == 0
     assert (state.status, state.total, state.completed, state.failed) == (
         BatchStatus.COMPLETED, 6, 6, 0)
-    assert results.errors == {}
+    assert errors == {}
     for custom_id, reply in synchronous.items():
-        batched = results.replies[custom_id]
+        batched = replies[custom_id]
         assert parse_summary(batched.content) == parse_summary(reply.content)
         assert (batched.prompt_tokens, batched.completion_tokens) == (
             reply.prompt_tokens, reply.completion_tokens)
@@ -93,12 +103,12 @@ def test_unanswered_lines_come_back_as_the_errors_a_call_would_raise(
     server.set_batch_knobs(BatchKnobs(fail_every=4))
     batches = LLMBatches(client)
 
-    results = batches.results(finished(batches, batches.submit(requests)), requests)
+    replies, errors = read_back(batches, finished(batches, batches.submit(requests)), requests)
 
-    assert isinstance(results.errors["s22-1"], ContextOverflow)
-    assert isinstance(results.errors["s22-3"], ProviderError)
-    assert results.errors["s22-3"].reason == "server_error"
-    assert set(results.replies) == {"s22-0", "s22-2", "s22-4", "s22-5"}
+    assert isinstance(errors["s22-1"], ContextOverflow)
+    assert isinstance(errors["s22-3"], ProviderError)
+    assert errors["s22-3"].reason == "server_error"
+    assert set(replies) == {"s22-0", "s22-2", "s22-4", "s22-5"}
 
 
 @pytest.mark.parametrize(("knobs", "status", "reason", "answered"), [
@@ -114,13 +124,13 @@ def test_an_expired_or_failed_batch_names_each_request_it_left_unanswered(
     batches = LLMBatches(client)
 
     state = finished(batches, batches.submit(requests))
-    results = batches.results(state, requests)
+    replies, errors = read_back(batches, state, requests)
 
     assert state.status is status
-    assert len(results.replies) == answered
-    assert {error.reason for error in results.errors.values()} == {reason}
-    assert len(results.errors) == len(requests) - answered
-    assert all(isinstance(error, ProviderError) for error in results.errors.values())
+    assert len(replies) == answered
+    assert {error.reason for error in errors.values()} == {reason}
+    assert len(errors) == len(requests) - answered
+    assert all(isinstance(error, ProviderError) for error in errors.values())
     assert bool(state.errors) is (status is BatchStatus.FAILED)
 
 
@@ -130,7 +140,7 @@ def test_a_cancelled_batch_answers_nothing(server: OpenAIServer, client: LLMClie
     batches = LLMBatches(client)
 
     state = batches.cancel(batches.submit(requests).batch_id)
-    results = batches.results(finished(batches, state), requests)
+    replies, errors = read_back(batches, finished(batches, state), requests)
 
     assert state.status is BatchStatus.CANCELLED
-    assert results.replies == {} and set(results.errors) == {r.custom_id for r in requests}
+    assert replies == {} and set(errors) == {r.custom_id for r in requests}

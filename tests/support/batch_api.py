@@ -178,16 +178,16 @@ class BatchApi:
 
     def _advance(self, batch: _Batch) -> None:
         """Move ``batch`` on as far as the clock and the knobs allow."""
-        knobs, now = self.knobs, self._clock()
-        if batch.status == "validating" and now >= batch.since + knobs.validating_s:
+        knobs = self.knobs
+        if batch.status == "validating" and self._clock() >= batch.since + knobs.validating_s:
             self._validate(batch, knobs)
-        if batch.status == "in_progress" and now >= batch.since + knobs.in_progress_s:
+        if batch.status == "in_progress" and self._clock() >= batch.since + knobs.in_progress_s:
             expiring = knobs.expire
             self._answer(batch, knobs.answered_before_expiry if expiring else None, knobs)
             self._enter(batch, "expired" if expiring else "finalizing")
             if expiring:
                 self._write_files(batch)
-        if batch.status == "finalizing" and now >= batch.since + knobs.finalizing_s:
+        if batch.status == "finalizing" and self._clock() >= batch.since + knobs.finalizing_s:
             self._write_files(batch)
             self._enter(batch, "completed")
         if batch.status == "cancelling":

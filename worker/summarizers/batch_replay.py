@@ -26,8 +26,9 @@ import structlog
 
 from worker.compaction import TokenCounter, parse_message
 from worker.errors import CompactionError
-from worker.summarizers.llm import BatchPending
-from worker.summarizers.openai_batch import BatchRequest
+from worker.summarizers.base import BatchLineFailed, BatchPending
+from worker.summarizers.llm import LLMSummarizer
+from worker.summarizers.openai_batch import BatchRequest, LLMBatches
 from worker.summarizers.openai_client import LLMClient, LLMReply, LLMUsage
 
 log = structlog.get_logger(__name__)
@@ -37,7 +38,7 @@ class LineFallback(StrEnum):
     """What a request a batch failed to answer (expired, cancelled, an error) falls back to."""
 
     SYNC = "sync"  # called synchronously, at full price
-    DETERMINISTIC = "deterministic"  # its error ends the LLM summary: the job falls back
+    DETERMINISTIC = "deterministic"  # the job commits the deterministic summary
 
 
 def request_key(messages: list[dict[str, Any]], max_output_tokens: int) -> str:
@@ -55,12 +56,13 @@ class ReplayPolicy:
 
 
 class BatchReplay:
-    """The summarizer's client for one run of a batched job; thread-safe (map calls of a
-    round run concurrently)."""
+    """The summarizer's client for one run of a batched job; ``answers`` are the lines
+    batches gave, by request key. Thread-safe (map calls of a round run concurrently)."""
 
-    def __init__(self, client: LLMClient, answers: Mapping[str, LLMReply | CompactionError],
+    def __init__(self, client: LLMClient, answers: Mapping[str, Mapping[str, Any]],
                  policy: ReplayPolicy, counter: TokenCounter) -> None:
         self._client = client
+        self._batches = LLMBatches(client)
         self._answers = answers
         self._policy = policy
         self._counter = counter
@@ -77,10 +79,16 @@ class BatchReplay:
         with self._lock:
             return list(self._pending.values())
 
+    def pending_records(self) -> list[dict[str, Any]]:
+        """``pending`` as the parked job stores them (the schema is the prompt version's)."""
+        return [{"key": request.custom_id, "messages": request.messages,
+                 "max_output_tokens": request.max_output_tokens} for request in self.pending]
+
     def complete_json(self, messages: list[dict[str, Any]], *, schema: dict[str, Any],
                       max_output_tokens: int, usage: LLMUsage | None = None) -> LLMReply:
         key = request_key(messages, max_output_tokens)
-        answer = self._answers.get(key)
+        line = self._answers.get(key)
+        answer = self._batches.read_line(line, messages) if line is not None else None
         if isinstance(answer, LLMReply):
             if usage is not None:
                 usage.add(answer)
@@ -101,7 +109,7 @@ class BatchReplay:
         log.warning("batch.line_failed", request=key[:16], error_class=type(error).__name__,
                     reason=error.reason, fallback=self._policy.line_fallback.value)
         if self._policy.line_fallback is LineFallback.DETERMINISTIC:
-            raise error
+            raise BatchLineFailed(error, "batch_line_failed")
         return self._client.complete_json(messages, schema=schema,
                                           max_output_tokens=max_output_tokens, usage=usage)
 
@@ -111,3 +119,30 @@ class BatchReplay:
             return False
         tokens = self._counter.count_messages(parse_message(message) for message in messages)
         return tokens <= limit
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    """One run of a batched job's summarizer: the summarizer, and its requests left
+    waiting when it stops with ``BatchPending``."""
+
+    summarizer: LLMSummarizer
+    replay: BatchReplay
+
+    def pending_records(self) -> list[dict[str, Any]]:
+        return self.replay.pending_records()
+
+
+@dataclass(frozen=True)
+class BatchMode:
+    """Batch mode's summarizer (``COMPACTOR_LLM_MODE=batch``): the configured LLM
+    summarizer, replayed per job over the answers its batches gave."""
+
+    summarizer: LLMSummarizer
+    client: LLMClient
+    policy: ReplayPolicy
+    counter: TokenCounter
+
+    def replay(self, answers: Mapping[str, Mapping[str, Any]]) -> ReplayRun:
+        replay = BatchReplay(self.client, answers, self.policy, self.counter)
+        return ReplayRun(self.summarizer.with_client(replay), replay)

@@ -35,7 +35,7 @@ from worker.compaction import (
 )
 from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
 from worker.shared_state.rate_limit import FleetRateLimiter
-from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
+from worker.summarizers.base import BatchPending, SummaryDraft, SummaryUsage, SummaryWork
 from worker.summarizers.openai_client import LLMReply, LLMUsage
 
 T = TypeVar("T")
@@ -44,11 +44,6 @@ T = TypeVar("T")
 PROMPT_IDENTIFIERS = 40
 # On a context-length error the chunk budget shrinks to this share, once.
 REPLAN_RATIO = 0.6
-
-
-class BatchPending(Exception):
-    """A call whose answer a batch has not given yet: its request waits for the next batch
-    (``worker/summarizers/batch_replay.py``)."""
 
 
 class CompletionClient(Protocol):

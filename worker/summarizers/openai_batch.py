@@ -12,8 +12,8 @@ caller decides, by its setting, whether to call again synchronously or fall back
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
@@ -77,14 +77,6 @@ class BatchRequest:
     max_output_tokens: int
 
 
-@dataclass(frozen=True)
-class BatchResults:
-    """A final batch read back: each request's reply, or the error it ended with."""
-
-    replies: dict[str, LLMReply] = field(default_factory=dict)
-    errors: dict[str, CompactionError] = field(default_factory=dict)
-
-
 class LLMBatches:
     """Batches on the endpoint of ``client`` (its base URL, key, model and retries)."""
 
@@ -108,22 +100,37 @@ class LLMBatches:
     def cancel(self, batch_id: str) -> BatchState:
         return self._call(lambda sdk: _state(sdk.batches.cancel(batch_id)))
 
-    def results(self, state: BatchState, requests: Sequence[BatchRequest]) -> BatchResults:
-        """Read a final batch's output and error files; a request neither names (a
-        batch that failed validation, or was cancelled before its turn) ends as a
-        provider error naming the batch's status."""
-        results = BatchResults()
-        by_id = {request.custom_id: request for request in requests}
+    def lines(self, state: BatchState, custom_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """A final batch's output and error lines for ``custom_ids``, as the provider
+        wrote them; a request neither file names (a batch that failed validation, or was
+        cancelled before its turn) gets an error line naming the batch's status."""
+        wanted = set(custom_ids)
+        found: dict[str, dict[str, Any]] = {}
         for file_id in (state.output_file_id, state.error_file_id):
             if file_id is not None:
-                text = self._read_file(file_id)
-                for line in text.splitlines():
-                    self._read_line(json.loads(line), by_id, results)
-        for custom_id in by_id.keys() - results.replies.keys() - results.errors.keys():
-            results.errors[custom_id] = ProviderError(
-                f"the batch {state.batch_id} ended {state.status.value} without answering "
-                "this request", reason=f"batch_{state.status.value}")
-        return results
+                for text in self._read_file(file_id).splitlines():
+                    line = json.loads(text)
+                    if line.get("custom_id") in wanted:
+                        found[line["custom_id"]] = line
+        for custom_id in wanted - found.keys():
+            found[custom_id] = {"custom_id": custom_id, "response": None, "error": {
+                "code": f"batch_{state.status.value}",
+                "message": f"the batch {state.batch_id} ended {state.status.value} "
+                           "without answering this request"}}
+        return found
+
+    def read_line(self, line: Mapping[str, Any], messages: list[dict[str, Any]]
+                  ) -> LLMReply | CompactionError:
+        """One line's reply, read as the synchronous call's; or the error the call would
+        have raised."""
+        response, error = line.get("response"), line.get("error")
+        if isinstance(response, dict) and 200 <= response.get("status_code", 0) < 300:
+            try:
+                return self._client.read_batch_reply(
+                    json.dumps(response.get("body")).encode(), messages)
+            except CompactionError as exc:
+                return exc
+        return self._line_error(response, error)
 
     def _read_file(self, file_id: str) -> str:
         return self._call(lambda sdk: sdk.files.content(file_id).text)
@@ -133,22 +140,6 @@ class LLMBatches:
                                          request.max_output_tokens)
         return {"custom_id": request.custom_id, "method": "POST", "url": ENDPOINT,
                 "body": body}
-
-    def _read_line(self, line: dict[str, Any], requests: Mapping[str, BatchRequest],
-                   results: BatchResults) -> None:
-        custom_id = line.get("custom_id")
-        request = requests.get(custom_id) if isinstance(custom_id, str) else None
-        if request is None or custom_id is None:
-            return  # not ours: the file answers only what was asked
-        response, error = line.get("response"), line.get("error")
-        if isinstance(response, dict) and 200 <= response.get("status_code", 0) < 300:
-            try:
-                results.replies[custom_id] = self._client.read_batch_reply(
-                    json.dumps(response.get("body")).encode(), request.messages)
-            except CompactionError as exc:
-                results.errors[custom_id] = exc
-            return
-        results.errors[custom_id] = self._line_error(response, error)
 
     def _line_error(self, response: Any, error: Any) -> CompactionError:
         if isinstance(response, dict):  # the endpoint answered this line with an error
