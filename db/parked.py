@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, distinct, func, select
 from sqlalchemy.orm import Session
 
 from db import queries as q
-from db.models import ParkedJobRow, SessionRow
+from db.models import PARK_STATES, ParkedJobRow, SessionRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,15 @@ def add_answers(session: Session, answers: dict[str, dict[str, Any]]) -> None:
         external = session.get_one(SessionRow, row.session_id).session_id
         row.answers = {**row.answers, **answers[external]}
         row.state = "answered"
+
+
+def count_parks(session: Session) -> tuple[dict[str, int], int]:
+    """Parked jobs per state, and the distinct batches the submitted ones wait on."""
+    by_state = dict(session.execute(select(ParkedJobRow.state, func.count())
+                                    .group_by(ParkedJobRow.state)).tuples())
+    batches = session.execute(select(func.count(distinct(ParkedJobRow.batch_id)))
+                              .where(ParkedJobRow.state == "submitted")).scalar_one()
+    return {state: by_state.get(state, 0) for state in PARK_STATES}, int(batches)
 
 
 def _rows(session: Session, session_ids: Sequence[str]) -> list[ParkedJobRow]:

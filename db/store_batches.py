@@ -47,3 +47,8 @@ class BatchStoreMethods(StoreBase):
         """Add the answers a batch gave (session -> request key -> line) to their jobs."""
         with self._write() as session:
             parked.add_answers(session, answers)
+
+    def count_parked_jobs(self) -> tuple[dict[str, int], int]:
+        """Parked jobs per state (open, submitted, answered), and the batches they wait on."""
+        with self._read() as session:
+            return parked.count_parks(session)
