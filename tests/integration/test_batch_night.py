@@ -11,6 +11,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from db import Store, upgrade_database
 from scheduler.batches import PollPolicy, PollReport, poll_batches
 from scheduler.enqueue import QueuedJob
 from tests.support.batch_api import BatchKnobs
+from tests.support.cli import Compactor, compactor_for
 from tests.support.databases import truncate_store_tables
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
@@ -125,7 +127,7 @@ def compacted_costs(store: Store, session_ids: list[str]) -> dict[str, dict[str,
 
 
 def test_a_night_in_batch_mode_compacts_every_due_session_through_batches_at_half_price(
-        postgres_url: str, server: OpenAIServer, tmp_path: Any) -> None:
+        postgres_url: str, server: OpenAIServer, tmp_path: Path) -> None:
     sessions = night_sessions(seed=5, count=12)
     ids = [session["session_id"] for session in sessions]
     batch_runtime = runtime_for(postgres_url, server, "batch")
@@ -227,3 +229,28 @@ def test_a_session_rolled_back_while_parked_is_planned_again_never_applied_stale
     assert results[sid][-1].outcome is Outcome.COMPACTED
     # Planned again on the rolled-back state: the new revision is not built on the stale one.
     assert active is not None and revisions[active].parent_revision_id is None
+
+
+def test_compactor_batches_lists_what_parked_jobs_wait_on_and_polls(
+        postgres_url: str, server: OpenAIServer, tmp_path: Path) -> None:
+    sessions = night_sessions(seed=8, count=3)
+    runtime = runtime_for(postgres_url, server, "batch")
+    import_all(runtime, sessions)
+    server.set_batch_knobs(BatchKnobs(in_progress_s=3_600))
+    try:
+        run_jobs(runtime, [JobRequest(s["session_id"], "nightly") for s in sessions])
+        requests = sum(len(park.requests) for park in runtime.store.parked_jobs())
+    finally:
+        runtime.close()
+    base = compactor_for(postgres_url, tmp_path / "data")
+    compactor = Compactor({**base.env, "COMPACTOR_LLM_BASE_URL": server.base_url,
+                           "COMPACTOR_LLM_MODEL": MODEL})
+
+    waiting = compactor.json("batches", "list")
+    polled = compactor.json("batches", "poll")
+    sent = compactor.json("batches", "list")
+
+    assert waiting == [{"batch_id": None, "status": "waiting", "jobs": 3, "requests": requests}]
+    assert list(polled["submitted"].values()) == [requests] and polled["resumed"] == 0
+    assert sent == [{"batch_id": next(iter(polled["submitted"])), "status": "in_progress",
+                     "jobs": 3, "requests": requests}]

@@ -97,9 +97,6 @@ class LLMBatches:
     def state(self, batch_id: str) -> BatchState:
         return self._call(lambda sdk: _state(sdk.batches.retrieve(batch_id)))
 
-    def cancel(self, batch_id: str) -> BatchState:
-        return self._call(lambda sdk: _state(sdk.batches.cancel(batch_id)))
-
     def lines(self, state: BatchState, custom_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """A final batch's output and error lines for ``custom_ids``, as the provider
         wrote them; a request neither file names (a batch that failed validation, or was
