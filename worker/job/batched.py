@@ -28,7 +28,7 @@ log = structlog.get_logger(__name__)
 AWAITING = "awaiting_batch"
 
 
-def read_park(trace: JobTrace, batching: Batching, snapshot: JobSnapshot[SnapshotMessage]
+def read_park(batching: Batching, snapshot: JobSnapshot[SnapshotMessage]
               ) -> tuple[JobSnapshot[SnapshotMessage], ParkedJob | None]:
     """The snapshot the job plans from and its parked record, if it resumes one: as of the
     head it parked at while its active revision is unchanged; a stale record is dropped.

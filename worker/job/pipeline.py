@@ -154,7 +154,7 @@ def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy
         snapshot = _take_lease(trace.request, deps, policy)
     park = None
     if deps.batching is not None:  # a parked job resumes as of the head it parked at
-        snapshot, park = batched.read_park(trace, deps.batching, snapshot)
+        snapshot, park = batched.read_park(deps.batching, snapshot)
     admitted = admit_job(trace, deps, policy, snapshot.session,
                       breaker_refused=snapshot.breaker_refused)
     with trace.step("plan"):
