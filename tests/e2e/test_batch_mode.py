@@ -20,6 +20,7 @@ from tests.support.batch_api import BatchKnobs
 from tests.support.e2e import EVENT_TIMEOUT_S, JobEnv, JobPublisher, build_job_env, import_records
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
+from tests.support.worker_process import WorkerProcess
 from worker.compaction import ModelPrice, dump_price_table, price_calls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -50,8 +51,14 @@ def newest_outcomes(store: Store, session_ids: list[str]) -> dict[str, str]:
 
 def poll_until_compacted(store: Store, job_env: JobEnv, session_ids: list[str]) -> int:
     """Poll as beat would until every session's newest run compacted; the polls it took."""
+    return poll_until_compacted_or(store, job_env, session_ids, {"compacted"})
+
+
+def poll_until_compacted_or(store: Store, job_env: JobEnv, session_ids: list[str],
+                            outcomes: set[str]) -> int:
+    """Poll as beat would until every session's newest run ended in ``outcomes``."""
     deadline, polls = time.monotonic() + EVENT_TIMEOUT_S, 0
-    while set(newest_outcomes(store, session_ids).values()) != {"compacted"}:
+    while not set(newest_outcomes(store, session_ids).values()) <= outcomes:
         assert time.monotonic() < deadline, newest_outcomes(store, session_ids)
         run_scheduled_poll(job_env.settings, datetime.now(UTC))
         polls += 1
@@ -93,3 +100,36 @@ def test_a_night_in_batch_mode_parks_every_job_without_holding_a_worker_and_fini
         assert figures["cost_usd"] == pytest.approx(price_calls(
             PRICE, prompt_tokens=figures["prompt_tokens"], cached_tokens=figures["cached_tokens"],
             completion_tokens=figures["completion_tokens"], batch=True), abs=1e-9)
+
+
+@pytest.mark.parametrize("fallback", ["sync", "deterministic"])
+def test_an_expired_batch_ends_each_job_loudly_by_the_fallback_setting(
+        pg_store: Store, postgres_url: str, server: OpenAIServer, start_worker: StartWorker,
+        fallback: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    sessions = [generated_session(f"bx{index}", 70) for index in range(3)]
+    ids = [session["session_id"] for session in sessions]
+    import_records(pg_store, sessions)
+    server.set_batch_knobs(BatchKnobs(expire=True, answered_before_expiry=1))
+    env = build_job_env(postgres_url, server.base_url, llm_mode="batch", llm_model=MODEL,
+                        llm_context_tokens=WINDOW_TOKENS, llm_max_output_tokens=1_024,
+                        llm_max_calls_per_job=8, llm_concurrency=4, quiet_period_s=0,
+                        batch_line_fallback=fallback,
+                        llm_prices=dump_price_table({MODEL: PRICE}))
+    worker = WorkerProcess(env.env, tmp_path_factory.mktemp("w") / "worker.log",
+                           concurrency=2, queue=env.queue).start()
+    publisher = JobPublisher(env.settings)
+    try:
+        for sid in ids:
+            publisher.publish(sid, reason="nightly")
+        worker.wait_for_events("compaction.job", len(ids), timeout_s=EVENT_TIMEOUT_S)
+        poll_until_compacted_or(pg_store, env, ids, {"compacted", "fallback"})
+        failed_lines = worker.events("batch.line_failed")
+    finally:
+        publisher.close()
+        worker.stop()
+
+    expected = "compacted" if fallback == "sync" else "fallback"
+    assert set(newest_outcomes(pg_store, ids).values()) == {expected}
+    assert failed_lines and {e["reason"] for e in failed_lines} == {"batch_expired"}
+    assert {e["fallback"] for e in failed_lines} == {fallback}
+    assert pg_store.parked_jobs() == []
