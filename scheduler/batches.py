@@ -1,6 +1,7 @@
 """The batch poller (beat's ``compactor.poll_batches``, ``compactor batches poll``):
 each poll collects the batches that have finished (their answers stored on the parked
-jobs, each job sent again, forced: its decision was taken when it parked), then puts the
+jobs), sends every answered job again (forced: its decision was taken when it parked;
+the queue marker keeps one that is already queued from going twice), then puts the
 requests parked since the last poll into new batches (``batch_max_requests`` each, a
 job's requests never split). The poll interval is the batches' window.
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import redis
 
-from db import ParkedJob, Store, StoreError
+from db import MarkStatus, ParkedJob, Store, StoreError
 from scheduler.enqueue import Publisher, trigger_sessions
 from scheduler.publisher import RedisPublisher
 from worker.compaction import CompactionError, summary_json_schema
@@ -79,10 +80,12 @@ def poll_batches(store: Store, batches: LLMBatches, publisher: Publisher,
             continue
         _collect(store, batches, state, parks)
         report.collected[batch_id] = state.status.value
-        results = trigger_sessions(store, publisher, [park.session_id for park in parks],
-                                   reason=RESUME_REASON, force=True, now=now,
-                                   marker_ttl_s=policy.marker_ttl_s)
-        report.resumed += len(results)
+    # Every answered job, not only this poll's: one whose sending failed goes now (a job
+    # already queued keeps its marker and is not sent twice).
+    answered = [park.session_id for park in store.parked_jobs(state="answered")]
+    results = trigger_sessions(store, publisher, answered, reason=RESUME_REASON, force=True,
+                               now=now, marker_ttl_s=policy.marker_ttl_s)
+    report.resumed += sum(result.status is MarkStatus.ENQUEUED for result in results)
     for parks_of_batch in _windows(store.parked_jobs(state="open"), policy.max_requests):
         state = batches.submit(_requests(parks_of_batch), metadata={"compactor": "night"})
         store.mark_parks_submitted([park.session_id for park in parks_of_batch],
