@@ -2,7 +2,9 @@
 server's Batch API. Every due session's job parks while its batch is held in progress
 (more jobs than worker processes: a parked job holds no slot), the poller sends the
 batch, collects it and sends the jobs again through Redis, and the worker finishes them
-(chunk-and-merge one round per batch) at the Batch API's price."""
+(chunk-and-merge one round per batch) at the Batch API's price. An expired batch ends
+each job by the fallback setting, loudly; a session rolled back while its request was in
+a batch is planned afresh, its stale result never applied."""
 
 from __future__ import annotations
 
@@ -17,7 +19,14 @@ from db import Store
 from scheduler.batches import run_scheduled_poll
 from tests.e2e.conftest import StartWorker
 from tests.support.batch_api import BatchKnobs
-from tests.support.e2e import EVENT_TIMEOUT_S, JobEnv, JobPublisher, build_job_env, import_records
+from tests.support.e2e import (
+    EVENT_TIMEOUT_S,
+    JobEnv,
+    JobPublisher,
+    append_turns,
+    build_job_env,
+    import_records,
+)
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
@@ -42,6 +51,14 @@ def job_env(postgres_url: str, server: OpenAIServer) -> JobEnv:
                          batch_sync_max_prompt_tokens=0, quiet_period_s=0,
                          llm_max_calls_per_job=8, llm_concurrency=4,
                          llm_prices=dump_price_table({MODEL: PRICE}))
+
+
+def wait_parked(store: Store, session_id: str) -> None:
+    """Wait until the session's job parked requests not yet sent."""
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while [p.state for p in store.parked_jobs(session_id=session_id)] != ["open"]:
+        assert time.monotonic() < deadline, store.parked_jobs(session_id=session_id)
+        time.sleep(0.2)
 
 
 def newest_outcomes(store: Store, session_ids: list[str]) -> dict[str, str]:
@@ -132,4 +149,35 @@ def test_an_expired_batch_ends_each_job_loudly_by_the_fallback_setting(
     assert set(newest_outcomes(pg_store, ids).values()) == {expected}
     assert failed_lines and {e["reason"] for e in failed_lines} == {"batch_expired"}
     assert {e["fallback"] for e in failed_lines} == {fallback}
+    assert pg_store.parked_jobs() == []
+
+
+def test_a_session_rolled_back_while_its_request_is_in_a_batch_is_never_applied_stale(
+        pg_store: Store, job_env: JobEnv, publisher: JobPublisher, start_worker: StartWorker,
+        server: OpenAIServer) -> None:
+    session = generated_session("brb", 140)
+    half = len(session["messages"]) // 2 // 4 * 4 + 1  # the system prompt, whole exchanges
+    import_records(pg_store, [{"session_id": "brb", "messages": session["messages"][:half]}])
+    worker = start_worker(concurrency=2)
+    publisher.publish("brb", reason="nightly", force=True)
+    worker.wait_for_events("compaction.job", 1, timeout_s=EVENT_TIMEOUT_S)
+    poll_until_compacted(pg_store, job_env, ["brb"])
+    first = pg_store.get_session("brb").active_revision_id
+    append_turns(pg_store, "brb", session["messages"][half:])
+    server.set_batch_knobs(BatchKnobs(in_progress_s=3_600))
+
+    publisher.publish("brb", reason="nightly", force=True)
+    wait_parked(pg_store, "brb")
+    run_scheduled_poll(job_env.settings, datetime.now(UTC))  # its requests go in a batch
+    parked_on = pg_store.parked_jobs(session_id="brb")[0].revision_id
+    pg_store.rollback("brb")  # while the batch holds its requests
+    server.set_batch_knobs(BatchKnobs())
+    poll_until_compacted(pg_store, job_env, ["brb"])
+    active = pg_store.get_session("brb").active_revision_id
+    revisions = {revision.id: revision for revision in pg_store.revisions("brb")}
+
+    assert first is not None and parked_on == first
+    assert [e["parked_revision_id"] for e in worker.events("batch.park_stale")] == [first]
+    assert active is not None and active != first
+    assert revisions[active].parent_revision_id is None  # planned on the rolled-back state
     assert pg_store.parked_jobs() == []
