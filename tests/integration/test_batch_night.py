@@ -39,6 +39,7 @@ pytestmark = pytest.mark.integration
 MODEL = "test-summarizer"
 PRICE = ModelPrice(input=2.0, cached_input=0.5, output=8.0, batch_discount=0.5)
 WINDOW_TOKENS = 12_000
+MAX_ROUNDS = 8  # a night's rounds: one, then one per chunk-and-merge reduce round
 
 
 @dataclass
@@ -104,7 +105,9 @@ def batch_night(runtime: Runtime, server: OpenAIServer, session_ids: list[str],
     jobs = [JobRequest(session_id, "nightly", task_id=f"first-{session_id}")
             for session_id in session_ids]
     results: dict[str, list[JobResult]] = {session_id: [] for session_id in session_ids}
-    while jobs:
+    for _ in range(MAX_ROUNDS):
+        if not jobs:
+            break
         for result in run_jobs(runtime, jobs):
             results[result.session_id].append(result)
         if on_parked is not None:
@@ -117,6 +120,7 @@ def batch_night(runtime: Runtime, server: OpenAIServer, session_ids: list[str],
                            force=job.kwargs["force"], task_id=job.job_id)
                 for job in publisher.jobs]
         publisher.jobs.clear()
+    assert not jobs, f"jobs still sent after {MAX_ROUNDS} rounds: {jobs}"
     return results, batches
 
 
@@ -254,3 +258,22 @@ def test_compactor_batches_lists_what_parked_jobs_wait_on_and_polls(
     assert list(polled["submitted"].values()) == [requests] and polled["resumed"] == 0
     assert sent == [{"batch_id": next(iter(polled["submitted"])), "status": "in_progress",
                      "jobs": 3, "requests": requests}]
+
+
+def test_a_job_whose_batch_answers_fail_validation_ends_and_leaves_no_parked_record(
+        postgres_url: str, server: OpenAIServer) -> None:
+    sessions = night_sessions(seed=9, count=2)
+    ids = [session["session_id"] for session in sessions]
+    runtime = runtime_for(postgres_url, server, "batch")
+    import_all(runtime, sessions)
+    server.set_behaviour("malformed_json")  # every line answered, none a summary
+    try:
+        results, batches = batch_night(runtime, server, ids)
+        left = runtime.store.parked_jobs()
+    finally:
+        runtime.close()
+
+    finals = {sid: rs[-1] for sid, rs in results.items()}
+    assert batches == 1 and left == []  # not replayed again and again
+    assert {r.outcome for r in finals.values()} == {Outcome.FAILED}
+    assert {r.reason for r in finals.values()} == {"malformed_json"}

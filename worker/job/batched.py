@@ -12,11 +12,14 @@ never applying what it read. Appends after its snapshot stay in the tail.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import structlog
 
-from db import JobSnapshot, ParkedJob
+from db import JobSnapshot, ParkedJob, StoreError
 from worker.errors import Outcome
 from worker.job.admission import Admitted
 from worker.job.planning import JobPlan, SnapshotMessage
@@ -81,6 +84,19 @@ def _park(trace: JobTrace, deps: JobDeps, batching: Batching, plan: JobPlan,
                             lease_owner=deps.lease_owner(trace.request))
     result = trace.result(Outcome.PARKED, AWAITING, None)
     return dataclasses.replace(result, queue_marker_cleared=True)
+
+
+@contextmanager
+def dropped_on_failure(batching: Batching | None, park: ParkedJob | None,
+                       session_id: str) -> Iterator[None]:
+    """Drop the parked record a job resumed when the job fails: replaying its answers
+    would fail the same way, so the next scan plans the session afresh."""
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(StoreError):  # the job's own error is the one to report
+            drop_applied(batching, park, session_id)
+        raise
 
 
 def drop_applied(batching: Batching | None, park: ParkedJob | None, session_id: str) -> None:

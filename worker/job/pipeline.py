@@ -196,8 +196,9 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
     admitted, plan, park = _start(trace, deps, policy)
     # The job's last transaction releases the lease; the heartbeat only extends it while
     # this owner still holds it.
-    with LeaseHeartbeat(lambda: _renew_lease(trace.request, deps, policy),
-                        policy.lease_heartbeat_s):
+    with batched.dropped_on_failure(deps.batching, park, plan.session.session_id), \
+            LeaseHeartbeat(lambda: _renew_lease(trace.request, deps, policy),
+                           policy.lease_heartbeat_s):
         with trace.step("summarize"):
             span = prune_span(deps, policy, plan)
             mentions, plan = plan.span_mentions, plan.without_span()
