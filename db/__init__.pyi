@@ -20,6 +20,7 @@ from .migrate import downgrade_database as downgrade_database
 from .migrate import head_revision as head_revision
 from .migrate import known_revisions as known_revisions
 from .migrate import upgrade_database as upgrade_database
+from .parked import ParkedJob as ParkedJob
 from .queue import MarkResult as MarkResult
 from .queue import MarkStatus as MarkStatus
 from .queue import QueueMarkers as QueueMarkers

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from db import queries as q
 from db.artifacts import recount_artifacts
 from db.errors import MessagePinned, SessionLeased
-from db.models import ArtifactRow, MessageRow, RevisionRow, RunRow, SessionRow
+from db.models import ArtifactRow, MessageRow, ParkedJobRow, RevisionRow, RunRow, SessionRow
 from db.records import DeletedSession, GcBatch, GcPolicy, MessageRecord
 
 
@@ -41,6 +41,8 @@ SESSION_TABLES: tuple[SessionTable, ...] = (
                  lambda pk, sid: delete(ArtifactRow).where(ArtifactRow.session_id == pk)),
     SessionTable("messages",
                  lambda pk, sid: delete(MessageRow).where(MessageRow.session_id == pk)),
+    SessionTable("parked_jobs",
+                 lambda pk, sid: delete(ParkedJobRow).where(ParkedJobRow.session_id == pk)),
     SessionTable("revisions",
                  lambda pk, sid: delete(RevisionRow).where(RevisionRow.session_id == pk)),
     SessionTable("sessions", lambda pk, sid: delete(SessionRow).where(SessionRow.id == pk)),

@@ -36,6 +36,9 @@ NAMING_CONVENTION = {
 
 BREAKER_STATES = ("closed", "open", "half_open")
 SUMMARIZER_KINDS = ("llm", "extractive", "fallback")
+# A parked job's requests wait for a batch (open), are in one (submitted), or its answers
+# are in (answered).
+PARK_STATES = ("open", "submitted", "answered")
 # Mirrors worker.compaction.formats.SessionFormat (db/ may not import worker/).
 SESSION_FORMATS = ("chat", "responses", "anthropic")
 # The artifacts table stores an identifier's sources as bits; mirrors
@@ -183,3 +186,22 @@ class RunRow(Base):
     revision_id: Mapped[int | None] = mapped_column(IdType, ForeignKey("revisions.id"))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ParkedJobRow(Base):
+    """A job waiting on the Batch API: what its snapshot read (the active revision and
+    head it must still find), the summarizer requests for the batch to come, the batch
+    they went into, and the answers batches gave so far (their output or error lines)."""
+
+    __tablename__ = "parked_jobs"
+    __table_args__ = (CheckConstraint(f"state IN ({_quoted(PARK_STATES)})", name="state"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    session_id: Mapped[int] = mapped_column(IdType, ForeignKey("sessions.id"), unique=True)
+    revision_id: Mapped[int | None] = mapped_column(IdType)
+    head_seq: Mapped[int]
+    state: Mapped[str] = mapped_column(index=True)
+    requests: Mapped[list[dict[str, Any]]] = mapped_column(JsonData)
+    batch_id: Mapped[str | None] = mapped_column(index=True)
+    answers: Mapped[dict[str, Any]] = mapped_column(JsonData)
+    parked_at: Mapped[datetime] = mapped_column(UTCDateTime)

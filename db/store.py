@@ -48,6 +48,7 @@ from db.records import (
     ToolCallState,
 )
 from db.revisions import roll_back, roll_forward
+from db.store_batches import BatchStoreMethods
 from db.store_jobs import JobStoreMethods
 from db.store_scheduling import SchedulingStoreMethods
 
@@ -57,7 +58,7 @@ T = TypeVar("T")
 AppendCheck = Callable[[ToolCallState], tuple[Sequence[NewMessage], T]]
 
 
-class Store(JobStoreMethods, SchedulingStoreMethods):
+class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
     """The durable store of sessions, messages, revisions and runs."""
 
     @classmethod

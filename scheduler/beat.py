@@ -24,16 +24,23 @@ from db import Store
 from scheduler.enqueue import Publisher, ScanReport, run_scan
 from scheduler.publisher import RedisPublisher
 from scheduler.selection import ScanPolicy
-from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
+from worker.broker.contract import (
+    GC_TASK_NAME,
+    POLL_BATCHES_TASK_NAME,
+    RECONCILE_TASK_NAME,
+    SCAN_TASK_NAME,
+)
 from worker.logging import get_logger
 from worker.platform.lifecycle import collect_garbage, gc_policy
 from worker.settings.config import Settings, get_settings
+from worker.settings.core import LLMMode
 from worker.shared_state.connection import connect_redis
 from worker.shared_state.keys import RedisKeys
 
 SCAN_ENTRY_NAME = "compactor-nightly-scan"
 GC_ENTRY_NAME = "compactor-gc"
 RECONCILE_ENTRY_NAME = "compactor-reconcile"
+POLL_BATCHES_ENTRY_NAME = "compactor-poll-batches"
 LEASE_SWEEP_ENTRY_NAME = "compactor-lease-sweep"
 BEAT_SCHEDULE_FILENAME = "beat-schedule"
 # Refreshed after every page, so it only has to outlast one page; a scanner that dies
@@ -70,7 +77,8 @@ def scan_crontab(expression: str, setting: str = "scan_cron") -> crontab:
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The beat schedule: one scan at ``scan_cron``, the reconciler every
     ``reconcile_interval_s`` and its quick sweep of dead leases every lease heartbeat
-    (both while the reconciler is on), and garbage collection at ``gc_cron`` when set,
+    (both while the reconciler is on), the batch poller every ``batch_poll_interval_s`` in
+    batch mode, and garbage collection at ``gc_cron`` when set,
     all on the jobs' queue."""
     schedule = {
         SCAN_ENTRY_NAME: {
@@ -89,6 +97,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "task": RECONCILE_TASK_NAME,
             "schedule": timedelta(seconds=settings.effective_lease_heartbeat_s),
             "kwargs": {"leases_only": True},
+            "options": {"queue": settings.queue_name},
+        }
+    if settings.llm_mode is LLMMode.BATCH:
+        schedule[POLL_BATCHES_ENTRY_NAME] = {
+            "task": POLL_BATCHES_TASK_NAME,
+            "schedule": timedelta(seconds=settings.batch_poll_interval_s),
             "options": {"queue": settings.queue_name},
         }
     if settings.gc_cron:

@@ -55,6 +55,7 @@ class CostReport:
     cost_usd: float = 0.0
     unpriced_jobs: int = 0
     cost_at_batch_price_usd: float = 0.0
+    cost_at_sync_price_usd: float = 0.0  # the same tokens called synchronously
     sessions: tuple[SessionSaving, ...] = ()
 
 
@@ -64,7 +65,7 @@ def build_cost_report(runs: Sequence[CostedRun], prices: Mapping[str, ModelPrice
     """Sum ``runs`` into a report; ``session_model``'s input price values the tokens a
     compaction removes from each future request of its session."""
     totals: Counter[str] = Counter()
-    cost_usd = batch_usd = 0.0
+    cost_usd = batch_usd = sync_usd = 0.0
     unpriced = 0
     for costed in runs:
         figures = costed.run.figures or {}
@@ -78,8 +79,11 @@ def build_cost_report(runs: Sequence[CostedRun], prices: Mapping[str, ModelPrice
         elif _count(figures, "llm_calls"):
             unpriced += 1
         if price is not None:
-            batch_usd += price_calls(price, prompt_tokens=prompt, cached_tokens=cached,
-                                     completion_tokens=completion, batch=True)
+            for batch in (False, True):
+                priced = price_calls(price, prompt_tokens=prompt, cached_tokens=cached,
+                                     completion_tokens=completion, batch=batch)
+                batch_usd, sync_usd = (batch_usd + priced, sync_usd) if batch else \
+                    (batch_usd, sync_usd + priced)
     session_price = prices.get(session_model)
     return CostReport(
         since, until, session_model, session_price is not None, jobs=len(runs),
@@ -87,6 +91,7 @@ def build_cost_report(runs: Sequence[CostedRun], prices: Mapping[str, ModelPrice
         llm_calls=totals["llm_calls"], input_tokens=totals["input"],
         cached_tokens=totals["cached"], output_tokens=totals["output"],
         cost_usd=cost_usd, unpriced_jobs=unpriced, cost_at_batch_price_usd=batch_usd,
+        cost_at_sync_price_usd=sync_usd,
         sessions=tuple(_saving(costed, session_price) for costed in runs
                        if costed.compacted_at is not None))
 

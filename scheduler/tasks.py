@@ -1,5 +1,5 @@
-"""The scheduler's tasks as a worker registers them: the scan, the reconciler's sweep and
-garbage collection, each run on a worker when beat sends it.
+"""The scheduler's tasks as a worker registers them: the scan, the reconciler's sweep,
+garbage collection and the batch poller, each run on a worker when beat sends it.
 
 Every worker registers them (the Celery app's ``include``), but few pool children ever
 run one: each task imports its module on its first run, so a child that only compacts
@@ -9,7 +9,12 @@ holds none of the scheduler's code (~1.2 MiB of every child's baseline otherwise
 from __future__ import annotations
 
 from worker.broker.celery_app import app
-from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
+from worker.broker.contract import (
+    GC_TASK_NAME,
+    POLL_BATCHES_TASK_NAME,
+    RECONCILE_TASK_NAME,
+    SCAN_TASK_NAME,
+)
 
 
 @app.task(name=SCAN_TASK_NAME, ignore_result=True)
@@ -36,3 +41,13 @@ def collect_garbage() -> str:
     from scheduler.beat import collect_garbage_now
 
     return collect_garbage_now()
+
+
+@app.task(name=POLL_BATCHES_TASK_NAME, ignore_result=True)
+def poll_batches() -> str:
+    """``compactor.poll_batches``: collect finished batches, send their jobs again, and
+    submit the requests parked since (sent by beat every ``batch_poll_interval_s`` in
+    batch mode)."""
+    from scheduler.batches import poll_and_report
+
+    return poll_and_report()

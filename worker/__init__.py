@@ -24,5 +24,6 @@ __all__ = [
     "scrub",
     "settings",
     "shared_state",
+    "summarizers",
     "tokenizer",
 ]

@@ -36,6 +36,8 @@ class FleetState:
     session_breakers: dict[str, int] | None
     provider_breaker: str | None
     queue_depth: int | None
+    parked_jobs: dict[str, int] | None = None  # per state (batch mode)
+    open_batches: int | None = None
 
 
 class FleetStateCollector(Collector):
@@ -69,6 +71,16 @@ class FleetStateCollector(Collector):
             depth.add_metric([self._queue], state.queue_depth)
             yield depth
 
+        if state.parked_jobs is not None:
+            parked = GaugeMetricFamily("compactor_parked_jobs", "Jobs parked on the Batch "
+                                       "API, by state (open: not sent yet).", labels=["state"])
+            for name, count in state.parked_jobs.items():
+                parked.add_metric([name], count)
+            yield parked
+        if state.open_batches is not None:
+            yield GaugeMetricFamily("compactor_open_batches", "Batch API batches parked "
+                                    "jobs wait on.", value=state.open_batches)
+
     def _state(self) -> FleetState:
         with self._lock:  # concurrent scrapes share one reading
             now = self._clock()
@@ -88,17 +100,21 @@ class FleetStateReader:
 
     def __call__(self) -> FleetState:
         provider, depth = self._read_redis()
-        return FleetState(self._read_breakers(), provider, depth)
+        breakers, parked, batches = self._read_database()
+        return FleetState(breakers, provider, depth, parked, batches)
 
-    def _read_breakers(self) -> dict[str, int] | None:
+    def _read_database(self) -> tuple[dict[str, int] | None, dict[str, int] | None,
+                                      int | None]:
+        """Sessions per breaker state, parked jobs per state and their open batches."""
         try:
             if self._store is None:
                 self._store = Store.from_url(self._settings.effective_database_url)
-            return self._store.count_breakers()
+            parked, batches = self._store.count_parked_jobs()
+            return self._store.count_breakers(), parked, batches
         except StoreError as exc:
             get_logger().warning("metrics.state_unreadable", source="database",
                                  error_class=type(exc).__name__)
-            return None
+            return None, None, None
 
     def _read_redis(self) -> tuple[str | None, int | None]:
         queue = f"{self._settings.redis_key_prefix}{self._settings.queue_name}"

@@ -14,10 +14,10 @@ import redis
 
 from db import Store
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy
-from worker.job.ports import JobStore
+from worker.job.ports import Batching, JobStore
 from worker.job.values import JobDeps, JobPolicy
 from worker.settings.config import Settings
-from worker.settings.core import BreakerOpenPolicy, SummarizerKind
+from worker.settings.core import BreakerOpenPolicy, LLMMode, SummarizerKind
 from worker.shared_state.attempt_journal import AttemptJournal
 from worker.shared_state.connection import connect_redis
 from worker.shared_state.deliveries import DeliveryCounter
@@ -97,13 +97,15 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
                                        trial_s=settings.worst_case_llm_call_s,
                                        clock=utc_now)
     job_store: JobStore = store  # mypy proves the store implements the job's port
+    summarizer = build_summarizer(settings, counter, client, keys)
     deps = JobDeps(
         store=job_store,
-        summarizer=build_summarizer(settings, counter, client, keys),
+        summarizer=summarizer,
         fallback=ExtractiveSummarizer(counter, kind="fallback"),
         counter=counter,
         provider_breaker=provider_breaker,
         clock=utc_now,
+        batching=build_batching(settings, summarizer, counter, store),
     )
     delivery_counter = (
         DeliveryCounter(client, keys, ttl_s=settings.broker_visibility_timeout_s * 4)
@@ -159,6 +161,26 @@ def build_summarizer(
         rate_limiter=limiter,
         price=settings.price_table.get(settings.llm_model),
     )
+
+
+def build_batching(settings: Settings, summarizer: Summarizer, counter: TokenCounter,
+                   store: Store) -> Batching | None:
+    """Batch mode's parts when ``llm_mode`` is batch and the summarizer is the LLM."""
+    if settings.llm_mode is not LLMMode.BATCH or not summarizer.uses_provider:
+        return None
+    from worker.summarizers.batch_replay import (  # the SDK loads only when it is used
+        BatchMode,
+        LineFallback,
+        ReplayPolicy,
+    )
+    from worker.summarizers.llm import LLMSummarizer
+    from worker.summarizers.openai_client import LLMClient
+
+    assert isinstance(summarizer, LLMSummarizer)  # uses_provider: build_summarizer's LLM
+    policy = ReplayPolicy(LineFallback(settings.batch_line_fallback.value),
+                          settings.batch_sync_max_prompt_tokens)
+    mode = BatchMode(summarizer, LLMClient(llm_config(settings), counter), policy, counter)
+    return Batching(mode=mode, store=store)
 
 
 def llm_config(settings: Settings) -> LLMConfig:

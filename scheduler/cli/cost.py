@@ -68,7 +68,8 @@ def _print_report(report: CostReport) -> None:
         f"{report.llm_calls:,} LLM calls; tokens: {report.input_tokens:,} input, "
         f"{report.cached_tokens:,} cached, {report.output_tokens:,} output", highlight=False)
     console.print(f"cost: ${report.cost_usd:.4f} (through the Batch API: "
-                  f"${report.cost_at_batch_price_usd:.4f})", highlight=False)
+                  f"${report.cost_at_batch_price_usd:.4f}; synchronous: "
+                  f"${report.cost_at_sync_price_usd:.4f})", highlight=False)
     if report.unpriced_jobs:
         console.print(f"{report.unpriced_jobs:,} jobs called a model without a price in "
                       "COMPACTOR_LLM_PRICES: their cost is unknown and left out",

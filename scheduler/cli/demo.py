@@ -8,9 +8,10 @@ started together on one Redis neither take nor delete each other's jobs and keys
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -218,11 +219,32 @@ def _work(store: Store, settings: Settings, jobs: list[QueuedJob], concurrency: 
         with worker_process(worker_env(settings), log_path, concurrency) as worker:
             console.print(f"worker: `compactor worker` pid {worker.pid} ready (concurrency "
                           f"{concurrency}), log {log_path}", highlight=False, soft_wrap=True)
-            runs = wait_for_jobs(store, jobs, worker, timeout_s, settings.max_transient_retries)
+            runs = wait_for_jobs(store, jobs, worker, timeout_s, settings.max_transient_retries,
+                                 _batch_poller(settings))
         console.print(f"worker: pid {worker.pid} stopped", highlight=False, soft_wrap=True)
     except DemoServiceError as exc:
         fail(str(exc))
     return runs
+
+
+def _batch_poller(settings: Settings) -> Callable[[], None] | None:
+    """In batch mode, the poll beat would run: the demo's jobs park until it does."""
+    from worker.settings.core import LLMMode
+
+    if settings.llm_mode is not LLMMode.BATCH:
+        return None
+    from scheduler.batches import run_scheduled_poll
+
+    # The SDK's HTTP client logs each request at info: the poll's events say enough.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    stdout_console().print("batch mode: the jobs park; each poll sends their requests as "
+                           "a batch, collects it and sends them again", highlight=False,
+                           soft_wrap=True)
+
+    def poll() -> None:
+        run_scheduled_poll(settings, datetime.now(UTC))
+
+    return poll
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

@@ -68,27 +68,37 @@ def _transient_failures() -> frozenset[str]:
     return frozenset(found)
 
 
-def final_run(store: Store, job: QueuedJob, max_transient_retries: int) -> RunRecord | None:
-    """The run that ended ``job``; None while it has not ended (or will be retried)."""
-    runs = [run for run in store.runs(session_id=session_of(job), limit=50)
-            if run.task_id == job.job_id]
+def final_run(store: Store, job: QueuedJob, max_transient_retries: int, *,
+              batched: bool = False) -> RunRecord | None:
+    """The run that ended ``job``; None while it has not ended (or will be retried).
+    ``batched``: a job that parked ends with the session's newest run that did not (the
+    poller sent it again under another id)."""
+    every = store.runs(session_id=session_of(job), limit=50)
+    runs = [run for run in every if run.task_id == job.job_id]
     if not runs:
         return None
-    newest = runs[0]
+    newest = every[0] if batched else runs[0]
+    if newest.outcome == "parked" or (batched and newest.reason == "awaiting_batch"):
+        return None
     retrying = (newest.outcome == "failed" and newest.failure_class in _transient_failures()
                 and len(runs) <= max_transient_retries)
     return None if retrying else newest
 
 
 def wait_for_jobs(store: Store, jobs: list[QueuedJob], worker: WorkerProcess, timeout_s: float,
-                  max_transient_retries: int) -> dict[str, RunRecord]:
-    """Show a progress bar until every job has its final run; return them by session."""
+                  max_transient_retries: int, poll_batches: Callable[[], None] | None = None
+                  ) -> dict[str, RunRecord]:
+    """Show a progress bar until every job has its final run; return them by session.
+    ``poll_batches`` (batch mode): run between looks, as beat would, until jobs end."""
     done: dict[str, RunRecord] = {}
     deadline = time.monotonic() + timeout_s
     with _progress(len(jobs)) as advance:
         while len(done) < len(jobs):
+            if poll_batches is not None:
+                poll_batches()
             for job in _pending(jobs, done):
-                run = final_run(store, job, max_transient_retries)
+                run = final_run(store, job, max_transient_retries,
+                                batched=poll_batches is not None)
                 if run is not None:
                     done[session_of(job)] = run
                     advance()

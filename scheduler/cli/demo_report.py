@@ -19,6 +19,7 @@ from db import CostedRun, RunRecord, SessionState
 from scheduler.cli.common import display_url, readable_table, shown
 from scheduler.cli.sessions import projection_table
 from worker.platform.ingest import ImportStatus, SessionReport
+from worker.settings.core import LLMMode
 
 if TYPE_CHECKING:
     from db import Store
@@ -110,6 +111,9 @@ def print_cost(console: Console, settings: Settings, runs: list[RunRecord]) -> N
     prompt = report.input_tokens + report.cached_tokens
     priced = (f"cost ${report.cost_usd:.4f} (through the Batch API: "
               f"${report.cost_at_batch_price_usd:.4f})")
+    if settings.llm_mode is LLMMode.BATCH:
+        priced = (f"the night cost ${report.cost_usd:.4f} through the Batch API "
+                  f"(synchronous calls: ${report.cost_at_sync_price_usd:.4f})")
     if report.unpriced_jobs:
         priced = f"cost unknown: {shown(settings.llm_model)} has no price in COMPACTOR_LLM_PRICES"
     console.print(

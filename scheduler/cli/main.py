@@ -26,6 +26,7 @@ from scheduler.cli import (
     schedule,
     sessions,
 )
+from scheduler.cli.batches import batches_app
 from scheduler.cli.db import db_app
 from scheduler.cli.dead import dead_app
 from scheduler.cli.groups import CommandGroup
@@ -101,6 +102,7 @@ def _log_crash(exc_type: type[BaseException], exc: BaseException,
 
 app.add_typer(db_app, name="db")
 app.add_typer(dead_app, name="dead")
+app.add_typer(batches_app, name="batches")
 app.command("import")(data.import_command)
 app.command("export")(data.export_command)
 app.command("append")(platform.append_command)

@@ -24,6 +24,7 @@ from scheduler.beat import (
     BEAT_SCHEDULE_FILENAME,
     GC_ENTRY_NAME,
     LEASE_SWEEP_ENTRY_NAME,
+    POLL_BATCHES_ENTRY_NAME,
     RECONCILE_ENTRY_NAME,
     SCAN_ENTRY_NAME,
     beat_schedule,
@@ -35,7 +36,12 @@ from scheduler.enqueue import ScanReport
 from tests.support.raw_producer import read_queue
 from tests.support.scheduling import Broker, isolated_broker, put_session
 from tests.support.worker_process import WorkerProcess
-from worker.broker.contract import GC_TASK_NAME, RECONCILE_TASK_NAME, SCAN_TASK_NAME
+from worker.broker.contract import (
+    GC_TASK_NAME,
+    POLL_BATCHES_TASK_NAME,
+    RECONCILE_TASK_NAME,
+    SCAN_TASK_NAME,
+)
 from worker.settings.config import Settings
 from worker.shared_state.keys import RedisKeys
 
@@ -214,3 +220,14 @@ def test_the_quick_lease_sweep_runs_every_heartbeat_while_the_reconciler_is_on()
     assert sweep["schedule"] == timedelta(seconds=10)  # a third of the 30 s lease
     assert full["schedule"] == timedelta(seconds=300)
     assert LEASE_SWEEP_ENTRY_NAME not in beat_schedule(Settings(reconcile_interval_s=0))
+
+
+def test_the_batch_poller_is_scheduled_only_in_batch_mode() -> None:
+    assert POLL_BATCHES_ENTRY_NAME not in beat_schedule(Settings())
+    settings = Settings(llm_mode="batch", batch_poll_interval_s=120, queue_name="nightly")
+
+    entry = beat_schedule(settings)[POLL_BATCHES_ENTRY_NAME]
+
+    assert entry["task"] == POLL_BATCHES_TASK_NAME == "compactor.poll_batches"
+    assert entry["schedule"] == timedelta(seconds=120)
+    assert entry["options"] == {"queue": "nightly"}

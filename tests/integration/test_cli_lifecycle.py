@@ -55,7 +55,8 @@ def test_delete_says_what_it_removed_and_the_session_is_gone(
     result = compactor("delete", "s")
 
     assert result.exit_code == 0, result.output
-    assert "deleted s: 3 runs, 0 artifacts, 8 messages, 3 revisions, 1 sessions" in result.stdout
+    assert ("deleted s: 3 runs, 0 artifacts, 8 messages, 0 parked_jobs, 3 revisions, "
+            "1 sessions") in result.stdout
     assert compactor("show", "s").exit_code == 1
 
 
@@ -71,7 +72,7 @@ def test_delete_is_refused_while_a_job_holds_the_lease_and_forced_deletes(
 
     forced = compactor.json("delete", "s", "--force")
     assert forced["removed"] == {"runs": 3, "artifacts": 0, "messages": 8, "revisions": 3,
-                                 "sessions": 1}
+                                 "parked_jobs": 0, "sessions": 1}
     assert forced["broken_lease_owner"] == "worker-1:task-9"
 
 

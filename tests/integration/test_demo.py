@@ -22,6 +22,7 @@ from sqlalchemy import Engine, select
 
 from db import Store, create_db_engine
 from db.models import SessionRow
+from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import parse_log_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -212,3 +213,25 @@ def test_two_demos_started_together_on_one_redis_both_compact(tmp_path: Path) ->
         assert name is not None and name["queue"].startswith("compactor-demo-")
         assert_compacted_and_saved(output)
         assert redis_keys(name["prefix"]) == []
+
+
+NIGHT_COST = re.compile(r"the night cost \$([\d.]+) through the Batch API "
+                        r"\(synchronous calls: \$([\d.]+)\)")
+
+
+def test_demo_in_batch_mode_runs_its_due_sessions_through_a_batch_and_prices_the_night(
+        tmp_path: Path) -> None:
+    demo = Demo(tmp_path / "data")
+    with OpenAIServer(latency_ms=0) as server:
+        demo.env |= {"OPENAI_BASE_URL": server.base_url, "COMPACTOR_LLM_MODE": "batch"}
+        output = demo.run("--seed", "7", "--count", "6")
+        batches = server.batch_ids
+        # The worker's start check makes the one direct call (a tiny request).
+        summaries = [r for r in server.requests if r.prompt_tokens > 100]
+
+    assert_compacted_and_saved(output)
+    assert batches and {r.path for r in summaries} == {"/v1/batches"}, output
+    cost = NIGHT_COST.search(output)
+    assert cost is not None, output
+    night, synchronous = float(cost.group(1)), float(cost.group(2))
+    assert night > 0 and night == pytest.approx(synchronous / 2, abs=1e-4)

@@ -53,7 +53,7 @@ def test_delete_erases_every_row_of_the_session_and_says_how_many(store: Store) 
     deleted = store.delete_session("gone", now=T0)
 
     assert deleted.removed == {"runs": 3, "artifacts": 1, "messages": 7, "revisions": 2,
-                               "sessions": 1}
+                               "parked_jobs": 0, "sessions": 1}
     assert list(deleted.removed) == [table.name for table in SESSION_TABLES]
     assert (deleted.queued_job_id, deleted.broken_lease_owner) == ("job-7", None)
     with pytest.raises(SessionNotFound):

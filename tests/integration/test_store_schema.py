@@ -41,7 +41,8 @@ from worker.compaction.messages import INSTRUCTION_ROLES as MODEL_INSTRUCTION_RO
 
 pytestmark = pytest.mark.integration
 
-STORE_TABLES = {"sessions", "messages", "revisions", "runs", "artifacts"}
+STORE_TABLES = {"sessions", "messages", "revisions", "runs", "artifacts",
+                "parked_jobs"}
 LZ4_MIGRATION = importlib.import_module("db.migrations.versions.0005_lz4_toast")
 LARGE_COLUMNS: tuple[tuple[str, str], ...] = LZ4_MIGRATION.LARGE_COLUMNS
 

@@ -9,6 +9,9 @@ request (an ``X-Test-Behaviour`` header) or per prompt (a ``[[behave:SPEC]]`` ma
 where SPEC is a behaviour, optionally ``:N`` to misbehave N times and then answer ok.
 Run it alone with ``python -m tests.support.openai_server --port 0``.
 
+It speaks the Files and Batch APIs too (``tests/support/batch_api.py``): each batch line is
+answered by the same chat logic, log and usage as the synchronous request.
+
 Usage reports ``prompt_tokens_details.cached_tokens`` from a prompt cache that behaves as
 OpenAI's (``tests/support/prompt_cache.py``).
 
@@ -39,6 +42,7 @@ from pydantic import ValidationError
 
 from tests.support.agent_replies import answer_agent_turn, is_agent_turn
 from tests.support.anthropic_api import answer_messages
+from tests.support.batch_api import BatchApi, BatchKnobs
 from tests.support.openai_behaviours import (
     Behaviour,
     BehaviourSpec,
@@ -157,6 +161,10 @@ class _State:
     served: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     max_in_flight: int = 0
+    batches: BatchApi = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batches = BatchApi(functools.partial(_answer_line, self))
 
     def resolve(self, source: str, spec: BehaviourSpec) -> Behaviour:
         """Return this request's behaviour, spending one of ``spec``'s N times."""
@@ -259,6 +267,14 @@ class OpenAIServer:
         with ledger.lock:
             return list(ledger.rejected)
 
+    def set_batch_knobs(self, knobs: BatchKnobs) -> None:
+        """Make batches slow, expire or fail (``tests/support/batch_api.py``), from now on."""
+        self._state.batches.knobs = knobs
+
+    @property
+    def batch_ids(self) -> list[str]:
+        return self._state.batches.batch_ids()
+
     def clear_log(self) -> None:
         with self._state.lock:
             self._state.log.clear()
@@ -288,6 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def do_GET(self) -> None:
+        if self._answer_batch_api("GET", b""):
+            return
         if urlsplit(self.path).path.rstrip("/") != "/v1/models":
             self._send(error_reply(404, f"Unknown path {self.path}", "invalid_request_error"))
             return
@@ -297,6 +315,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self._answer_batch_api("POST", raw):
+            return
         if urlsplit(self.path).path.rstrip("/") in AGENT_ENDPOINTS:
             self._send(self._answer_agent(_parse_body(raw)))
             return
@@ -315,34 +335,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(reply)
 
     def _answer_chat(self, seen: _Seen) -> Reply:
-        """Log the request (refused ones too) and decide its reply."""
+        headers = {name.lower(): value for name, value in self.headers.items()}
         state = self.server.state
-        body, request = seen.body, seen.request
         authorized = not state.api_key or (
             self.headers.get("Authorization") == f"Bearer {state.api_key}")
-        behaviour = self._resolve_behaviour(request) if request and authorized else None
+        return _answer_seen(state, seen, headers, self.path, authorized)
+
+    def _answer_batch_api(self, method: str, raw: bytes) -> bool:
+        """Answer a Files or Batch API request; False when the path is neither's."""
         headers = {name.lower(): value for name, value in self.headers.items()}
-        cached_tokens = 0
-        if behaviour is not None and body is not None:
-            key = body.get("prompt_cache_key")
-            cached_tokens = state.prompt_cache.serve(
-                seen.prompt_blocks(), key if isinstance(key, str) else None)
-        with state.lock:
-            state.log.append(RecordedRequest(headers, body or {},
-                                             request.prompt_tokens if request else 0, behaviour,
-                                             self.path, cached_tokens))
-            config = state.config
-        if not authorized:
-            return error_reply(401, "Incorrect API key provided.", "invalid_request_error",
-                               code="invalid_api_key")
-        if request is None or behaviour is None:
-            return error_reply(400, "Invalid 'messages'.", "invalid_request_error",
-                               param="messages")
-        if is_agent_turn(request):
-            return answer_agent_turn(request, config, _counter())
-        reply = state.memo.reply(seen, (behaviour, config),
-                                 lambda: answer_chat(behaviour, request, config, _counter()))
-        return _with_cached_tokens(reply, cached_tokens)
+        reply = self.server.state.batches.route(method, urlsplit(self.path).path, headers, raw)
+        if reply is not None:
+            self._send(reply)
+        return reply is not None
 
     def _answer_agent(self, body: dict[str, Any] | None) -> Reply:
         state, path = self.server.state, urlsplit(self.path).path.rstrip("/")
@@ -351,18 +356,6 @@ class _Handler(BaseHTTPRequestHandler):
             state.log.append(RecordedRequest(headers, body or {}, 0, None, self.path))
             model = state.config.model
         return AGENT_ENDPOINTS[path](body, state.ledgers[path], model)
-
-    def _resolve_behaviour(self, request: ChatRequest) -> Behaviour:
-        state = self.server.state
-        header = self.headers.get(BEHAVIOUR_HEADER)
-        if header:
-            return state.resolve("header", BehaviourSpec.parse(header))
-        marker = _MARKER.search("\n".join(message.text for message in request.messages))
-        if marker:
-            return state.resolve("marker", BehaviourSpec.parse(marker.group(1)))
-        with state.lock:
-            spec = state.behaviour
-        return state.resolve("run", spec)
 
     def _send(self, reply: Reply) -> None:
         data = reply.body if reply.body is not None else json.dumps(reply.payload).encode()
@@ -379,6 +372,53 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True  # the rest of the promised body never comes
 
+
+
+def _answer_seen(state: _State, seen: _Seen, headers: dict[str, str], path: str,
+                 authorized: bool) -> Reply:
+    """Log a chat request (refused ones too) and decide its reply."""
+    body, request = seen.body, seen.request
+    behaviour = (_resolve_behaviour(state, request, headers.get(BEHAVIOUR_HEADER.lower()))
+                 if request and authorized else None)
+    cached_tokens = 0
+    if behaviour is not None and body is not None:
+        key = body.get("prompt_cache_key")
+        cached_tokens = state.prompt_cache.serve(
+            seen.prompt_blocks(), key if isinstance(key, str) else None)
+    with state.lock:
+        state.log.append(RecordedRequest(headers, body or {},
+                                         request.prompt_tokens if request else 0, behaviour,
+                                         path, cached_tokens))
+        config = state.config
+    if not authorized:
+        return error_reply(401, "Incorrect API key provided.", "invalid_request_error",
+                           code="invalid_api_key")
+    if request is None or behaviour is None:
+        return error_reply(400, "Invalid 'messages'.", "invalid_request_error",
+                           param="messages")
+    if is_agent_turn(request):
+        return answer_agent_turn(request, config, _counter())
+    reply = state.memo.reply(seen, (behaviour, config),
+                             lambda: answer_chat(behaviour, request, config, _counter()))
+    return _with_cached_tokens(reply, cached_tokens)
+
+
+def _answer_line(state: _State, body: dict[str, Any]) -> Reply:
+    """A batch line's reply: the same logic, log and usage as the synchronous request."""
+    seen = state.memo.seen(json.dumps(body).encode())
+    return _answer_seen(state, seen, {}, "/v1/batches", authorized=True)
+
+
+def _resolve_behaviour(state: _State, request: ChatRequest, header: str | None) -> Behaviour:
+    """The request's behaviour: its header's, its prompt's marker's, else the run's."""
+    if header:
+        return state.resolve("header", BehaviourSpec.parse(header))
+    marker = _MARKER.search("\n".join(message.text for message in request.messages))
+    if marker:
+        return state.resolve("marker", BehaviourSpec.parse(marker.group(1)))
+    with state.lock:
+        spec = state.behaviour
+    return state.resolve("run", spec)
 
 
 def _with_cached_tokens(reply: Reply, cached_tokens: int) -> Reply:

@@ -41,7 +41,9 @@ FACES = (
     # The LLM summarizer loads the OpenAI SDK: it is imported by its module, and only
     # where it is configured.
     Face("worker.summarizers", frozenset({"worker.summarizers.llm",
-                                          "worker.summarizers.openai_client"})),
+                                          "worker.summarizers.openai_client",
+                                          "worker.summarizers.openai_batch",
+                                          "worker.summarizers.batch_replay"})),
 )
 
 # Which part of the worker may import which (``db`` is the database's face). A new arrow is

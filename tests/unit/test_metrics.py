@@ -72,7 +72,8 @@ def test_the_fleet_state_is_read_once_per_interval_and_parses_as_exposition() ->
 
     def read_state() -> FleetState:
         reads.append(now[0])
-        return FleetState({"open": 3}, "half_open", 7)
+        return FleetState({"open": 3}, "half_open", 7,
+                          {"open": 2, "submitted": 5, "answered": 0}, 1)
 
     registry = CollectorRegistry()
     registry.register(FleetStateCollector(read_state, "compaction", ttl_s=10,
@@ -90,6 +91,8 @@ def test_the_fleet_state_is_read_once_per_interval_and_parses_as_exposition() ->
     assert samples[("compactor_provider_breaker", (("state", "half_open"),))] == 1
     assert samples[("compactor_provider_breaker", (("state", "closed"),))] == 0
     assert samples[("compactor_queue_depth", (("queue", "compaction"),))] == 7
+    assert samples[("compactor_parked_jobs", (("state", "submitted"),))] == 5
+    assert samples[("compactor_open_batches", ())] == 1
 
 
 def test_a_source_that_cannot_be_read_leaves_its_gauges_out() -> None:
@@ -101,7 +104,7 @@ def test_a_source_that_cannot_be_read_leaves_its_gauges_out() -> None:
 
 def test_the_readme_names_exactly_the_metrics_the_endpoint_exposes() -> None:
     registry = observed(job_event_fields(a_result()))
-    registry.register(FleetStateCollector(lambda: FleetState({}, "closed", 0), "q"))
+    registry.register(FleetStateCollector(lambda: FleetState({}, "closed", 0, {}, 0), "q"))
     # Outside multiprocess mode each metric has a _created series too; the endpoint's not.
     exposed = {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())
                if not f.name.endswith("_created")}

@@ -16,9 +16,11 @@ TASK_NAME = "compactor.compact_session"
 SCAN_TASK_NAME = "compactor.scan"
 GC_TASK_NAME = "compactor.gc"  # registered by scheduler/tasks.py, as the scan
 RECONCILE_TASK_NAME = "compactor.reconcile"  # registered by scheduler/tasks.py
+POLL_BATCHES_TASK_NAME = "compactor.poll_batches"  # registered by scheduler/tasks.py
 # The only task names a worker runs from its queue: Celery's built-in tasks
 # (``celery.accumulate``, ``celery.chord_unlock``...) are refused like any unknown name.
-SERVICE_TASK_NAMES = frozenset({TASK_NAME, SCAN_TASK_NAME, GC_TASK_NAME, RECONCILE_TASK_NAME})
+SERVICE_TASK_NAMES = frozenset({TASK_NAME, SCAN_TASK_NAME, GC_TASK_NAME, RECONCILE_TASK_NAME,
+                                POLL_BATCHES_TASK_NAME})
 MAX_TASK_ID_CHARS = 255
 MAX_HEADERS_CHARS = 16_384  # the headers object as JSON: Celery's reprs stay near 1 KiB each
 MAX_SESSION_ID_CHARS = 512

@@ -17,6 +17,7 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
     BREAKER_OPEN = "breaker_open"
     CONFLICT = "conflict"
+    PARKED = "parked"  # its summarizer requests wait in a batch (COMPACTOR_LLM_MODE=batch)
     REJECTED = "rejected"
     FAILED = "failed"
 

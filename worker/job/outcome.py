@@ -32,7 +32,8 @@ RESULT_FIELDS: dict[str, str] = {
                "contradicts the span's record), `skipped` (nothing to do, e.g. `under_trigger`, "
                "`anti_thrash`, `lease_held`), `breaker_open` (the session's breaker is open), "
                "`conflict` (the active revision changed under the job; nothing written), "
-               "`rejected` (malformed message, unknown session), `failed`",
+               "`parked` (batch mode: its requests wait for a batch, reason "
+               "`awaiting_batch`), `rejected` (malformed message, unknown session), `failed`",
     "reason": "the outcome's reason: the plan's decision (`over_trigger`, `forced`, "
               "`under_trigger`, `anti_thrash`, `thrash_lifted`, `nothing_to_summarize`) or "
               "the failure's (`timeout`, `rate_limited`, `server_error`, `connection`, "

@@ -18,6 +18,7 @@ from db import (
     BreakerUpdate,
     JobSnapshot,
     NewRevision,
+    ParkedJob,
     SnapshotGate,
     StoreError,
 )
@@ -44,6 +45,7 @@ from worker.errors import (
     SummaryInvalid,
     to_job_error,
 )
+from worker.job import batched
 from worker.job.admission import (
     Admitted,
     admit_job,
@@ -141,7 +143,8 @@ def _renew_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy) -> bool:
                                   policy.lease_ttl_s, deps.clock())
 
 
-def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted, JobPlan]:
+def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy
+           ) -> tuple[Admitted, JobPlan, ParkedJob | None]:
     """Take the lease with the snapshot, pass the session's breaker, plan, then pass the
     provider's; only the plan outlives this call (the snapshot's list of messages is
     freed with it). A job the plan skips never takes the provider breaker's one trial."""
@@ -149,13 +152,16 @@ def _start(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> tuple[Admitted,
         # Set first: a snapshot that fails to read may leave the lease taken.
         trace.lease_tried = True
         snapshot = _take_lease(trace.request, deps, policy)
+    park = None
+    if deps.batching is not None:  # a parked job resumes as of the head it parked at
+        snapshot, park = batched.read_park(deps.batching, snapshot)
     admitted = admit_job(trace, deps, policy, snapshot.session,
                       breaker_refused=snapshot.breaker_refused)
     with trace.step("plan"):
         plan = plan_job(trace, deps, policy, snapshot)
     if admitted.outcome is Outcome.COMPACTED:
         admitted = admit_provider(deps, policy)
-    return admitted, plan
+    return admitted, plan, park
 
 
 def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
@@ -187,20 +193,26 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
     """Lease, plan and summarize, then swap. This frame holds the only reference to the
     plan's stored span (every old tool output in full): it is dropped here once pruned,
     before the artifacts are tallied, and only the pruned span and its mentions stay."""
-    admitted, plan = _start(trace, deps, policy)
+    admitted, plan, park = _start(trace, deps, policy)
     # The job's last transaction releases the lease; the heartbeat only extends it while
     # this owner still holds it.
-    with LeaseHeartbeat(lambda: _renew_lease(trace.request, deps, policy),
-                        policy.lease_heartbeat_s):
+    with batched.dropped_on_failure(deps.batching, park, plan.session.session_id), \
+            LeaseHeartbeat(lambda: _renew_lease(trace.request, deps, policy),
+                           policy.lease_heartbeat_s):
         with trace.step("summarize"):
             span = prune_span(deps, policy, plan)
             mentions, plan = plan.span_mentions, plan.without_span()
             work = summary_work(trace, deps, policy, plan, span, mentions)
             del span, mentions  # the work holds what it needs of them
-            draft = admitted.summarizer.summarize(work)
+            drafted = batched.summarize(trace, deps, admitted, plan, work, park)
+            if isinstance(drafted, JobResult):  # parked until a batch answers
+                return drafted
+            admitted, draft = drafted
             trace.summarizer = draft.kind
             trace.note(**dataclasses.asdict(draft.usage))
-        return _merge_and_swap(trace, deps, admitted, plan, work, draft)
+        result = _merge_and_swap(trace, deps, admitted, plan, work, draft)
+    batched.drop_applied(deps.batching, park, plan.session.session_id)
+    return result
 
 
 def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: JobPlan,

@@ -5,9 +5,10 @@ suite."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from db import (
     NO_GATE,
@@ -16,9 +17,11 @@ from db import (
     MessageText,
     NewRevision,
     NewRun,
+    ParkedJob,
     SessionState,
     SnapshotGate,
 )
+from worker.summarizers import Summarizer
 
 JobMessage = TypeVar("JobMessage")
 
@@ -69,3 +72,36 @@ class ProviderBreakerPort(Protocol):
     def record_failure(self) -> None: ...
     def fail_trial(self) -> None: ...
     def reopens_in_s(self) -> float | None: ...
+
+
+class ReplayRunPort(Protocol):
+    """One run of a batched job's summarizer (``worker.summarizers.batch_replay``)."""
+
+    @property
+    def summarizer(self) -> Summarizer: ...
+
+    def pending_records(self) -> list[dict[str, Any]]: ...
+
+
+class BatchModePort(Protocol):
+    def replay(self, answers: Mapping[str, Mapping[str, Any]]) -> ReplayRunPort: ...
+
+
+class BatchStorePort(Protocol):
+    """The store methods of a parked job (``db/store_batches.py``)."""
+
+    def park_job(self, run: NewRun, park: ParkedJob, *, lease_owner: str) -> int: ...
+
+    def parked_jobs(self, *, session_id: str | None = None, state: str | None = None,
+                    batch_id: str | None = None, limit: int | None = None
+                    ) -> list[ParkedJob]: ...
+
+    def drop_parked_job(self, session_id: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Batch mode's parts (``COMPACTOR_LLM_MODE=batch``; None on ``JobDeps``: sync)."""
+
+    mode: BatchModePort
+    store: BatchStorePort

@@ -17,7 +17,7 @@ from db import NewRun
 from worker.compaction import Breaker, StrategyConfig, SummaryBudget, TokenCounter, TriggerPolicy
 from worker.errors import CompactionError, Outcome
 from worker.job.figures import JobFigures
-from worker.job.ports import JobStore, ProviderBreakerPort
+from worker.job.ports import Batching, JobStore, ProviderBreakerPort
 from worker.summarizers import Summarizer
 from worker.tracing.spans import open_span
 
@@ -71,6 +71,7 @@ class JobDeps:
     provider_breaker: ProviderBreakerPort
     clock: Callable[[], datetime]
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    batching: Batching | None = None  # batch mode's parts; None: synchronous calls
 
     def lease_owner(self, request: JobRequest) -> str:
         """The lease owner: unique per worker process and task (the task id ends it)."""

@@ -29,6 +29,20 @@ class BreakerOpenPolicy(StrEnum):
     FALLBACK = "fallback"
 
 
+class LLMMode(StrEnum):
+    """How summarizer requests reach the model."""
+
+    SYNC = "sync"  # one call at a time, within the job
+    BATCH = "batch"  # through the Batch API: the job parks until a batch answers
+
+
+class BatchFallback(StrEnum):
+    """What a request a batch failed to answer (expired, cancelled, an error) falls back to."""
+
+    SYNC = "sync"  # a synchronous call, at full price
+    DETERMINISTIC = "deterministic"  # the extractive summary (outcome fallback)
+
+
 class DbPooler(StrEnum):
     """What stands between the service and PostgreSQL (``db/engine.py``)."""
 
@@ -210,6 +224,28 @@ class CoreSettings(BaseSettings):
     llm_max_calls_per_job: int = Field(
         32, ge=1, description="Most LLM calls one job may plan (count); bounds the "
         "worst-case job time."
+    )
+    llm_mode: LLMMode = Field(
+        LLMMode.SYNC, description="`sync` calls the summarizer within the job; `batch` "
+        "sends its requests through the Batch API (half price, answers within 24 h): the "
+        "job parks, and `compactor batches poll` (a beat entry) finishes it."
+    )
+    batch_line_fallback: BatchFallback = Field(
+        BatchFallback.SYNC, description="A request a batch did not answer (expired, "
+        "cancelled, an error): call it synchronously, or commit the deterministic summary."
+    )
+    batch_max_requests: int = Field(
+        50_000, ge=1, le=50_000, description="Most requests one batch takes (count; the "
+        "Batch API's limit is 50,000)."
+    )
+    batch_sync_max_prompt_tokens: int = Field(
+        2_000, ge=0, description="A chunk-and-merge reduce round whose request is this "
+        "small is called synchronously instead of waiting for another batch (tokens; 0 = "
+        "every round through a batch)."
+    )
+    batch_poll_interval_s: int = Field(
+        300, ge=10, description="How often beat polls open batches: sends the waiting "
+        "requests, collects finished batches and sends their jobs again (s)."
     )
 
     # Values a type cannot check; each rule's ValueError says what is wrong.

@@ -122,6 +122,20 @@ class SummaryDraft:
     usage: SummaryUsage = field(default_factory=SummaryUsage)
 
 
+class BatchPending(Exception):
+    """A call whose answer a batch has not given yet: its request waits for the next batch
+    (``worker/summarizers/batch_replay.py``); the job parks."""
+
+
+class BatchLineFailed(Exception):
+    """A request a batch did not answer, under the deterministic fallback: the job commits
+    the deterministic summary instead. ``error`` is what the line ended with."""
+
+    def __init__(self, error: Exception, reason: str) -> None:
+        super().__init__(str(error))
+        self.error, self.reason = error, reason
+
+
 class Summarizer(Protocol):
     """Summarizes ``work.span`` only. ``work.prior`` is read-only context (what is already
     stored): the draft must not repeat it; the pipeline merges the two afterwards."""

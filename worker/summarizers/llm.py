@@ -4,18 +4,20 @@ It summarizes the span alone; the prior summary goes to the model as read-only c
 (the pipeline merges afterwards). Map calls of a round run concurrently (bounded); merge
 rounds follow until one summary remains. The first call that fails for good stops the
 job: a partial result is never returned. A context-length error re-plans once with
-smaller chunks.
+smaller chunks. Through a batch (``batch_replay.py``), a round's calls that wait for
+their answers all put their request in the batch before the run stops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy as _copy
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from worker.compaction import (
     PROMPT_VERSION,
@@ -33,8 +35,8 @@ from worker.compaction import (
 )
 from worker.errors import CompactionError, ContextOverflow, SessionFailure, SummaryInvalid
 from worker.shared_state.rate_limit import FleetRateLimiter
-from worker.summarizers.base import SummaryDraft, SummaryUsage, SummaryWork
-from worker.summarizers.openai_client import LLMClient, LLMUsage
+from worker.summarizers.base import BatchPending, SummaryDraft, SummaryUsage, SummaryWork
+from worker.summarizers.openai_client import LLMReply, LLMUsage
 
 T = TypeVar("T")
 
@@ -44,13 +46,23 @@ PROMPT_IDENTIFIERS = 40
 REPLAN_RATIO = 0.6
 
 
+class CompletionClient(Protocol):
+    """What the summarizer calls: the SDK client, or a job's batch replay of it."""
+
+    @property
+    def model(self) -> str: ...
+
+    def complete_json(self, messages: list[dict[str, Any]], *, schema: dict[str, Any],
+                      max_output_tokens: int, usage: LLMUsage | None = None) -> LLMReply: ...
+
+
 class LLMSummarizer:
     """Summarizes a span through any OpenAI-compatible endpoint."""
 
     kind = "llm"
     uses_provider = True
 
-    def __init__(self, client: LLMClient, counter: TokenCounter, *, window_tokens: int,
+    def __init__(self, client: CompletionClient, counter: TokenCounter, *, window_tokens: int,
                  margin_ratio: float, pinned_output_tokens: int | None, concurrency: int,
                  max_calls: int, rate_limiter: FleetRateLimiter | None = None,
                  price: ModelPrice | None = None) -> None:
@@ -82,15 +94,31 @@ class LLMSummarizer:
                                 **self._usage_figures(usage), chunks=chunks,
                                 merge_rounds=merge_rounds))
 
+    def with_client(self, client: CompletionClient) -> LLMSummarizer:
+        """This summarizer calling through ``client`` (a job's batch replay) instead."""
+        copy = _copy.copy(self)
+        copy._client = client
+        return copy
+
     def _usage_figures(self, usage: LLMUsage) -> dict[str, Any]:
-        """The job figures of what the calls so far cost, priced when the model is."""
-        figures = _usage_figures(usage)
+        """The job figures of what the calls so far cost, priced when the model is: the
+        calls a batch answered at the Batch API's discount, the others in full; a job
+        that called nothing costs nothing."""
+        totals = usage.as_dict()
+        figures = _usage_figures(totals)
         if not figures["llm_calls"]:
             return {**figures, "llm_model": None, "cost_usd": 0.0}
-        cost_usd = None if self._price is None else price_calls(
-            self._price, prompt_tokens=figures["prompt_tokens"],
-            cached_tokens=figures["cached_tokens"],
-            completion_tokens=figures["completion_tokens"])
+        cost_usd = None
+        if self._price is not None:
+            batched = {kind: int(totals[f"batched_{kind}_tokens"])
+                       for kind in ("prompt", "cached", "completion")}
+            cost_usd = price_calls(
+                self._price, prompt_tokens=figures["prompt_tokens"] - batched["prompt"],
+                cached_tokens=figures["cached_tokens"] - batched["cached"],
+                completion_tokens=figures["completion_tokens"] - batched["completion"],
+            ) + price_calls(self._price, prompt_tokens=batched["prompt"],
+                            cached_tokens=batched["cached"],
+                            completion_tokens=batched["completion"], batch=True)
         return {**figures, "llm_model": self._client.model, "cost_usd": cost_usd}
 
     def plan_calls(self, work: SummaryWork) -> tuple[ChunkPlan, int]:
@@ -197,6 +225,9 @@ class LLMSummarizer:
             futures: list[Future[T]] = [pool.submit(contextvars.copy_context().run, call)
                                         for call in calls]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            if any(isinstance(future.exception(), BatchPending) for future in done):
+                # Every call of the round puts its request in the batch, none cancelled.
+                done, pending = wait(futures)
             for future in pending:
                 future.cancel()
             for future in futures:
@@ -230,9 +261,8 @@ def _take_joined(texts: list[str]) -> str:
     return joined
 
 
-def _usage_figures(usage: LLMUsage) -> dict[str, Any]:
+def _usage_figures(totals: dict[str, int | float]) -> dict[str, Any]:
     """The job figures of what the calls so far cost."""
-    totals = usage.as_dict()
     return {"llm_calls": int(totals["calls"]), "prompt_tokens": int(totals["prompt_tokens"]),
             "cached_tokens": int(totals["cached_tokens"]),
             "completion_tokens": int(totals["completion_tokens"]),

@@ -26,6 +26,7 @@ GenAI semantic conventions' attributes: model, token usage, finish reason.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import ssl
 import threading
@@ -100,6 +101,7 @@ class LLMReply:
     response_model: str | None = None
     response_id: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
+    batched: bool = False  # answered through the Batch API (billed at its discount)
 
     @property
     def is_truncated(self) -> bool:
@@ -113,18 +115,21 @@ class LLMUsage:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals = {"calls": 0, "failed_calls": 0, "prompt_tokens": 0,
-                        "cached_tokens": 0, "completion_tokens": 0, "retries": 0}
+                        "cached_tokens": 0, "completion_tokens": 0, "retries": 0,
+                        "batched_prompt_tokens": 0, "batched_cached_tokens": 0,
+                        "batched_completion_tokens": 0}
         self._latency_s = 0.0
 
     def add(self, reply: LLMReply) -> None:
-        """Count one completed call."""
+        """Count one completed call (a batched one's tokens also apart, for its price)."""
         with self._lock:
             self._totals["calls"] += 1
-            self._totals["prompt_tokens"] += reply.prompt_tokens
-            self._totals["cached_tokens"] += reply.cached_tokens
-            self._totals["completion_tokens"] += reply.completion_tokens
             self._totals["retries"] += reply.retries
             self._latency_s += reply.latency_s
+            for prefix in ("", "batched_") if reply.batched else ("",):
+                self._totals[f"{prefix}prompt_tokens"] += reply.prompt_tokens
+                self._totals[f"{prefix}cached_tokens"] += reply.cached_tokens
+                self._totals[f"{prefix}completion_tokens"] += reply.completion_tokens
 
     def add_failure(self, *, retries: int, latency_s: float) -> None:
         """Count one call that ended in an error."""
@@ -283,7 +288,7 @@ class LLMClient:
             )
         except openai.OpenAIError as exc:
             tally.retries += count_retries_taken(exc)
-            raise translate_error(exc, known_secrets=(self._config.api_key,)) from exc
+            raise self.translate(exc) from exc
         return self._read_reply(completion, mode, messages, tally.retries,
                                 time.monotonic() - started)
 
@@ -296,14 +301,7 @@ class LLMClient:
         while True:
             try:
                 raw = self._completions.with_raw_response.create(
-                    model=self._config.model,
-                    messages=cast(list[ChatCompletionMessageParam], messages),
-                    max_completion_tokens=max_output_tokens,
-                    temperature=openai.omit if self._config.temperature is None
-                    else self._config.temperature,
-                    response_format=build_response_format(mode, schema),
-                    prompt_cache_key=self._config.prompt_cache_key or openai.omit,
-                )
+                    **self.request_body(messages, schema, max_output_tokens, mode))
             except openai.APIStatusError as exc:
                 fallback = _FALLBACK.get(mode)
                 if fallback is None or not is_format_rejection(exc):
@@ -317,6 +315,39 @@ class LLMClient:
             tally.retries += raw.retries_taken
             self._modes.remember(key, mode)
             return read_completion(raw.content, raw.headers.get("content-type", "")), mode
+
+    def request_body(self, messages: list[dict[str, Any]], schema: dict[str, Any],
+                     max_output_tokens: int, mode: OutputMode | None = None) -> dict[str, Any]:
+        """One summarizer request as the SDK sends it, and as a Batch API line carries it
+        (``mode`` None: the one that last worked on this endpoint)."""
+        mode = self._modes.get(self.endpoint_key) if mode is None else mode
+        body: dict[str, Any] = {
+            "model": self._config.model,
+            "messages": cast(list[ChatCompletionMessageParam], messages),
+            "max_completion_tokens": max_output_tokens}
+        if self._config.temperature is not None:
+            body["temperature"] = self._config.temperature
+        if mode is not OutputMode.PLAIN_TEXT:
+            body["response_format"] = build_response_format(mode, schema)
+        if self._config.prompt_cache_key:
+            body["prompt_cache_key"] = self._config.prompt_cache_key
+        return body
+
+    def translate(self, exc: openai.OpenAIError) -> CompactionError:
+        """``exc`` as a job error, the configured key removed from its text."""
+        return translate_error(exc, known_secrets=(self._config.api_key,))
+
+    @property
+    def sdk(self) -> openai.OpenAI:
+        """The SDK client, for the Batch API adapter (``openai_batch.py``)."""
+        return self._sdk
+
+    def read_batch_reply(self, body: bytes, messages: list[dict[str, Any]]) -> LLMReply:
+        """Read one answered Batch API line's completion as a call's reply."""
+        mode = self._modes.get(self.endpoint_key)
+        reply = self._read_reply(read_completion(body, "application/json"), mode, messages,
+                                 retries=0, latency_s=0.0)
+        return dataclasses.replace(reply, batched=True)
 
     def _local_counter(self) -> TokenCounter:
         if self._counter is None:
