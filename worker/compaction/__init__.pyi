@@ -24,9 +24,12 @@ from .errors import SummaryInvalid as SummaryInvalid
 from .errors import TokenizerUnavailable as TokenizerUnavailable
 from .errors import TransientError as TransientError
 from .fallback import fallback_summary as fallback_summary
+from .formats import RESPONSES_CALLS as RESPONSES_CALLS
+from .formats import RESPONSES_OUTPUTS as RESPONSES_OUTPUTS
 from .formats import ItemView as ItemView
 from .formats import SessionFormat as SessionFormat
 from .formats import count_view as count_view
+from .formats import responses_call_id as responses_call_id
 from .formats import view_chat_message as view_chat_message
 from .formats import view_item as view_item
 from .grouping import Group as Group

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.compaction.formats import RESPONSES_CALLS, RESPONSES_OUTPUTS, responses_call_id
+from worker.compaction import RESPONSES_CALLS, RESPONSES_OUTPUTS, responses_call_id
 from worker.platform.agents_items import UnsupportedItem, items_to_messages, messages_to_items
 from worker.platform.sessions import (
     MessagePinned,
