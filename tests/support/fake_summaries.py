@@ -22,6 +22,7 @@ from typing import Any
 from worker.compaction.outcomes import CallStatus, classify_result, failing_lines
 from worker.compaction.prompts import INPUT_LAYOUT, QUOTE_PREFIX
 from worker.compaction.schema import SUMMARY_SECTIONS
+from worker.compaction.truth import DONE_SECTIONS
 
 ARTIFACTS_SECTION = "relevant_artifacts"
 SNIPPET_CHARS = 80
@@ -44,8 +45,10 @@ _HEADER = re.compile(r"\[seq \d+\] (user|assistant|tool result) ?(?:\(([^)]*)\))
 _BOUNDARY = re.compile(r"(?i:conversation has ended|session boundary)")
 # The prompt's fence lines frame the input; they are not part of it.
 _FENCE_LINE = re.compile(r"^<<<[^\n]*>>>$", re.MULTILINE)
-# A careful model lists as open only what is open: no quoted line fills these.
+# A careful model lists as open only what is open, and as done only what is done: no
+# line quoted from the prompt fills these.
 OPEN_SECTIONS = ("pending", "remaining_work")
+QUOTE_FREE_SECTIONS = (*OPEN_SECTIONS, *DONE_SECTIONS)
 _CALL = re.compile(r"^\[seq \d+\] assistant → tool call ([\w.-]+)\((.*)\)$", re.MULTILINE)
 # Shaped like the span's codes and ids, held by no input.
 INVENTED_IDENTIFIERS = ("INV-740213", "ZZQ9X7")
@@ -99,7 +102,7 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
             summary[section] = goals[0] if goals else ruled["goal"] or lines[0]
         else:
             carried = [item for part in partials for item in _strings(part.get(section))]
-            derived = [] if section in OPEN_SECTIONS \
+            derived = [] if section in QUOTE_FREE_SECTIONS \
                 else [f"{section.replace('_', ' ')}: {lines[index % len(lines)]}"]
             found = ruled.get(section) or []
             summary[section] = _unique([*carried, *found, *derived])[:MAX_ENTRIES_PER_SECTION]
