@@ -16,7 +16,8 @@ import pytest
 from tests.support.fake_summaries import OPEN_SECTIONS
 from tests.support.openai_behaviours import Behaviour
 from tests.support.openai_server import OpenAIServer
-from worker.compaction import PROMPT_VERSION, static_prompt
+from worker.compaction import PROMPT_VERSION
+from worker.compaction.prompts import build_summarize_messages
 from worker.compaction.schema import LIST_SECTIONS, summary_json_schema
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import parse_summary
@@ -430,7 +431,8 @@ def test_the_fleet_prompt_cache_key_is_sent_unless_switched_off(
     settings = Settings(llm_base_url=server.base_url, llm_prompt_cache=cache_enabled,
                         llm_prompt_cache_key="fleet-a", llm_max_retries=0)
     usage = LLMUsage()
-    messages = [{"role": "system", "content": static_prompt()}, *MESSAGES[1:]]
+    messages = build_summarize_messages("[seq 1] user:\n    | Where is my order?",
+                                        prior=None, identifiers=())
     with LLMClient(llm_config(settings)) as client:
         for _ in range(2):
             client.complete_json(messages, schema=SCHEMA, max_output_tokens=256, usage=usage)

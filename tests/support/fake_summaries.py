@@ -45,10 +45,9 @@ _HEADER = re.compile(r"\[seq \d+\] (user|assistant|tool result) ?(?:\(([^)]*)\))
 _BOUNDARY = re.compile(r"(?i:conversation has ended|session boundary)")
 # The prompt's fence lines frame the input; they are not part of it.
 _FENCE_LINE = re.compile(r"^<<<[^\n]*>>>$", re.MULTILINE)
-# A careful model lists as open only what is open, and as done only what is done: no
-# line quoted from the prompt fills these.
+# A careful model lists as open only what is open (no quoted line fills these), and as
+# done only what the assistant of a transcript said or did (never a line of the user's).
 OPEN_SECTIONS = ("pending", "remaining_work")
-QUOTE_FREE_SECTIONS = (*OPEN_SECTIONS, *DONE_SECTIONS)
 _CALL = re.compile(r"^\[seq \d+\] assistant → tool call ([\w.-]+)\((.*)\)$", re.MULTILINE)
 # Shaped like the span's codes and ids, held by no input.
 INVENTED_IDENTIFIERS = ("INV-740213", "ZZQ9X7")
@@ -90,6 +89,7 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
     prompt_text = _FENCE_LINE.sub("", _PRIOR_FENCE.sub("", prompt_text))
     partials = extract_summaries(prompt_text)
     lines = _snippets(prompt_text) or ["(no content)"]
+    done_lines = _snippets("\n".join(text for role, text in messages if role == "assistant"))
     ruled = {"goal": _goal(messages, prior), "resolved": _settled(messages, prior),
              "pending": _errors(messages)}
     summary: dict[str, Any] = {}
@@ -102,8 +102,9 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
             summary[section] = goals[0] if goals else ruled["goal"] or lines[0]
         else:
             carried = [item for part in partials for item in _strings(part.get(section))]
-            derived = [] if section in QUOTE_FREE_SECTIONS \
-                else [f"{section.replace('_', ' ')}: {lines[index % len(lines)]}"]
+            quotable = done_lines if section in DONE_SECTIONS and messages else lines
+            derived = [] if section in OPEN_SECTIONS or not quotable \
+                else [f"{section.replace('_', ' ')}: {quotable[index % len(quotable)]}"]
             found = ruled.get(section) or []
             summary[section] = _unique([*carried, *found, *derived])[:MAX_ENTRIES_PER_SECTION]
     return summary
