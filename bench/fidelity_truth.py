@@ -25,10 +25,10 @@ from worker.compaction import (
     read_item,
     read_record,
 )
-from worker.compaction.merge import normalize_item
 from worker.compaction.messages import INSTRUCTION_ROLES
 from worker.compaction.requests import continues_conversation, read_requests
 from worker.compaction.schema import LIST_SECTIONS
+from worker.compaction.summary_update import normalize_item
 
 DONE_SECTIONS = ("completed_actions", "resolved")
 # The goal is quoted by its first words; fewer characters than this quote nothing.

@@ -1,4 +1,4 @@
-"""Projection read latency, the platform's hot path: ``SessionStore.projection`` (one
+"""Projection read latency, the platform's hot path: ``SessionsAPI.projection`` (one
 statement) on a 1,000-message session, on PostgreSQL and SQLite, without a summary and
 compacted (a revision covering 80%); beside it the ``session_projection`` view read with
 plain SQL, the snapshot-then-assembly read it replaced, and one checked append.
@@ -24,7 +24,7 @@ from bench.report import bench_parser, median, percentile, print_header, print_l
 from bench.sessions import new_counter, to_rows
 from db import MessageText, NewRevision, NewRun, Store, create_db_engine, upgrade_database
 from tests.support.generated import generated_turns
-from worker.platform.sessions import SessionStore
+from worker.platform.sessions import SessionsAPI
 
 MESSAGES = 1_000
 BENCH_OWNER = "bench:1:fill"
@@ -79,11 +79,11 @@ def time_calls(call: Callable[[], object], repeats: int) -> list[float]:
 def measure(kind: str, url: str, repeats: int) -> list[tuple[object, ...]]:
     rows: list[tuple[object, ...]] = []
     store, engine = Store.from_url(url), create_db_engine(url)
-    with SessionStore.open(url) as sessions:
+    with SessionsAPI.open(url) as sessions:
         fill(store, MESSAGES)
         for session_id in ("plain", "compacted"):
             reads: dict[str, Callable[[], object]] = {
-                "SessionStore.projection": partial(sessions.projection, session_id),
+                "SessionsAPI.projection": partial(sessions.projection, session_id),
                 "view, plain SQL": partial(read_view, engine, session_id),
                 "Store.job_snapshot (a job's read)": partial(
                     store.job_snapshot, session_id, to_message=keep_text),
@@ -95,7 +95,7 @@ def measure(kind: str, url: str, repeats: int) -> list[tuple[object, ...]]:
         # Each append its own tool call ids: a repeated id would be renamed (a repair).
         appends = time_calls(
             lambda: sessions.append("plain", generated_turns(f"A{next(turns)}", 1)), repeats)
-        rows.append((kind, "plain", "+4", "SessionStore.append (4 messages)",
+        rows.append((kind, "plain", "+4", "SessionsAPI.append (4 messages)",
                      *summarize(appends)))
     store.close()
     engine.dispose()

@@ -25,7 +25,7 @@ from .queue import MarkResult as MarkResult
 from .queue import MarkStatus as MarkStatus
 from .queue import QueueMarkers as QueueMarkers
 from .reconcile import HeldSession as HeldSession
-from .records import NO_GATE as NO_GATE
+from .records import NO_SKIP as NO_SKIP
 from .records import ArtifactRecord as ArtifactRecord
 from .records import BreakerUpdate as BreakerUpdate
 from .records import DeletedSession as DeletedSession
@@ -43,7 +43,7 @@ from .records import RevisionRecord as RevisionRecord
 from .records import RevisionSizes as RevisionSizes
 from .records import RunRecord as RunRecord
 from .records import SessionState as SessionState
-from .records import SnapshotGate as SnapshotGate
+from .records import SnapshotSkipRule as SnapshotSkipRule
 from .records import StoredMention as StoredMention
 from .records import ToolCallState as ToolCallState
 from .records import decode_mention_lists as decode_mention_lists

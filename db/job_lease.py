@@ -34,7 +34,7 @@ from sqlalchemy import (
 from db.errors import SessionNotFound
 from db.job_rows import REVISIONS, SESSION_COLUMNS, SESSIONS, check_exists, to_session_state
 from db.job_snapshot import read_snapshot_in_one_statement, snapshot_statement
-from db.records import NO_GATE, JobMessage, JobSnapshot, MessageText, SessionState, SnapshotGate
+from db.records import NO_SKIP, JobMessage, JobSnapshot, MessageText, SessionState, SnapshotSkipRule
 
 # PostgreSQL only: the lease's commit does not wait for its WAL flush (an fdatasync).
 # Losing a lease in a server crash costs no correctness: the crash also breaks the job's
@@ -139,7 +139,7 @@ _LEASED_SNAPSHOT_STATEMENTS = {take_over: _leased_snapshot_statement(take_over=t
 def take_lease_with_snapshot(
     connection: Connection, session_id: str, owner: str, ttl_s: float, now: datetime, *,
     take_over: str | None = None, history: int,
-    to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
+    to_message: Callable[[MessageText], JobMessage], skip_rule: SnapshotSkipRule = NO_SKIP,
 ) -> JobSnapshot[JobMessage] | None:
     """PostgreSQL (run it in autocommit): ``take_lease`` and ``read_snapshot`` in one
     statement; the snapshot, whose session is the row the lease left, or None when
@@ -148,7 +148,7 @@ def take_lease_with_snapshot(
     statement waited for the row lock (a fresh snapshot)."""
     try:
         return read_snapshot_in_one_statement(
-            connection, session_id, history=history, to_message=to_message, gate=gate,
+            connection, session_id, history=history, to_message=to_message, skip_rule=skip_rule,
             statement=_LEASED_SNAPSHOT_STATEMENTS[take_over is not None],
             parameters=_lease_parameters(session_id, owner, ttl_s, now, take_over))
     except SessionNotFound:
@@ -159,7 +159,7 @@ def take_lease_with_snapshot(
     if holder.lease_owner != owner:
         return None
     return read_snapshot_in_one_statement(connection, session_id, history=history,
-                                           to_message=to_message, gate=gate)
+                                           to_message=to_message, skip_rule=skip_rule)
 
 
 _LEASE_HOLDER: Select[Any] = select(SESSIONS.c.lease_owner).where(

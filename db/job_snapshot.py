@@ -45,12 +45,12 @@ from db.job_rows import (
 )
 from db.queries import iterate_active_texts
 from db.records import (
-    NO_GATE,
+    NO_SKIP,
     JobMessage,
     JobSnapshot,
     MessageText,
     RevisionSizes,
-    SnapshotGate,
+    SnapshotSkipRule,
 )
 from db.row_stream import Processor, result_processors, stream_rows
 from db.scan import breaker_admits
@@ -58,21 +58,21 @@ from db.scan import breaker_admits
 
 def read_snapshot(connection: Connection, session_id: str, *, history: int,
                   to_message: Callable[[MessageText], JobMessage],
-                  gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
+                  skip_rule: SnapshotSkipRule = NO_SKIP) -> JobSnapshot[JobMessage]:
     """Read the session, its active revision, its active messages (each converted by
     ``to_message`` as its row is fetched) and the sizes of its ``history`` newest
     revisions (never their summaries): on PostgreSQL in one statement (its own
     snapshot, run it in autocommit), elsewhere in three (run them in a read snapshot).
-    A session that ``gate`` shuts has only its row and revision read."""
+    A session that ``skip_rule`` matches has only its row and revision read."""
     if connection.dialect.name == "postgresql":
         return read_snapshot_in_one_statement(connection, session_id, history=history,
-                                               to_message=to_message, gate=gate)
+                                               to_message=to_message, skip_rule=skip_rule)
     row = connection.execute(_SESSION_WITH_REVISION, {"session_id": session_id}).first()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
     session = to_session_state(row)
     revision = revision_of(session_id, row._mapping)
-    if shut := gate.row_alone(session, revision):
+    if shut := skip_rule.row_alone(session, revision):
         return shut
     recent: tuple[RevisionSizes, ...] = ()
     if history > 0:
@@ -115,8 +115,8 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     others' rows. The session row is ``session``'s columns with ``revision``'s (labelled
     as ``REVISION_LABELS``), read from ``source`` where ``found``; the other parts find
     it through a CTE of its id and bound alone, which keeps the text within psycopg's
-    cache (see ``db.job_rows.ZERO``). The CTE holds no row when the bound ``SnapshotGate`` shuts
-    the session: its breaker refuses a job whose clock less the cooldown is
+    cache (see ``db.job_rows.ZERO``). The CTE holds no row when the bound ``SnapshotSkipRule``
+    matches the session: its breaker refuses a job whose clock less the cooldown is
     ``cooldown_start`` (``breaker_admits`` false), or its projection is at most
     ``trigger_tokens``; then only the session row is read."""
     cooldown_start = bindparam("cooldown_start", type_=session.c.breaker_opened_at.type)
@@ -177,7 +177,7 @@ _SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
         "size_revision_id", "size_before", "size_after"))
 
 
-# What a gate without a check binds: every opening is before the first, every projection
+# What a skip rule without a check binds: every opening is before the first, every projection
 # over the second.
 _ANY_BREAKER = datetime.max.replace(tzinfo=UTC)
 _ANY_PROJECTION = -1
@@ -185,19 +185,19 @@ _ANY_PROJECTION = -1
 
 def read_snapshot_in_one_statement(
     connection: Connection, session_id: str, *, history: int,
-    to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate,
+    to_message: Callable[[MessageText], JobMessage], skip_rule: SnapshotSkipRule,
     statement: CompoundSelect[Any] = SNAPSHOT_STATEMENT,
     parameters: dict[str, Any] | None = None,
 ) -> JobSnapshot[JobMessage]:
     """Run ``SNAPSHOT_STATEMENT`` (or ``statement``, a ``snapshot_statement`` with
-    ``parameters`` besides ``history`` and ``gate``'s), converting each message as its
+    ``parameters`` besides ``history`` and ``skip_rule``'s), converting each message as its
     row arrives (streamed: the driver never holds the whole result set beside the
     converted messages)."""
     bound = {"history": history,
-             "cooldown_start": _ANY_BREAKER if gate.cooldown_start is None
-             else gate.cooldown_start,
-             "trigger_tokens": _ANY_PROJECTION if gate.trigger_tokens is None
-             else gate.trigger_tokens}
+             "cooldown_start": _ANY_BREAKER if skip_rule.cooldown_start is None
+             else skip_rule.cooldown_start,
+             "trigger_tokens": _ANY_PROJECTION if skip_rule.trigger_tokens is None
+             else skip_rule.trigger_tokens}
     rows = stream_rows(connection, statement, {"session_id": session_id, **bound}
                        if parameters is None else {**parameters, **bound})
     # Closed here when ``to_message`` raises: the stream holds the connection's lock until
@@ -206,15 +206,15 @@ def read_snapshot_in_one_statement(
         return snapshot_from_rows(rows, session_id, to_message=to_message,
                                   head_processors=result_processors(statement,
                                                                     connection.dialect),
-                                  gate=gate)
+                                  skip_rule=skip_rule)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
                        to_message: Callable[[MessageText], JobMessage],
                        head_processors: Sequence[Processor],
-                       gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
+                       skip_rule: SnapshotSkipRule = NO_SKIP) -> JobSnapshot[JobMessage]:
     """The snapshot from ``SNAPSHOT_STATEMENT``'s raw rows, in any order; the head row's
-    values are processed by ``head_processors`` (its columns' types); ``gate``: the one
+    values are processed by ``head_processors`` (its columns' types); ``skip_rule``: the one
     the statement was bound with."""
     head: dict[str, Any] | None = None
     seqs: list[int] = []
@@ -239,7 +239,7 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
             zip(seqs, messages, strict=True), key=lambda pair: pair[0])]
     sizes.sort(key=lambda pair: pair[0], reverse=True)
     session, revision = session_state_of(head), revision_of(session_id, head)
-    # The statement read no message nor size of a session the gate shuts.
-    return gate.row_alone(session, revision) or JobSnapshot(
+    # The statement read no message nor size of a session the skip rule matches.
+    return skip_rule.row_alone(session, revision) or JobSnapshot(
         session=session, revision=revision, messages=messages,
         recent_revisions=tuple(size for _id, size in sizes))

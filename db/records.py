@@ -221,7 +221,7 @@ class JobSnapshot(Generic[JobMessage]):
     converted from its :class:`MessageText` as its row arrived), and
     ``recent_revisions``: the sizes of the newest revisions, newest first, as many as the
     job asked for. ``breaker_refused`` and ``under_trigger``: what its
-    :class:`SnapshotGate` found in the session row; either one means neither the messages
+    :class:`SnapshotSkipRule` found in the session row; either one means neither the messages
     nor the sizes were read (both empty): the job does not run."""
 
     session: SessionState
@@ -233,7 +233,7 @@ class JobSnapshot(Generic[JobMessage]):
 
 
 @dataclass(frozen=True, slots=True)
-class SnapshotGate:
+class SnapshotSkipRule:
     """When a job's snapshot reads the session row alone: its breaker refuses the job
     (``cooldown_start``: the job's clock less the breaker's cooldown; the breaker is not
     closed and opened after that instant, so it is still cooling down), or its
@@ -255,7 +255,7 @@ class SnapshotGate:
 
     def row_alone(self, session: SessionState, revision: RevisionRecord | None
                   ) -> JobSnapshot[Any] | None:
-        """The snapshot of a session this gate shuts: its row and revision, no message and
+        """The snapshot of a session this rule matches: its row and revision, no message and
         no size; None when the job reads on."""
         breaker_refused, under_trigger = self.breaker_refuses(session), self.under_trigger(session)
         if not (breaker_refused or under_trigger):
@@ -265,7 +265,7 @@ class SnapshotGate:
                            under_trigger=under_trigger)
 
 
-NO_GATE = SnapshotGate()  # every message is read
+NO_SKIP = SnapshotSkipRule()  # every message is read
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from db.job_snapshot import read_snapshot
 from db.job_swap import commit_failure, commit_swap, swap_in_one_statement
 from db.models import SessionRow
 from db.records import (
-    NO_GATE,
+    NO_SKIP,
     BreakerUpdate,
     JobMessage,
     JobSnapshot,
@@ -28,13 +28,13 @@ from db.records import (
     NewRevision,
     NewRun,
     SessionState,
-    SnapshotGate,
+    SnapshotSkipRule,
 )
 from db.store_base import StoreBase
 
 
 class JobStoreMethods(StoreBase):
-    """What a compaction job asks of the store (``worker.job.ports.JobStore``)."""
+    """What a compaction job asks of the store (``worker.job.ports.JobLedgerPort``)."""
 
     def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
                   take_over: str | None = None) -> SessionState | None:
@@ -49,9 +49,9 @@ class JobStoreMethods(StoreBase):
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
+        to_message: Callable[[MessageText], JobMessage], skip_rule: SnapshotSkipRule = NO_SKIP,
     ) -> JobSnapshot[JobMessage] | None:
-        """``start_job`` then ``job_snapshot`` (``gate`` as there): the
+        """``start_job`` then ``job_snapshot`` (``skip_rule`` as there): the
         snapshot, whose session is the row as the lease left it; None when another owner
         holds the lease (and nothing is read). On PostgreSQL one statement in autocommit
         (``db.job_lease.take_lease_with_snapshot``), on SQLite two transactions."""
@@ -59,27 +59,27 @@ class JobStoreMethods(StoreBase):
             if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
                 return None
             return self.job_snapshot(session_id, history=history, to_message=to_message,
-                                     gate=gate)
+                                     skip_rule=skip_rule)
         with translate_errors(), self._write_statement_engine.begin() as connection:
             return take_lease_with_snapshot(
                 connection, session_id, owner, ttl_s, now, take_over=take_over,
-                history=history, to_message=to_message, gate=gate)
+                history=history, to_message=to_message, skip_rule=skip_rule)
 
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], JobMessage],
-                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]:
+                     skip_rule: SnapshotSkipRule = NO_SKIP) -> JobSnapshot[JobMessage]:
         """The snapshot a job plans from, in one consistent read: the session joined to
         its active revision, its active messages (each converted by ``to_message`` as its
         row arrives), and the sizes of its ``history`` newest revisions
         (``JobSnapshot.recent_revisions``); on PostgreSQL one statement, on SQLite a read
-        transaction of three. A session that ``gate`` shuts (its breaker refuses the job,
+        transaction of three. A session that ``skip_rule`` matches (its breaker refuses the job,
         or it is under the trigger) has only its row and revision read
         (``JobSnapshot.breaker_refused``, ``JobSnapshot.under_trigger``)."""
         with translate_errors(), self._statement_engine.connect() as connection, \
                 connection.begin():
             return read_snapshot(connection, session_id, history=history,
-                                     to_message=to_message, gate=gate)
+                                     to_message=to_message, skip_rule=skip_rule)
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,

@@ -25,8 +25,9 @@ _DROPPED = "reconcile.unrecorded_run_dropped"  # a kept run that can never be wr
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptRecords:
-    """What one sweep wrote: runs kept in Redis, events of killed attempts."""
+class JournalReplay:
+    """What one replay of the attempt journal wrote: runs kept in Redis, events of killed
+    attempts."""
 
     runs_written: int = 0
     events_reported: int = 0

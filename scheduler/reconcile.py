@@ -41,7 +41,7 @@ from db import DueCriteria, DueWhy, HeldSession, Store, StoreError
 from scheduler.beat import REDIS_TIMEOUT_S, scan_policy
 from scheduler.enqueue import Publisher, QueuedJob, publish_or_release
 from scheduler.journal_replay import (
-    AttemptRecords,
+    JournalReplay,
     report_missing_events,
     write_unrecorded_runs,
 )
@@ -151,9 +151,9 @@ def reconcile(store: Store, broker: BrokerJobs, publisher: Publisher, policy: Re
     kept while the database was down are written first (so a dead lease whose attempt
     kept its run is not recorded twice), and killed attempts' missing events reported.
     """
-    records = AttemptRecords()
+    replayed = JournalReplay()
     if journal is not None and not dry_run:
-        records = AttemptRecords(runs_written=write_unrecorded_runs(store, journal))
+        replayed = JournalReplay(runs_written=write_unrecorded_runs(store, journal))
     before = broker.job_ids()
     held = store.held_sessions(queued_before=now - timedelta(seconds=policy.grace_s),
                                limit=policy.max_sessions)
@@ -171,11 +171,11 @@ def reconcile(store: Store, broker: BrokerJobs, publisher: Publisher, policy: Re
     for repair in repairs:
         logger.warning(RECONCILE_EVENT, **repair.event_fields(dry_run=dry_run))
     if journal is not None and not dry_run:
-        records = replace(records, events_reported=report_missing_events(
+        replayed = replace(replayed, events_reported=report_missing_events(
             store, journal, now, policy.grace_s))
-    if records.runs_written or records.events_reported:
-        logger.warning("reconcile.attempts_recorded", runs_written=records.runs_written,
-                       events_reported=records.events_reported)
+    if replayed.runs_written or replayed.events_reported:
+        logger.warning("reconcile.attempts_recorded", runs_written=replayed.runs_written,
+                       events_reported=replayed.events_reported)
     return repairs
 
 

@@ -14,7 +14,7 @@ import redis
 
 from db import Store
 from worker.compaction import StrategyConfig, TokenCounter, TriggerPolicy
-from worker.job.ports import Batching, JobStore
+from worker.job.ports import Batching, JobLedgerPort
 from worker.job.values import JobDeps, JobPolicy
 from worker.settings.config import Settings
 from worker.settings.core import BreakerOpenPolicy, LLMMode, SummarizerKind
@@ -96,10 +96,10 @@ def build_runtime(settings: Settings, *, use_redis: bool = True) -> Runtime:
                                        cooldown_s=settings.provider_breaker_cooldown_s,
                                        trial_s=settings.worst_case_llm_call_s,
                                        clock=utc_now)
-    job_store: JobStore = store  # mypy proves the store implements the job's port
+    job_ledger: JobLedgerPort = store  # mypy proves the store implements the job's port
     summarizer = build_summarizer(settings, counter, client, keys)
     deps = JobDeps(
-        store=job_store,
+        store=job_ledger,
         summarizer=summarizer,
         fallback=ExtractiveSummarizer(counter, kind="fallback"),
         counter=counter,

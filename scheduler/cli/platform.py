@@ -65,13 +65,13 @@ def append_command(
         AppendReport,
         MessagesRejected,
         SessionFormat,
-        SessionStore,
+        SessionsAPI,
     )
 
     messages = read_messages(file)
     settings = get_settings()
     with open_store(settings) as store:
-        sessions = SessionStore(store, load_counter(settings), intake_policy(policy))
+        sessions = SessionsAPI(store, load_counter(settings), intake_policy(policy))
         try:
             report = sessions.append(
                 session_id, messages, create=create,

@@ -22,7 +22,7 @@ from tests.support.e2e import EVENT_TIMEOUT_S, JobEnv, JobPublisher, token_count
 from tests.support.openai_server import OpenAIServer
 from tests.support.responses_api import ANSWER_PREFIX
 from worker.platform.agents_session import CompactorSession
-from worker.platform.sessions import SessionStore
+from worker.platform.sessions import SessionsAPI
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -60,7 +60,7 @@ def test_a_responses_session_with_reasoning_is_sent_its_projection_after_a_worke
     pg_store: Store, job_env: JobEnv, publisher: JobPublisher, start_worker: StartWorker,
     server: OpenAIServer,
 ) -> None:
-    session = CompactorSession(SESSION_ID, SessionStore(pg_store, token_counter()))
+    session = CompactorSession(SESSION_ID, SessionsAPI(pg_store, token_counter()))
     answers = ask(server, session, [f"Please check reservation R{i:03d}" for i in range(TURNS)])
     assert answers[-1].startswith(ANSWER_PREFIX) and "R011" in answers[-1], answers[-1]
     stored = [m.body for m in pg_store.messages(SESSION_ID)]

@@ -21,7 +21,7 @@ from tests.support.openai_server import OpenAIServer
 from worker.compaction.messages import parse_message
 from worker.compaction.schema import SUMMARY_BLOCK_ROLE
 from worker.platform.agents_session import CompactorSession, SessionFormat
-from worker.platform.sessions import SessionStore
+from worker.platform.sessions import SessionsAPI
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -60,7 +60,7 @@ def test_an_agents_sdk_session_is_sent_the_projection_after_a_worker_compacts_it
     pg_store: Store, job_env: JobEnv, publisher: JobPublisher, start_worker: StartWorker,
     server: OpenAIServer,
 ) -> None:
-    session = CompactorSession(SESSION_ID, SessionStore(pg_store, token_counter()),
+    session = CompactorSession(SESSION_ID, SessionsAPI(pg_store, token_counter()),
                                session_format=SessionFormat.CHAT)
     answers = ask(server, session, [f"Please check reservation R{i:03d}" for i in range(TURNS)])
     assert all("R013" in answer for answer in answers[-1:]), answers[-1]

@@ -19,7 +19,7 @@ from tests.e2e.conftest import StartWorker
 from tests.support.e2e import EVENT_TIMEOUT_S, JobEnv, JobPublisher, token_counter
 from tests.support.openai_server import OpenAIServer
 from tests.support.responses_api import ANSWER_PREFIX
-from worker.platform.sessions import SessionFormat, SessionStore
+from worker.platform.sessions import SessionFormat, SessionsAPI
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -53,7 +53,7 @@ def send(server: OpenAIServer, messages: list[dict[str, Any]]) -> list[dict[str,
     return content
 
 
-def agent_turn(server: OpenAIServer, sessions: SessionStore, question: str) -> str:
+def agent_turn(server: OpenAIServer, sessions: SessionsAPI, question: str) -> str:
     """The platform's loop for one question: store the turn, send the projection."""
     sessions.append(SESSION_ID, [{"role": "user", "content": question}], create=True,
                     session_format=SessionFormat.ANTHROPIC)
@@ -72,7 +72,7 @@ def test_an_anthropic_session_with_thinking_is_sent_its_projection_after_a_worke
     pg_store: Store, job_env: JobEnv, publisher: JobPublisher, start_worker: StartWorker,
     server: OpenAIServer,
 ) -> None:
-    sessions = SessionStore(pg_store, token_counter())
+    sessions = SessionsAPI(pg_store, token_counter())
     answers = [agent_turn(server, sessions, f"Please check reservation R{i:03d}")
                for i in range(TURNS)]
     assert answers[-1].startswith(ANSWER_PREFIX) and "R013" in answers[-1]

@@ -20,7 +20,7 @@ from tests.e2e.conftest import StartWorker
 from tests.support.e2e import EVENT_TIMEOUT_S, JobPublisher, import_records, projection_violations
 from tests.support.generated import generated_session
 from tests.support.platform_traffic import AppendAttempt, open_call_id, run_appender
-from worker.platform.sessions import SessionStore
+from worker.platform.sessions import SessionsAPI
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -51,7 +51,7 @@ def run_every_appender(postgres_url: str) -> list[AppendAttempt]:
     """Start the processes and threads together behind one barrier; return every attempt."""
     spawn = multiprocessing.get_context("spawn")
     with spawn.Manager() as manager, ProcessPoolExecutor(PROCESSES, mp_context=spawn) as procs, \
-            ThreadPoolExecutor(THREADS) as threads, SessionStore.open(postgres_url) as shared:
+            ThreadPoolExecutor(THREADS) as threads, SessionsAPI.open(postgres_url) as shared:
         barrier = manager.Barrier(THREADS + PROCESSES)
         futures = [procs.submit(run_appender, postgres_url, f"P{n}", SESSION_IDS, BATCHES,
                                 barrier, pause_s=BATCH_PAUSE_S) for n in range(PROCESSES)]

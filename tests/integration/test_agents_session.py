@@ -23,7 +23,7 @@ from worker.platform.agents_session import (
     SessionFormat,
     UnsupportedItem,
 )
-from worker.platform.sessions import SessionStore
+from worker.platform.sessions import SessionsAPI
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def items(values: list[dict[str, Any]]) -> list[TResponseInputItem]:
 
 @pytest.fixture
 def session(store: Store) -> CompactorSession:
-    return CompactorSession("agent-1", SessionStore(store, token_counter()),
+    return CompactorSession("agent-1", SessionsAPI(store, token_counter()),
                             session_format=SessionFormat.CHAT)
 
 
@@ -148,7 +148,7 @@ def test_clear_erases_the_session_and_the_agent_starts_again_from_nothing(
 
 
 def test_a_responses_session_keeps_every_sdk_item_as_given(store: Store) -> None:
-    session = CompactorSession("agent-r", SessionStore(store, token_counter()))
+    session = CompactorSession("agent-r", SessionsAPI(store, token_counter()))
     given = responses_items(6, 3)
 
     asyncio.run(session.add_items(items(given[:4])))

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine
 
-from db import DueCriteria, MessageText, SnapshotGate, Store
+from db import DueCriteria, MessageText, SnapshotSkipRule, Store
 from tests.support.scheduling import put_session
 from worker.compaction.breaker import Breaker, BreakerState, admit
 
@@ -80,10 +80,11 @@ def test_a_job_snapshot_reads_the_messages_exactly_when_the_worker_breaker_admit
     for session_id, breaker in grid.items():
         admitted = admit(breaker, now, COOLDOWN_S).allowed
         read = kept_seq if admitted else unread
-        gate = SnapshotGate(cooldown_start=now - COOLDOWN)
+        skip_rule = SnapshotSkipRule(cooldown_start=now - COOLDOWN)
         snapshot = (store.start_job_with_snapshot(session_id, "w1:task-1", 60, now,
-                                                  to_message=read, gate=gate)
-                    if leased else store.job_snapshot(session_id, to_message=read, gate=gate))
+                                                  to_message=read, skip_rule=skip_rule)
+                    if leased else store.job_snapshot(session_id, to_message=read,
+                                                      skip_rule=skip_rule))
 
         assert snapshot is not None
         assert snapshot.breaker_refused is not admitted, session_id

@@ -25,7 +25,7 @@ from worker.broker.queue_items import ItemRejected
 from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.errors import MessagesRejected
 from worker.platform.ingest import ImportStatus, import_sessions
-from worker.platform.sessions import SessionStore
+from worker.platform.sessions import SessionsAPI
 from worker.shared_state.dead_letters import DeadLetters, build_dead_letter
 from worker.shared_state.keys import RedisKeys
 
@@ -76,7 +76,7 @@ def test_import_rejects_an_id_with_a_control_character_naming_it(store: Store) -
 def test_append_and_create_reject_an_id_with_a_control_character(
     store: Store, session_id: str, refusal: str
 ) -> None:
-    sessions = SessionStore(store, token_counter(), IntakePolicy())
+    sessions = SessionsAPI(store, token_counter(), IntakePolicy())
 
     with pytest.raises(MessagesRejected) as appended:
         sessions.append(session_id, MESSAGES, create=True)

@@ -23,7 +23,7 @@ from worker.platform.sessions import (
     SessionExists,
     SessionLeased,
     SessionNotFound,
-    SessionStore,
+    SessionsAPI,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,13 +42,13 @@ def result(call_id: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def sessions(database_url: str) -> Iterator[SessionStore]:
-    with SessionStore.open(database_url) as opened:
+def sessions(database_url: str) -> Iterator[SessionsAPI]:
+    with SessionsAPI.open(database_url) as opened:
         yield opened
 
 
 def test_an_agent_loop_appends_turn_by_turn_and_reads_them_back_to_send(
-    sessions: SessionStore,
+    sessions: SessionsAPI,
 ) -> None:
     sessions.create("chat", {"user": "u1"})
 
@@ -70,7 +70,7 @@ def test_an_agent_loop_appends_turn_by_turn_and_reads_them_back_to_send(
         2, frozenset({"user"}))
 
 
-def test_repairs_are_reported_and_rejections_store_nothing(sessions: SessionStore) -> None:
+def test_repairs_are_reported_and_rejections_store_nothing(sessions: SessionsAPI) -> None:
     appended = sessions.append("chat", [USER, {"role": "user", "content": "a\x00b"}],
                                create=True)
 
@@ -81,7 +81,7 @@ def test_repairs_are_reported_and_rejections_store_nothing(sessions: SessionStor
     assert sessions.session("chat").head_seq == 2
 
 
-def test_errors_are_the_stores_typed_errors(sessions: SessionStore) -> None:
+def test_errors_are_the_stores_typed_errors(sessions: SessionsAPI) -> None:
     sessions.create("chat")
 
     with pytest.raises(SessionExists):
@@ -94,11 +94,11 @@ def test_errors_are_the_stores_typed_errors(sessions: SessionStore) -> None:
 
 def test_opening_an_unmigrated_database_fails_before_any_call(empty_database_url: str) -> None:
     with pytest.raises(SchemaMissing):
-        SessionStore.open(empty_database_url)
+        SessionsAPI.open(empty_database_url)
 
 
 def test_the_projection_follows_the_active_summary_and_the_artifacts_every_message(
-    sessions: SessionStore, database_url: str
+    sessions: SessionsAPI, database_url: str
 ) -> None:
     sessions.append("chat", [SYSTEM, USER, {"role": "assistant", "content": "ok"}, USER],
                     create=True)
@@ -114,7 +114,7 @@ def test_the_projection_follows_the_active_summary_and_the_artifacts_every_messa
     assert [r.through_seq for r in sessions.revisions("chat")] == [3]
 
 
-def test_one_instance_serves_many_threads(sessions: SessionStore) -> None:
+def test_one_instance_serves_many_threads(sessions: SessionsAPI) -> None:
     for n in range(4):
         sessions.create(f"chat-{n}")
 
@@ -131,7 +131,7 @@ def test_one_instance_serves_many_threads(sessions: SessionStore) -> None:
 
 
 def test_a_user_erasure_request_deletes_the_session_unless_a_job_is_compacting_it(
-    sessions: SessionStore, database_url: str
+    sessions: SessionsAPI, database_url: str
 ) -> None:
     sessions.append("chat", [SYSTEM, USER, calling("c1"), result("c1")], create=True)
     with open_store(database_url) as store:
@@ -148,7 +148,7 @@ def test_a_user_erasure_request_deletes_the_session_unless_a_job_is_compacting_i
 
 
 def test_the_newest_message_can_be_taken_back_until_a_summary_reads_it(
-    sessions: SessionStore,
+    sessions: SessionsAPI,
 ) -> None:
     sessions.append("chat", [SYSTEM, USER], create=True)
 
@@ -163,7 +163,7 @@ def test_the_newest_message_can_be_taken_back_until_a_summary_reads_it(
 
 
 def test_an_erased_identifier_is_recalled_nowhere_once_its_seq_is_taken_again(
-    sessions: SessionStore, database_url: str,
+    sessions: SessionsAPI, database_url: str,
 ) -> None:
     sessions.append("chat", [SYSTEM, USER], create=True)
     sessions.append("chat", [{"role": "user", "content": "Refund ticket PAY-4242 too."}])

@@ -1,4 +1,4 @@
-"""The job's store port (``worker.job.ports.JobStore``) holds the same contract on the
+"""The job's store port (``worker.job.ports.JobLedgerPort``) holds the same contract on the
 in-memory fake the unit suite uses and on the real store, SQLite and PostgreSQL: leases
 with expiry and ownership, compare-and-swap of the active revision, breaker fields, runs
 and unknown sessions. A fake that drifted from ``db.Store`` fails here."""
@@ -28,14 +28,14 @@ from db import (
     RunRecord,
     SessionNotFound,
     SessionState,
-    SnapshotGate,
+    SnapshotSkipRule,
     ToolCallState,
     upgrade_database,
 )
 from tests.support.databases import open_store, sqlite_url, truncate_store_tables
 from tests.support.fake_store import FakeStore
 from tests.support.store_jobs import read_snapshot, swap_in, take_lease
-from worker.job.ports import JobStore
+from worker.job.ports import JobLedgerPort
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ TTL_S = 30
 SESSION = "s-contract"
 
 
-class ContractStore(JobStore, Protocol):
+class ContractStore(JobLedgerPort, Protocol):
     """What the checks need besides the port: setting a session up, reading it back, and
     the single-purpose lease and run methods operators and tools use."""
 
@@ -347,11 +347,11 @@ def test_a_snapshot_of_a_session_under_the_gates_trigger_reads_its_row_alone(
     expected = store.job_snapshot(SESSION, history=2, to_message=keep_text)
 
     def snapshot(trigger_tokens: int) -> JobSnapshot[MessageText] | None:
-        gate = SnapshotGate(trigger_tokens=trigger_tokens)
+        skip_rule = SnapshotSkipRule(trigger_tokens=trigger_tokens)
         if leased:
             return store.start_job_with_snapshot(SESSION, "w1:task-1", TTL_S, T0, history=2,
-                                                 to_message=keep_text, gate=gate)
-        return store.job_snapshot(SESSION, history=2, to_message=keep_text, gate=gate)
+                                                 to_message=keep_text, skip_rule=skip_rule)
+        return store.job_snapshot(SESSION, history=2, to_message=keep_text, skip_rule=skip_rule)
 
     at_it, under_it = snapshot(projection), snapshot(projection - 1)
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from db import (
-    NO_GATE,
+    NO_SKIP,
     BreakerUpdate,
     JobSnapshot,
     LeaseLost,
@@ -32,7 +32,7 @@ from db import (
     SessionExists,
     SessionNotFound,
     SessionState,
-    SnapshotGate,
+    SnapshotSkipRule,
     ToolCallState,
 )
 from worker.compaction import find_open_tool_calls, parse_message
@@ -119,7 +119,7 @@ class FakeStore:
         ids = sorted(sid for sid in self._sessions if after is None or sid > after)
         return [self._sessions[sid] for sid in ids[:limit]]
 
-    # --- the job's port (worker.job.ports.JobStore) ---------------------------------------
+    # --- the job's port (worker.job.ports.JobLedgerPort) ---------------------------------------
 
     def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
                   take_over: str | None = None) -> SessionState | None:
@@ -133,19 +133,19 @@ class FakeStore:
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], M], gate: SnapshotGate = NO_GATE,
+        to_message: Callable[[MessageText], M], skip_rule: SnapshotSkipRule = NO_SKIP,
     ) -> JobSnapshot[M] | None:
         if self.start_job(session_id, owner, ttl_s, now, take_over=take_over) is None:
             return None
         return self.job_snapshot(session_id, history=history, to_message=to_message,
-                                 gate=gate)
+                                 skip_rule=skip_rule)
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], M],
-                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[M]:
+                     skip_rule: SnapshotSkipRule = NO_SKIP) -> JobSnapshot[M]:
         self._check("job_snapshot")
         state, revision, active = self._read_active(session_id)
-        if shut := gate.row_alone(state, revision):
+        if shut := skip_rule.row_alone(state, revision):
             return shut
         recent = tuple(RevisionSizes(r.projection_tokens_before, r.projection_tokens_after)
                        for r in self.revisions(session_id)[:history])

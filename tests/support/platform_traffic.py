@@ -1,4 +1,4 @@
-"""A platform's appenders for the concurrency test: threads sharing one ``SessionStore`` or
+"""A platform's appenders for the concurrency test: threads sharing one ``SessionsAPI`` or
 processes opening their own, racing to answer each session's open tool call, then
 appending whole exchanges. Importable by a spawned process (no pytest, no fixtures)."""
 
@@ -10,7 +10,7 @@ from threading import Barrier
 from typing import Any
 
 from tests.support.generated import generated_turns
-from worker.platform.sessions import MessagesRejected, SessionStore
+from worker.platform.sessions import MessagesRejected, SessionsAPI
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,12 @@ def answer(session_id: str, tag: str) -> dict[str, Any]:
 
 def run_appender(
     url: str, tag: str, session_ids: list[str], batches: int, barrier: Barrier,
-    sessions: SessionStore | None = None, *, pause_s: float = 0.0,
+    sessions: SessionsAPI | None = None, *, pause_s: float = 0.0,
 ) -> list[AppendAttempt]:
     """Race the other appenders to answer every session's open call, wait for all of them,
     then append ``batches`` exchanges spread over the sessions, ``pause_s`` apart. Opens
     its own store unless given one (the threads' shared store)."""
-    store = sessions or SessionStore.open(url)
+    store = sessions or SessionsAPI.open(url)
     try:
         barrier.wait()
         attempts = [attempt(store, sid, [answer(sid, tag)], is_answer=True)
@@ -58,7 +58,7 @@ def run_appender(
             store.close()
 
 
-def attempt(store: SessionStore, session_id: str, bodies: list[dict[str, Any]], *,
+def attempt(store: SessionsAPI, session_id: str, bodies: list[dict[str, Any]], *,
             is_answer: bool = False) -> AppendAttempt:
     try:
         appended = store.append(session_id, bodies)

@@ -8,14 +8,14 @@ from datetime import datetime
 from typing import Protocol
 
 from db import BreakerUpdate, JobSnapshot, MessageText, NewRevision, NewRun, SessionState
-from worker.job.ports import JobStore
+from worker.job.ports import JobLedgerPort
 
 # The lease a swap takes when the test names no owner: long enough for any test.
 SWAPPER = "test-host:1:swap"
 SWAPPER_TTL_S = 3600.0
 
 
-class LeasingStore(JobStore, Protocol):
+class LeasingStore(JobLedgerPort, Protocol):
     """A job's port with the lease alone (``Store.start_job``)."""
 
     def start_job(self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
@@ -42,7 +42,7 @@ def swap_in(store: LeasingStore, session_id: str, *, expected_revision_id: int |
                             breaker=breaker)
 
 
-def read_snapshot(store: JobStore, session_id: str) -> JobSnapshot[MessageText]:
+def read_snapshot(store: JobLedgerPort, session_id: str) -> JobSnapshot[MessageText]:
     """The session, its active revision and its active messages, as a job reads them."""
     return store.job_snapshot(session_id, to_message=keep_text)
 

@@ -216,7 +216,7 @@ def test_the_new_spans_items_keep_their_reserved_share_against_a_full_prior() ->
     kept_fresh = [item for item in fitted.relevant_artifacts if item.startswith("fresh")]
     kept_prior = [item for item in fitted.relevant_artifacts if item.startswith("prior")]
     assert kept_fresh == fresh[:len(kept_fresh)]
-    assert kept_prior == prior[:len(kept_prior)]  # a merge lists the prior's newest first
+    assert kept_prior == prior[:len(kept_prior)]  # an update lists the prior's newest first
     share = len(kept_fresh) / (len(kept_fresh) + len(kept_prior))
     assert FRESH_SHARE - 0.1 <= share <= FRESH_SHARE + 0.1
 

@@ -1,4 +1,4 @@
-"""The summary block is rendered and counted once per job: the merge costs each line once
+"""The summary block is rendered and counted once per job: the update costs each line once
 and counts the block once, validation carries that count (a re-render would show here)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import tiktoken
 
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import filled
-from worker.compaction.merge import (
-    MIN_ARTIFACT_TOKENS,
-    count_identifier_lines,
-    merge_summaries,
-)
 from worker.compaction.schema import (
     count_summary_tokens,
     empty_block_tokens,
     render_summary_block,
+)
+from worker.compaction.summary_update import (
+    MIN_ARTIFACT_TOKENS,
+    count_identifier_lines,
+    update_summary,
 )
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.validation import validate_summary
@@ -53,7 +53,7 @@ class CountingEncoding:
         return self.inner.name
 
 
-def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -> None:
+def test_one_update_and_validation_of_a_1k_token_summary_count_the_block_once() -> None:
     plain = shared_counter()
     prior = filled(
         goal="Keep the airline customer's bookings in order",
@@ -71,20 +71,20 @@ def test_one_merge_and_validation_of_a_1k_token_summary_count_the_block_once() -
     encoding = CountingEncoding(plain.encoding)
     counter = TokenCounter(cast(Any, encoding))
 
-    merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=counter,
+    updated = update_summary(prior, new, budget_tokens=BUDGET_TOKENS, counter=counter,
                              identifiers=["R99999", "E3283-SCHEMA"])
-    validated = validate_summary(new, merged, span_tokens=5_000, budget_tokens=BUDGET_TOKENS,
+    validated = validate_summary(new, updated, span_tokens=5_000, budget_tokens=BUDGET_TOKENS,
                                  replaced_tokens=6_000, counter=counter)
 
     final_tokens = validated.fitted.tokens
     assert validated.fitted.text == render_summary_block(validated.summary)
     renders = sum(text.startswith("[Summary of earlier") for text in encoding.texts)
-    assert renders == 2  # the merged block and the span's reply
+    assert renders == 2  # the updated block and the span's reply
     # Lines once, the block once and the reply: no bisection re-renders.
     assert encoding.encoded_tokens <= 2 * final_tokens + reply_tokens + 100
 
 
-def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_merge() -> None:
+def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_update() -> None:
     plain = shared_counter()
     identifiers = [f"  gift_card_{n:07d} " for n in range(300)] + ["", "R99999"]
     new = filled(goal="Keep the bookings in order",
@@ -94,17 +94,17 @@ def test_identifier_lines_counted_ahead_are_not_encoded_again_by_the_merge() -> 
 
     count_identifier_lines(identifiers, counter, budget_tokens=BUDGET_TOKENS)
     ahead = len(encoding.texts)
-    merged = merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=counter,
+    updated = update_summary(None, new, budget_tokens=BUDGET_TOKENS, counter=counter,
                              identifiers=identifiers)
 
-    merge_texts = encoding.texts[ahead:]
-    assert "gift_card_0000299" in merged.fitted.text  # the lines were costed
+    update_texts = encoding.texts[ahead:]
+    assert "gift_card_0000299" in updated.fitted.text  # the lines were costed
     # Each identifier is encoded once more, in the block's own (shared) lines only.
-    encoded = sum(text.count("gift_card_") for text in merge_texts)
-    assert encoded <= merged.fitted.text.count("gift_card_"), merge_texts
-    fresh = merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=plain.for_job(),
-                            identifiers=identifiers)
-    assert merged == fresh
+    encoded = sum(text.count("gift_card_") for text in update_texts)
+    assert encoded <= updated.fitted.text.count("gift_card_"), update_texts
+    fresh = update_summary(None, new, budget_tokens=BUDGET_TOKENS, counter=plain.for_job(),
+                           identifiers=identifiers)
+    assert updated == fresh
 
 
 def test_identifier_lines_are_counted_ahead_only_as_far_as_the_budget_could_list() -> None:

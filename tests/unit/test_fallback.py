@@ -1,5 +1,5 @@
 """The extractive summary: rules on a known span, always within budget, deterministic,
-of the span alone (the pipeline merges the prior), and carrying the corpus's ids in its
+of the span alone (the pipeline updates the prior with it), and carrying the corpus's ids in its
 artifacts."""
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from worker.compaction.fallback import (
 )
 from worker.compaction.grouping import Group, group_messages
 from worker.compaction.identifiers import Artifact, extract_identifiers
-from worker.compaction.merge import merge_summaries
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
 from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
 from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
 from worker.compaction.sentences import Cue
+from worker.compaction.summary_update import update_summary
 from worker.compaction.validation import validate_summary
 
 
@@ -165,8 +165,8 @@ def test_the_fallback_always_fits_its_budget_and_is_deterministic(
     assert fallback_summary(list(groups), **options) == summary
     if extra_tokens >= 200 and any(m.message.role not in INSTRUCTION_ROLES for m in stored):
         # Room for a goal and one action: the summary passes validation of a long span.
-        merged = merge_summaries(None, summary, budget_tokens=budget_tokens, counter=counter)
-        validate_summary(summary, merged, span_tokens=10_000, budget_tokens=budget_tokens,
+        updated = update_summary(None, summary, budget_tokens=budget_tokens, counter=counter)
+        validate_summary(summary, updated, span_tokens=10_000, budget_tokens=budget_tokens,
                          replaced_tokens=10**9, counter=counter)
 
 

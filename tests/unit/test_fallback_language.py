@@ -1,6 +1,6 @@
 """The extractive summary reads plain language: decisions and confirmations, completed
 actions with their results, answered and open requests, the latest goal, and the prior
-items its span settles (the merge contract); checked on generated spans and on the real
+items its span settles (the update contract); checked on generated spans and on the real
 corpus sessions."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from tests.unit.test_schema import filled
 from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
-from worker.compaction.merge import merge_summaries
 from worker.compaction.outcomes import find_failures
 from worker.compaction.salience import featured_values, rank_artifacts
 from worker.compaction.schema import Summary
+from worker.compaction.summary_update import update_summary
 
 BLOCK_TOKENS = 4_096
 
@@ -104,9 +104,9 @@ def test_a_continued_conversation_keeps_the_prior_goal_and_settles_its_open_item
     new = span_summary(span, prior)
     assert new.goal == ""
     assert new.resolved[:3] == [*prior.pending, *prior.key_decisions]
-    merged = merge_summaries(prior, new, budget_tokens=2_000, counter=shared_counter()).summary
-    assert merged.goal == prior.goal and merged.pending == []
-    assert merged.key_decisions == ["Decision: pin sqlalchemy==2.0.1 because 1.4 lacks async."]
+    updated = update_summary(prior, new, budget_tokens=2_000, counter=shared_counter()).summary
+    assert updated.goal == prior.goal and updated.pending == []
+    assert updated.key_decisions == ["Decision: pin sqlalchemy==2.0.1 because 1.4 lacks async."]
 
 
 @pytest.mark.corpus
@@ -155,8 +155,8 @@ def test_corpus_joined_sessions_up_to_200k_tokens_keep_what_was_said_in_the_bloc
         texts = [*drafted.key_decisions, *drafted.pending]  # as the pipeline ranks them
         featured = featured_values(find_failures(span), texts, artifacts)
         ranked = [a.value for a in rank_artifacts(artifacts, featured=featured)]
-        block = merge_summaries(None, drafted, budget_tokens=BLOCK_TOKENS, counter=counter,
-                                identifiers=ranked).fitted
+        block = update_summary(None, drafted, budget_tokens=BLOCK_TOKENS, counter=counter,
+                               identifiers=ranked).fitted
         said = [a.value for a in artifacts
                 if a.kind != "tool" and not a.sources.isdisjoint({"user", "assistant"})]
         kept = sum(value in block.text for value in said) / len(said)

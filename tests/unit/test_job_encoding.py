@@ -1,6 +1,6 @@
 """A job encodes no more than its span plus one summary: token counts of the stored
 messages come from ingest, and what the summarizer counted (its lines, its block) the
-merge and validation do not encode again (``TokenCounter.for_job``). Counted on the real
+summary update and validation do not encode again (``TokenCounter.for_job``). Counted on the real
 encoding, wrapped, for whole jobs on the in-memory store."""
 
 from __future__ import annotations

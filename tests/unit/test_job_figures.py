@@ -32,7 +32,7 @@ def test_a_summarizers_usage_names_only_job_figures() -> None:
 
 def test_the_runs_row_holds_every_figure_with_the_outcome_reason_and_step_timings() -> None:
     trace = JobTrace(JobRequest("s", "test"), started_at=NOW)
-    trace.note(tokens_before=9_000, llm_calls=2)
+    trace.record_figures(tokens_before=9_000, llm_calls=2)
     with trace.step("plan"):
         pass
 

@@ -20,10 +20,10 @@ from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.intake import IntakePolicy
-from worker.compaction.merge import merge_summaries
 from worker.compaction.number_labels import label_number, label_numbers
 from worker.compaction.outcomes import classify_calls
 from worker.compaction.schema import Summary
+from worker.compaction.summary_update import update_summary
 from worker.compaction.truth import find_contradictions, read_record
 from worker.errors import Outcome
 from worker.platform.ingest import ImportStatus, import_sessions
@@ -78,9 +78,9 @@ def test_the_span_labels_come_from_the_stored_mentions(seed: int) -> None:
 
 def test_the_merge_lists_bare_numbers_with_their_labels_and_counts_them_reattached() -> None:
     new = filled(goal="User request: swap the item.", relevant_artifacts=["123456789"])
-    merged = merge_summaries(None, new, budget_tokens=2_000, counter=shared_counter(),
-                             identifiers=["123456789", "987654321"],
-                             labels={"123456789": "item 123456789 (Kettle)",
+    merged = update_summary(None, new, budget_tokens=2_000, counter=shared_counter(),
+                            identifiers=["123456789", "987654321"],
+                            labels={"123456789": "item 123456789 (Kettle)",
                                      "987654321": "order 987654321"})
     assert merged.summary.relevant_artifacts == ["item 123456789 (Kettle)", "order 987654321"]
     # The one listed bare is re-attached with its label, the one left out re-attached.

@@ -1,7 +1,7 @@
 """The outcomes of one job (``worker.job.pipeline.run``) on the in-memory store besides its
 failures (``test_pipeline_failures.py``) and breakers (``test_pipeline_breakers.py``):
 compacted, every skip, rejected, the conflicts of a compare-and-swap lost mid-job, the
-merge of the prior summary, and the event of each. Sessions are generated; the store's
+update of the prior summary, and the event of each. Sessions are generated; the store's
 contract is held to the real one in ``tests/integration/test_store_contract.py``."""
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def test_a_lease_lost_mid_job_ends_in_conflict_and_leaves_the_new_holder_alone(
     assert harness.store.get_session(SESSION).lease_owner == "other:1:t"
 
 
-def test_the_prior_summary_is_context_to_the_summarizer_and_merged_once_after_it(
+def test_the_prior_summary_is_context_to_the_summarizer_and_updated_once_after_it(
     harness: JobHarness,
 ) -> None:
     compacted_session(harness)
@@ -259,20 +259,20 @@ def test_the_prior_summary_is_context_to_the_summarizer_and_merged_once_after_it
     assert result.outcome is Outcome.COMPACTED and second.parent_revision_id == first.id
     assert work.prior == Summary.model_validate(first.summary)
     assert min(m.seq for g in work.span for m in g.messages) == first.through_seq + 1
-    prior, merged = work.prior, Summary.model_validate(second.summary)
+    prior, updated = work.prior, Summary.model_validate(second.summary)
     assert prior is not None
     # Prior items first, each once; the new span's own items after them; the goal stands
     # (the span continues the conversation rather than starting a new one).
-    actions = merged.completed_actions
+    actions = updated.completed_actions
     assert actions[:len(prior.completed_actions)] == prior.completed_actions
     assert len(actions) == len(set(actions)) > len(prior.completed_actions)
-    assert merged.goal == prior.goal and "s-1R0" in merged.goal
+    assert updated.goal == prior.goal and "s-1R0" in updated.goal
     # The new span's identifiers are listed first, newest first, ahead of the prior's:
     # its newest exchange's reservation and flight lead.
     newest = max((a for a in work.artifacts if a.value.startswith("NEWR")),
                  key=lambda a: a.last_seq)
     flight = f"HAT{100 + int(newest.value.removeprefix('NEWR'))}"
-    assert set(merged.relevant_artifacts[:2]) == {newest.value, flight}
+    assert set(updated.relevant_artifacts[:2]) == {newest.value, flight}
 
 
 @pytest.mark.parametrize("turns", [LONG_TURNS, SHORT_TURNS, 0])

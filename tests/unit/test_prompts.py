@@ -150,10 +150,10 @@ def test_summarize_messages_carry_schema_rules_prior_and_identifiers(
         assert Summary.model_validate_json(prior_json) == prior
 
 
-def test_the_prompt_states_the_merge_contract_the_merge_applies() -> None:
+def test_the_prompt_states_the_update_contract_the_summary_update_applies() -> None:
     system = build_summarize_messages("", prior=PRIOR, identifiers=[])[0]["content"]
     rules = " ".join(system.split())
-    # The same rules as worker/compaction/merge.py and the extractive summarizer follow.
+    # The same rules as worker/compaction/summary_update.py and the extractive summarizer follow.
     assert "goal: as it stands now (the newest request or customer's)" in rules
     assert "Copy verbatim into resolved each prior pending, remaining_work or key_decisions " \
            "item the input settles (answered, fixed, replaced)" in rules

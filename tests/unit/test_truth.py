@@ -18,11 +18,11 @@ from worker.compaction.errors import SummaryInvalid
 from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
-from worker.compaction.merge import merge_summaries
 from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
 from worker.compaction.requests import continues_conversation
 from worker.compaction.schema import Summary, empty_summary
+from worker.compaction.summary_update import update_summary
 from worker.compaction.truth import (
     Contradiction,
     SpanRecord,
@@ -113,7 +113,7 @@ def test_a_prior_item_copied_verbatim_is_the_priors_and_not_checked_again() -> N
     record = read_record(groups, outcomes=classify_calls(groups),
                          artifacts=extract_identifiers(stored), prior=prior,
                          tail_continues=False)
-    # Settled by the span (the merge contract), though no call of this span said E1.
+    # Settled by the span (the update contract), though no call of this span said E1.
     settled = empty_summary().model_copy(update={"resolved": prior.pending})
     assert find_contradictions(settled, record) == []
 
@@ -130,9 +130,9 @@ def test_the_description_names_kinds_counts_and_ids_only() -> None:
 def test_validation_rejects_a_contradicting_summary_with_its_reason() -> None:
     record, summary = record_and_extractive(SPAN)
     lying = with_items(summary, completed_actions=["called run_tests(tests/test_sync.py) → ok"])
-    merged = merge_summaries(None, lying, budget_tokens=2_000, counter=shared_counter())
+    updated = update_summary(None, lying, budget_tokens=2_000, counter=shared_counter())
     with pytest.raises(SummaryInvalid) as raised:
-        validate_summary(lying, merged, span_tokens=10_000, budget_tokens=2_000,
+        validate_summary(lying, updated, span_tokens=10_000, budget_tokens=2_000,
                          replaced_tokens=10_000, counter=shared_counter(), record=record)
     assert raised.value.reason == "summary_contradicts_history"
     assert "false_outcome 1 (c2)" in raised.value.message

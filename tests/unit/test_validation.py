@@ -1,7 +1,7 @@
 """Parsing and validation: one case per failure reason (``truncated`` is the LLM
 summarizer's, after its retry), the one JSON recovery from prose, and identifiers
-re-attached rather than failed on. Replies are parsed, merged into the prior as the
-pipeline's merge step does (re-attaching the span's identifiers), then validated."""
+re-attached rather than failed on. Replies are parsed, updated into the prior as the
+pipeline's summary update does (re-attaching the span's identifiers), then validated."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from tests.unit.session_strategies import shared_counter
-from worker.compaction.merge import MergedSummary, merge_summaries
 from worker.compaction.schema import (
     Summary,
     count_summary_tokens,
     empty_summary,
     summary_text,
 )
+from worker.compaction.summary_update import UpdatedSummary, update_summary
 from worker.compaction.validation import (
     REASONS,
     extract_json_object,
@@ -41,13 +41,13 @@ DEFAULTS: dict[str, Any] = {
 
 
 def run(raw: str | dict[str, Any] | None, prior: Summary | None = None, **overrides: Any
-        ) -> MergedSummary:
+        ) -> UpdatedSummary:
     options, counter = {**DEFAULTS, **overrides}, shared_counter()
     identifiers = options.pop("identifiers")
     summary = parse_summary(raw)
-    merged = merge_summaries(prior, summary, budget_tokens=options["budget_tokens"],
+    updated = update_summary(prior, summary, budget_tokens=options["budget_tokens"],
                              counter=counter, identifiers=identifiers)
-    return validate_summary(summary, merged, counter=counter, **options)
+    return validate_summary(summary, updated, counter=counter, **options)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_reattachment_stops_at_the_budget_keeping_the_most_salient_first() -> No
     assert result.fitted.tokens == count_summary_tokens(result.summary, counter) <= budget_tokens
 
 
-def test_a_prior_summary_is_merged_and_its_identifiers_count_as_present() -> None:
+def test_a_prior_summary_is_updated_and_its_identifiers_count_as_present() -> None:
     prior = Summary.model_validate({
         **empty_summary().model_dump(), "goal": "Book a flight",
         "pending": ["Confirm the refund to credit_card_4421486"],

@@ -22,7 +22,7 @@ from celery.worker.request import Request
 
 from db import Store, StoreError
 from worker.broker.contract import MAX_SESSION_ID_CHARS
-from worker.job.lost_attempt import LostAttempt, lost_attempt_records, record_lost_attempt
+from worker.job.lost_attempt import LostAttempt, lost_attempt_run_and_result, record_lost_attempt
 from worker.job.outcome import emit_job_event
 from worker.logging import get_logger
 from worker.settings.config import Settings, get_settings
@@ -101,7 +101,7 @@ def _record(settings: Settings, journal: AttemptJournal, lost: LostAttempt,
     try:
         return record_lost_attempt(store, lost, now, will_retry=True)
     except StoreError:
-        run, result = lost_attempt_records(lost, now)
+        run, result = lost_attempt_run_and_result(lost, now)
         journal.keep_unrecorded(run)
         emit_job_event(get_logger(), replace(result, run_recorded=False), will_retry=True)
         return True

@@ -57,10 +57,6 @@ from .limits import MAX_NESTING_DEPTH as MAX_NESTING_DEPTH
 from .limits import MAX_RECORD_BYTES as MAX_RECORD_BYTES
 from .limits import measure_depth as measure_depth
 from .limits import measure_json_depth as measure_json_depth
-from .merge import MergedSummary as MergedSummary
-from .merge import count_identifier_lines as count_identifier_lines
-from .merge import merge_summaries as merge_summaries
-from .merge import use_stored_line_counts as use_stored_line_counts
 from .messages import ChatMessage as ChatMessage
 from .messages import StoredMessage as StoredMessage
 from .messages import content_text as content_text
@@ -101,6 +97,10 @@ from .strategies import StrategyConfig as StrategyConfig
 from .strategies import StrategyName as StrategyName
 from .strategies import apply_strategy as apply_strategy
 from .substrings import TextGrams as TextGrams
+from .summary_update import UpdatedSummary as UpdatedSummary
+from .summary_update import count_identifier_lines as count_identifier_lines
+from .summary_update import update_summary as update_summary
+from .summary_update import use_stored_line_counts as use_stored_line_counts
 from .tokens import TokenCounter as TokenCounter
 from .truth import SpanRecord as SpanRecord
 from .truth import find_contradictions as find_contradictions

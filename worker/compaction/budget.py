@@ -24,7 +24,7 @@ from worker.compaction.schema import (
     is_packable,
     render_summary_block,
 )
-from worker.compaction.schema import item_line_texts as item_line_texts  # merge.py's import
+from worker.compaction.schema import item_line_texts as item_line_texts  # summary_update's import
 from worker.compaction.tokens import TokenCounter
 
 # Shares of the room left after the headings and the goal; a section that needs less
@@ -40,7 +40,7 @@ SECTION_WEIGHTS: dict[str, int] = {
 }
 ITEM_CAP_TOKENS = 96
 GOAL_CAP_TOKENS = 160
-# At a merge, the new span's items get this share of each section before prior items:
+# At a summary update, the new span's items get this share of each section before prior items:
 # otherwise a full prior summary outranks every new fact, round after round. A quarter,
 # not a half: a 20% growth's values fit in it, and a larger reserve spends the prior's
 # room on the new span's least salient values (bench.fidelity compares the shares).
@@ -70,8 +70,9 @@ class SummaryBudget:
             raise ValueError("max_tokens must be at least base_tokens")
 
     def for_span(self, span_tokens: int, prior_summary_tokens: int = 0) -> int:
-        """Return the budget of the summary that merges a span of ``span_tokens`` into a
-        prior block of ``prior_summary_tokens``: clamp(prior + ratio * span, base, max)."""
+        """Return the budget of the summary that updates a prior block of
+        ``prior_summary_tokens`` with a span of ``span_tokens``:
+        clamp(prior + ratio * span, base, max)."""
         ceiling = self.base_tokens if self.max_tokens is None else self.max_tokens
         grown = prior_summary_tokens + int(span_tokens * self.span_ratio)
         return max(self.base_tokens, min(ceiling, grown))
@@ -92,7 +93,7 @@ class _Section:
     lines: tuple[str, ...]  # each item's bullet line with its line break
     costs: tuple[int, ...]  # tokens of each item's line
     order: tuple[int, ...]  # item indexes, most worth keeping first
-    fresh: frozenset[int]  # the new span's items (all of them outside a merge)
+    fresh: frozenset[int]  # the new span's items (all of them outside an update)
 
 
 def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
@@ -103,7 +104,7 @@ def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
     each section keeps what fits its share of ``SECTION_WEIGHTS``. ``prior_items`` gives,
     per section, the indexes of the items that came from the prior summary: the others are
     the new span's and get ``FRESH_SHARE`` of the section first. Inside a share, relevant
-    artifacts are kept in list order (a merge lists them ranked, newest first), other
+    artifacts are kept in list order (an update lists them ranked, newest first), other
     sections newest first. The goal is shortened only when no item fits. Deterministic.
 
     Raises:

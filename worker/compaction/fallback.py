@@ -1,4 +1,4 @@
-"""The deterministic (extractive) summary: same schema, budget and merge contract as the
+"""The deterministic (extractive) summary: same schema, budget and update contract as the
 LLM's, built by plain-language rules from the span, for when no LLM may or can be called.
 """
 
@@ -98,7 +98,7 @@ def fallback_summary(
     actions: each call that changed something with its result, look-ups tallied, work the
     agent reports done; key decisions: choices, pins, refusals and confirmations;
     resolved: answered requests, fixed errors, and the prior's items the span settled
-    (verbatim, the merge contract); pending: the open request, calls without a result,
+    (verbatim, the update contract); pending: the open request, calls without a result,
     errors not fixed; relevant artifacts: the span's identifiers by salience.
     ``outcomes``: the span's calls classified from their original results (``span`` may be
     pruned), else classified from ``span``; a call's line states its outcome, never one

@@ -1,5 +1,5 @@
 """The summary schema: the model, its strict JSON schema, the size budget, and the stable
-rendering of the block a model reads as background (merging lives in ``merge.py``).
+rendering of the block a model reads as background (updates live in ``summary_update.py``).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def count_block_segments(segments: Sequence[str], counter: TokenCounter) -> int:
 
 def item_line_texts(items: Sequence[str]) -> list[str]:
     """Each item's bullet line with its line break: the text an item's cost is counted on."""
-    # ``item_line`` inlined: a 1M-token job's merge asks it of ~14k identifiers.
+    # ``item_line`` inlined: a 1M-token job's summary update asks it of ~14k identifiers.
     return [f"- {item}\n" if "\n" not in item and "\r" not in item else f"- {_one_line(item)}\n"
             for item in items]
 

@@ -115,7 +115,7 @@ class JobCounter(TokenCounter):
     """A counter that encodes each distinct text once, for the one job that owns it.
 
     A job counts the same text in several steps: the lines a summarizer fitted to budget
-    are measured again by the merge, and the summarizer's block again by validation.
+    are measured again by the update, and the summarizer's block again by validation.
     The count is carried instead of redone; the memory goes with the job.
     """
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from worker.compaction.grouping import Group
 from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
-from worker.compaction.merge import normalize_item
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
 from worker.compaction.requests import read_requests
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
+from worker.compaction.summary_update import normalize_item
 
 OPEN_SECTIONS = ("pending", "remaining_work")
 DONE_SECTIONS = ("completed_actions", "resolved")
@@ -116,7 +116,7 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
 
 def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
     """Return what ``summary`` (of the span alone) says against ``record``; the prior's
-    items it copies verbatim (the merge contract) are the prior's, not checked again."""
+    items it copies verbatim (the update contract) are the prior's, not checked again."""
     items = {name: [i for i in summary.items_of(name)
                     if normalize_item(i) not in record.prior_items] for name in LIST_SECTIONS}
     return [*_false_outcomes(items, record), *_reopened(items, record),

@@ -1,7 +1,7 @@
 """Summary validation with typed failure reasons, and the one JSON-from-prose reader.
 
 Every failure is a ``SummaryInvalid`` whose ``reason`` is one of ``REASONS``; a missing
-identifier is never a failure by itself: the merge re-attaches it to relevant_artifacts.
+identifier is never a failure by itself: the update re-attaches it to relevant_artifacts.
 A summary that says what the span's record refutes (``truth.py``) is
 ``summary_contradicts_history``.
 """
@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.compaction.errors import SummaryInvalid
-from worker.compaction.merge import MergedSummary
 from worker.compaction.schema import (
     LOAD_BEARING_SECTIONS,
     Summary,
     count_summary_tokens,
 )
+from worker.compaction.summary_update import UpdatedSummary
 from worker.compaction.tokens import TokenCounter
 from worker.compaction.truth import SpanRecord, describe_contradictions, find_contradictions
 
@@ -41,7 +41,7 @@ _MAX_ERRORS_SHOWN = 5
 
 def validate_summary(
     span_summary: Summary,
-    merged: MergedSummary,
+    updated: UpdatedSummary,
     *,
     span_tokens: int,
     budget_tokens: int,
@@ -49,13 +49,13 @@ def validate_summary(
     counter: TokenCounter,
     min_span_tokens_for_content: int = 500,
     record: SpanRecord | None = None,
-) -> MergedSummary:
-    """Check the span's summary and the merged one; return the merged one to store.
+) -> UpdatedSummary:
+    """Check the span's summary and the updated one; return the updated one to store.
 
-    For a span of ``min_span_tokens_for_content`` tokens or more, the merged summary needs
+    For a span of ``min_span_tokens_for_content`` tokens or more, the updated summary needs
     a goal and the span's own summary some progress (the other load-bearing sections).
-    The span's summary must fit ``budget_tokens``, and so must the merged block (the
-    merge fitted it; its count is carried, not redone), which must also be smaller than
+    The span's summary must fit ``budget_tokens``, and so must the updated block (the
+    update fitted it; its count is carried, not redone), which must also be smaller than
     ``replaced_tokens`` (prior block plus span). With the span's ``record``, the span's
     summary must say nothing it refutes (``truth.find_contradictions``).
 
@@ -63,17 +63,17 @@ def validate_summary(
         SummaryInvalid: with ``reason`` one of ``REASONS``.
     """
     if span_tokens >= min_span_tokens_for_content:
-        _check_load_bearing(span_summary, merged.summary)
+        _check_load_bearing(span_summary, updated.summary)
     reply_tokens = count_summary_tokens(span_summary, counter)
-    for name, tokens in (("summary", reply_tokens), ("merged summary", merged.fitted.tokens)):
+    for name, tokens in (("summary", reply_tokens), ("updated summary", updated.fitted.tokens)):
         if tokens > budget_tokens:
             raise SummaryInvalid(
                 f"{name} renders to {tokens} tokens, over the {budget_tokens}-token budget",
                 reason="over_budget",
             )
-    if merged.fitted.tokens >= replaced_tokens:
+    if updated.fitted.tokens >= replaced_tokens:
         raise SummaryInvalid(
-            f"summary renders to {merged.fitted.tokens} tokens, not fewer than the "
+            f"summary renders to {updated.fitted.tokens} tokens, not fewer than the "
             f"{replaced_tokens} tokens it replaces",
             reason="not_smaller",
         )
@@ -81,7 +81,7 @@ def validate_summary(
     if contradictions:
         raise SummaryInvalid(describe_contradictions(contradictions),
                              reason="summary_contradicts_history")
-    return merged
+    return updated
 
 
 def parse_summary(raw: str | dict[str, Any] | None) -> Summary:
@@ -115,10 +115,10 @@ def _describe_errors(exc: ValidationError) -> str:
     return f"{text}; and {more} more" if more > 0 else text
 
 
-def _check_load_bearing(span_summary: Summary, merged: Summary) -> None:
+def _check_load_bearing(span_summary: Summary, updated: Summary) -> None:
     # The goal may stand from the prior summary; the progress must be the span's own.
     goal, *progress = LOAD_BEARING_SECTIONS
-    if not getattr(merged, goal) or not any(getattr(span_summary, name) for name in progress):
+    if not getattr(updated, goal) or not any(getattr(span_summary, name) for name in progress):
         raise SummaryInvalid(
             f"a long span needs a goal and at least one of {', '.join(progress)}",
             reason="empty_sections",

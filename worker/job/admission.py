@@ -43,7 +43,7 @@ def admit_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
         trace.breaker_state = breaker.state.value
         admission = admit(breaker, deps.clock(), policy.breaker_cooldown_s)
         if breaker_refused or not admission.allowed:
-            # A refused snapshot holds no message: no fallback runs on it (and the gate
+            # A refused snapshot holds no message: no fallback runs on it (and the skip rule
             # refuses only under the skip policy).
             if breaker_refused or not policy.fallback_when_open:
                 raise BreakerOpen("the session's breaker is open", reason="breaker_open")

@@ -29,7 +29,7 @@ class JobFigures:
                                     "ids, versions, URLs)")
     identifiers_reattached: int | None = _figure(
         "the span's identifiers the summary left out (a bare number: or held without its "
-        "label) that the merge put back verbatim, most salient first, as far as the budget "
+        "label) that the update put back verbatim, most salient first, as far as the budget "
         "allows")
     identifiers_recall_only: int | None = _figure(
         "the span's identifiers (tool names aside) the block does not carry: each one "

@@ -34,7 +34,7 @@ class LostAttempt:
     found_by: str  # says who saw it die, in the failure message
 
 
-def lost_attempt_records(lost: LostAttempt, now: datetime) -> tuple[NewRun, JobResult]:
+def lost_attempt_run_and_result(lost: LostAttempt, now: datetime) -> tuple[NewRun, JobResult]:
     """The run row and the event's result of ``lost``."""
     trace = JobTrace(JobRequest(lost.session_id, "unknown", task_id=lost.task_id,
                                 attempt=lost.attempt), started_at=lost.started_at)
@@ -49,7 +49,7 @@ def record_lost_attempt(store: Store, lost: LostAttempt, now: datetime, *,
                         will_retry: bool = False) -> bool:
     """Write the run row and emit the event of ``lost``; False (nothing written) when a
     run of its task finished since it began: it recorded itself before dying."""
-    run, result = lost_attempt_records(lost, now)
+    run, result = lost_attempt_run_and_result(lost, now)
     if not store.record_lost_run(run, since=lost.started_at):
         return False
     emit_job_event(get_logger(), result, will_retry=will_retry)

@@ -1,7 +1,8 @@
 """One compaction job, step by step: lease → breaker → snapshot → plan → summarize →
-merge → validate → swap. Every path ends in one :class:`JobResult`; on any failure
-nothing is written but the run record and the breaker update. Correctness rests on the
-store's compare-and-swap of the active revision; the lease only saves wasted work.
+update (timed as step ``merge``) → validate → swap. Every path ends in one
+:class:`JobResult`; on any failure nothing is written but the run record and the
+breaker update. Correctness rests on the store's compare-and-swap of the active
+revision; the lease only saves wasted work.
 """
 
 from __future__ import annotations
@@ -19,21 +20,21 @@ from db import (
     JobSnapshot,
     NewRevision,
     ParkedJob,
-    SnapshotGate,
+    SnapshotSkipRule,
     StoreError,
 )
 from worker.compaction import (
     BreakerState,
-    MergedSummary,
     Summary,
     TextGrams,
+    UpdatedSummary,
     breaker_after_failure,
     featured_values,
-    merge_summaries,
     parse_message,
     read_record,
     rerank_featured,
     summary_block_message,
+    update_summary,
     validate_summary,
     verbatim_items,
 )
@@ -176,14 +177,14 @@ def _take_lease(request: JobRequest, deps: JobDeps, policy: JobPolicy
     a projection under the trigger too (unless forced)."""
     earlier_may_hold = request.redelivered or request.attempt > 1
     now = deps.clock()
-    gate = SnapshotGate(
+    skip_rule = SnapshotSkipRule(
         cooldown_start=None if policy.fallback_when_open
         else now - timedelta(seconds=policy.breaker_cooldown_s),
         trigger_tokens=None if request.force else policy.trigger.trigger_tokens)
     snapshot = deps.store.start_job_with_snapshot(
         request.session_id, deps.lease_owner(request), policy.lease_ttl_s, now,
         take_over=request.task_id if earlier_may_hold else None,
-        history=RECENT_HISTORY, to_message=to_snapshot_message, gate=gate)
+        history=RECENT_HISTORY, to_message=to_snapshot_message, skip_rule=skip_rule)
     if snapshot is None:
         raise LeaseHeld("another job holds this session's lease", reason="lease_held")
     return snapshot
@@ -209,17 +210,17 @@ def _compact(trace: JobTrace, deps: JobDeps, policy: JobPolicy) -> JobResult:
                 return drafted
             admitted, draft = drafted
             trace.summarizer = draft.kind
-            trace.note(**dataclasses.asdict(draft.usage))
-        result = _merge_and_swap(trace, deps, admitted, plan, work, draft)
+            trace.record_figures(**dataclasses.asdict(draft.usage))
+        result = _update_and_swap(trace, deps, admitted, plan, work, draft)
     batched.drop_applied(deps.batching, park, plan.session.session_id)
     return result
 
 
-def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: JobPlan,
-                    work: SummaryWork, draft: SummaryDraft) -> JobResult:
+def _update_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: JobPlan,
+                     work: SummaryWork, draft: SummaryDraft) -> JobResult:
     rejected: SummaryInvalid | None = None
     try:
-        revision = _merge_and_validate(trace, deps, plan, work, draft)
+        revision = _update_and_validate(trace, deps, plan, work, draft)
     except SummaryInvalid as exc:
         if exc.reason != CONTRADICTS or not admitted.summarizer.uses_provider:
             raise
@@ -231,7 +232,7 @@ def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: Jo
         with trace.step("summarize_fallback"):
             draft = deps.fallback.summarize(work)
         trace.summarizer = draft.kind
-        revision = _merge_and_validate(trace, deps, plan, work, draft)
+        revision = _update_and_validate(trace, deps, plan, work, draft)
     else:
         if admitted.summarizer.uses_provider:
             deps.provider_breaker.record_success()
@@ -246,15 +247,15 @@ def _merge_and_swap(trace: JobTrace, deps: JobDeps, admitted: Admitted, plan: Jo
     return dataclasses.replace(result, queue_marker_cleared=True)
 
 
-def _merge_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
-                        draft: SummaryDraft) -> Revision:
+def _update_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
+                         draft: SummaryDraft) -> Revision:
     with trace.step("merge"):
-        merged = merge_summaries(work.prior, draft.summary, counter=deps.counter,
+        updated = update_summary(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=work.budget_tokens,
                                  identifiers=_ranked_identifiers(work, draft),
                                  labels=work.number_labels)
     with trace.step("validate"):
-        return _validate(trace, deps, plan, work, draft, merged)
+        return _validate(trace, deps, plan, work, draft, updated)
 
 
 def _ranked_identifiers(work: SummaryWork, draft: SummaryDraft) -> list[str]:
@@ -267,9 +268,9 @@ def _ranked_identifiers(work: SummaryWork, draft: SummaryDraft) -> list[str]:
 
 
 def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
-              draft: SummaryDraft, merged: MergedSummary) -> Revision:
+              draft: SummaryDraft, updated: UpdatedSummary) -> Revision:
     validated = validate_summary(
-        draft.summary, merged,
+        draft.summary, updated,
         span_tokens=work.span_tokens,
         budget_tokens=work.budget_tokens,
         replaced_tokens=work.span_tokens + plan.prior_summary_tokens,
@@ -278,16 +279,17 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
                            prior=work.prior, tail_continues=work.tail_continues),
     )
     block = summary_block_message(validated.fitted.text, plan.session.session_format)
-    # The block was counted once, at the merge; only the message's framing is added.
+    # The block was counted once, at the update; only the message's framing is added.
     framing_tokens = deps.counter.count_message(parse_message({**block, "content": ""}))
     summary_tokens = framing_tokens + validated.fitted.tokens
     # The block's own items need no scan: it holds them verbatim.
     block_text = TextGrams(validated.fitted.text, known=verbatim_items(validated.summary),
                            asked=len(work.artifacts))
-    trace.note(summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
-               identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
-                                           for a in work.artifacts),
-               tokens_after=plan.boundary.projected_tokens(summary_tokens))
+    trace.record_figures(
+        summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
+        identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
+                                    for a in work.artifacts),
+        tokens_after=plan.boundary.projected_tokens(summary_tokens))
     return Revision(validated.summary, block, summary_tokens)
 
 
@@ -319,7 +321,7 @@ def _swap(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
 def _fail(trace: JobTrace, deps: JobDeps, policy: JobPolicy, exc: CompactionError) -> JobResult:
     """Record the run and the breaker update; nothing else is written."""
     if exc.figures:  # what the failed step had spent (LLM calls and tokens)
-        trace.note(**exc.figures)
+        trace.record_figures(**exc.figures)
     breaker_update = None
     if exc.counts_on is BreakerScope.SESSION:
         breaker_update = _failed_breaker(trace, deps, policy)

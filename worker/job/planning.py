@@ -148,7 +148,7 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
     request = trace.request
     decision = decide_compaction(tokens_before, _recent_savings(snapshot),
                                  policy.trigger, request.force)
-    trace.note(tokens_before=tokens_before, decision=decision.reason.value)
+    trace.record_figures(tokens_before=tokens_before, decision=decision.reason.value)
     if not decision.compact:
         raise Skip(decision.reason.value)
     boundary = plan_boundary(group_snapshot(snapshot),
@@ -216,6 +216,6 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
         number_labels=span.number_labels,
     )
     work.use_stored_line_counts()
-    trace.note(span_tokens=work.span_tokens, span_messages=len(span.seqs),
-               artifacts=len(work.artifacts))
+    trace.record_figures(span_tokens=work.span_tokens, span_messages=len(span.seqs),
+                         artifacts=len(work.artifacts))
     return work

@@ -1,4 +1,4 @@
-"""The ports a job talks through: the store as the job needs it, and the provider-wide
+"""The ports a job talks through: the database as the job needs it, and the provider-wide
 breaker. ``db.Store`` and ``worker.shared_state.provider_breaker.ProviderBreaker`` implement them in
 production; ``tests/support/fake_store.py`` implements the store in memory for the unit
 suite."""
@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from db import (
-    NO_GATE,
+    NO_SKIP,
     BreakerUpdate,
     JobSnapshot,
     MessageText,
@@ -19,15 +19,16 @@ from db import (
     NewRun,
     ParkedJob,
     SessionState,
-    SnapshotGate,
+    SnapshotSkipRule,
 )
 from worker.summarizers import Summarizer
 
 JobMessage = TypeVar("JobMessage")
 
 
-class JobStore(Protocol):
-    """The store methods one job uses, with ``db.Store``'s contract: a job is three
+class JobLedgerPort(Protocol):
+    """The job's port onto the database (its ledger of sessions, messages, revisions and
+    runs): the ``db.Store`` methods one job uses, with their contract. A job is three
     transactions at most, ``start_job_with_snapshot`` (on PostgreSQL one statement), then
     ``commit_job`` or ``finish_job`` (``get_session`` and ``set_breaker`` only on a rare
     path: a failure before the lease, the breaker's half-open trial; ``renew_lease``
@@ -41,7 +42,7 @@ class JobStore(Protocol):
     def start_job_with_snapshot(
         self, session_id: str, owner: str, ttl_s: float, now: datetime, *,
         take_over: str | None = None, history: int = 2,
-        to_message: Callable[[MessageText], JobMessage], gate: SnapshotGate = NO_GATE,
+        to_message: Callable[[MessageText], JobMessage], skip_rule: SnapshotSkipRule = NO_SKIP,
     ) -> JobSnapshot[JobMessage] | None: ...
 
     def renew_lease(self, session_id: str, owner: str, ttl_s: float, now: datetime) -> bool: ...
@@ -52,7 +53,7 @@ class JobStore(Protocol):
 
     def job_snapshot(self, session_id: str, *, history: int = 2,
                      to_message: Callable[[MessageText], JobMessage],
-                     gate: SnapshotGate = NO_GATE) -> JobSnapshot[JobMessage]: ...
+                     skip_rule: SnapshotSkipRule = NO_SKIP) -> JobSnapshot[JobMessage]: ...
 
     def commit_job(
         self, session_id: str, *, expected_revision_id: int | None, lease_owner: str,

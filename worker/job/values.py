@@ -17,7 +17,7 @@ from db import NewRun
 from worker.compaction import Breaker, StrategyConfig, SummaryBudget, TokenCounter, TriggerPolicy
 from worker.errors import CompactionError, Outcome
 from worker.job.figures import JobFigures
-from worker.job.ports import Batching, JobStore, ProviderBreakerPort
+from worker.job.ports import Batching, JobLedgerPort, ProviderBreakerPort
 from worker.summarizers import Summarizer
 from worker.tracing.spans import open_span
 
@@ -64,7 +64,7 @@ class JobPolicy:
 class JobDeps:
     """What a job talks to; the real ones are built per worker process in runtime.py."""
 
-    store: JobStore
+    store: JobLedgerPort
     summarizer: Summarizer
     fallback: Summarizer
     counter: TokenCounter
@@ -141,7 +141,7 @@ class JobTrace:
         finally:
             self.durations_ms[name] = round((time.monotonic() - began) * 1000, 3)
 
-    def note(self, **figures: Any) -> None:
+    def record_figures(self, **figures: Any) -> None:
         """Record figures as a step measures them (names are ``JobFigures`` fields)."""
         self.figures = dataclasses.replace(self.figures, **figures)
 

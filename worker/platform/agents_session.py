@@ -26,7 +26,7 @@ from worker.platform.sessions import (
     SessionFormat,
     SessionLeased,
     SessionNotFound,
-    SessionStore,
+    SessionsAPI,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class CompactorSession:
     a stored session keeps its own.
     """
 
-    def __init__(self, session_id: str, sessions: SessionStore, *,
+    def __init__(self, session_id: str, sessions: SessionsAPI, *,
                  session_settings: SessionSettings | None = None,
                  session_format: SessionFormat = SessionFormat.RESPONSES) -> None:
         self.session_id = session_id

@@ -2,14 +2,14 @@
 
 A small, stable face over the store for an agent platform in Python::
 
-    from worker.platform.sessions import SessionStore
+    from worker.platform.sessions import SessionsAPI
 
-    with SessionStore.open("postgresql://app@db/compactor") as sessions:
+    with SessionsAPI.open("postgresql://app@db/compactor") as sessions:
         sessions.create("chat-42", metadata={"user": "u1"})
         sessions.append("chat-42", [{"role": "user", "content": "Hi"}])
         reply = client.chat.completions.create(model=..., messages=sessions.projection("chat-42"))
 
-One ``SessionStore`` per process, shared by its threads: it holds one engine (a pool) and
+One ``SessionsAPI`` per process, shared by its threads: it holds one engine (a pool) and
 the immutable policy and tokenizer, nothing else. Every method is one transaction; errors
 are the store's (``SessionNotFound``, ``SessionExists``, ``SchemaMissing``,
 ``StoreUnavailable``, all ``StoreError``) and intake's ``MessagesRejected``, all importable
@@ -71,13 +71,13 @@ __all__ = [
     "SessionLeased",
     "SessionNotFound",
     "SessionState",
-    "SessionStore",
+    "SessionsAPI",
     "StoreError",
     "StoreUnavailable",
 ]
 
 
-class SessionStore:
+class SessionsAPI:
     """Sessions of one database, checked on the way in like ``compactor import``."""
 
     def __init__(
@@ -91,7 +91,7 @@ class SessionStore:
     def open(
         cls, url: str, *, policy: IntakePolicy | None = None, encoding: str = "o200k_base",
         tiktoken_cache_dir: Path | None = None, sqlite_busy_timeout_ms: int = 10_000,
-    ) -> SessionStore:
+    ) -> SessionsAPI:
         """Open the database at ``url`` (migrated with ``compactor db upgrade``).
 
         ``encoding`` must be the workers' (``COMPACTOR_TOKENIZER_ENCODING``): stored token

@@ -31,9 +31,9 @@ class SummaryWork:
     """Everything a summarizer needs for one job, already pruned and indexed.
 
     ``outcomes`` are the span's tool results classified once from the span as stored
-    (before pruning shortens old tool outputs): the summarizers, the merge's ranking and
+    (before pruning shortens old tool outputs): the summarizers, the update's ranking and
     the truth check share them. ``counter`` is the job's (``TokenCounter.for_job``): what
-    the summarizer counts, the merge and validation need not encode again (None: the
+    the summarizer counts, the update and validation need not encode again (None: the
     summarizer's own).
     """
 
@@ -57,7 +57,7 @@ class SummaryWork:
     @functools.cached_property
     def ranked_artifacts(self) -> tuple[Artifact, ...]:
         """The artifacts most salient first, the error codes that ended a call leading:
-        ranked once per job for the prompt's list, the extractive draft and the merge
+        ranked once per job for the prompt's list, the extractive draft and the update
         (each features its own values with ``rerank_featured``)."""
         return rank_artifacts(self.artifacts,
                               featured=failure_values(self.failures, self.artifacts))
@@ -79,15 +79,15 @@ class SummaryWork:
 
     def use_stored_line_counts(self) -> None:
         """Give the job's counter the line counts ingest stored for the identifiers a
-        summary of this budget could list (``merge.use_stored_line_counts``)."""
+        summary of this budget could list (``summary_update.use_stored_line_counts``)."""
         if self.counter is not None:
             use_stored_line_counts(self.listable_artifacts(), self.counter,
                                    budget_tokens=self.budget_tokens)
 
-    def prepare_merge(self) -> None:
+    def prepare_update(self) -> None:
         """Do ahead the work of the steps after the summarizer that no draft changes: the
         artifacts' JSON, and the token counts of the identifiers' lines in the job's
-        counter. A summarizer that waits on a model calls it meanwhile; the merge and the
+        counter. A summarizer that waits on a model calls it meanwhile; the update and the
         swap then find it done (or do it themselves, as they would have)."""
         _ = self.artifacts_json
         if self.counter is not None:
@@ -113,7 +113,7 @@ class SummaryUsage:
 
 @dataclass(frozen=True)
 class SummaryDraft:
-    """The summary of the span alone, before merge and validation."""
+    """The summary of the span alone, before the summary update and validation."""
 
     summary: Summary
     kind: str
@@ -138,7 +138,7 @@ class BatchLineFailed(Exception):
 
 class Summarizer(Protocol):
     """Summarizes ``work.span`` only. ``work.prior`` is read-only context (what is already
-    stored): the draft must not repeat it; the pipeline merges the two afterwards."""
+    stored): the draft must not repeat it; the pipeline updates the prior with it afterwards."""
 
     kind: str
     uses_provider: bool

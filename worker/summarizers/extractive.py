@@ -1,5 +1,5 @@
 """The embedded deterministic (extractive) summarizer: no network, always in budget.
-It summarizes the span alone; the pipeline merges the prior summary in."""
+It summarizes the span alone; the pipeline updates the prior summary with it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The LLM summarizer: executes the core's chunk-and-merge plan through the LLM adapter.
 
 It summarizes the span alone; the prior summary goes to the model as read-only context
-(the pipeline merges afterwards). Map calls of a round run concurrently (bounded); merge
+(the pipeline updates the prior afterwards). Map calls of a round run concurrently (bounded); merge
 rounds follow until one summary remains. The first call that fails for good stops the
 job: a partial result is never returned. A context-length error re-plans once with
 smaller chunks. Through a batch (``batch_replay.py``), a round's calls that wait for
@@ -144,7 +144,7 @@ class LLMSummarizer:
         merge_rounds = plan.merge_rounds
         del plan
         single = len(chunk_texts) == 1
-        with _alongside(work.prepare_merge):
+        with _alongside(work.prepare_update):
             partials = self._map(chunk_texts, work.prior if single else None, identifiers,
                                  output_tokens, usage)
             for batches in merge_rounds:

@@ -1,4 +1,4 @@
-"""While the LLM summarizer waits on the model, the work the merge and the swap would do
+"""While the LLM summarizer waits on the model, the work the summary update and the swap would do
 that no draft changes is done: the identifiers' lines are counted in the job's counter
 and the artifacts' JSON is rendered. The real summarizer against the OpenAI-protocol test
 server, counted on the real encoding (wrapped)."""

@@ -1,4 +1,4 @@
-"""Merging the new span's summary into the prior one: the pipeline's merge step, once per
+"""Updating the prior summary with the new span's: the pipeline's summary update, once per
 job, after the summarizer (which summarizes the span alone) and before validation.
 
 The contract both summarizers write to (the LLM prompt states it, the extractive
@@ -29,9 +29,9 @@ MIN_ARTIFACT_TOKENS = 3
 
 
 @dataclass(frozen=True, slots=True)
-class MergedSummary:
-    """The merged summary within budget, rendered and counted, and the identifiers the
-    merge re-attached to relevant_artifacts (a bare number held without its label counts:
+class UpdatedSummary:
+    """The updated summary within budget, rendered and counted, and the identifiers the
+    update re-attached to relevant_artifacts (a bare number held without its label counts:
     it is listed again with it)."""
 
     fitted: FittedSummary
@@ -42,14 +42,14 @@ class MergedSummary:
         return self.fitted.summary
 
 
-def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
-                    counter: TokenCounter, identifiers: Sequence[str] = (),
-                    labels: Mapping[str, str] | None = None) -> MergedSummary:
-    """Merge ``new`` into ``prior`` section by section, then fit ``budget_tokens``.
+def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
+                   counter: TokenCounter, identifiers: Sequence[str] = (),
+                   labels: Mapping[str, str] | None = None) -> UpdatedSummary:
+    """Update ``prior`` with ``new`` section by section, then fit ``budget_tokens``.
 
     Prior items come first, de-duplicated; prior items of ``CLOSABLE_SECTIONS`` that a
     resolved entry of ``new`` names leave (the resolved entry records them); the goal is
-    the newer non-empty one. ``identifiers`` (most salient first) that the merged text
+    the newer non-empty one. ``identifiers`` (most salient first) that the updated text
     lacks, or holds only in history that ages out first (``HISTORY_SECTIONS``), join the
     new span's artifacts. Artifacts list the new span's first (the indexed values the
     summarizer listed or left out, most salient first, then its other items), then the
@@ -60,11 +60,11 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     span's items first up to their reserved share (:func:`fit_summary`).
     """
     keys = _ItemKeys()
-    merged = new if prior is None else _merge_sections(prior, new, keys)
+    updated = new if prior is None else _update_sections(prior, new, keys)
     wanted = _wanted(identifiers)
-    known = TextGrams("\n".join([merged.goal, *(item for name in LIST_SECTIONS
-                                                if name not in HISTORY_SECTIONS
-                                                for item in merged.items_of(name))]),
+    known = TextGrams("\n".join([updated.goal, *(item for name in LIST_SECTIONS
+                                                 if name not in HISTORY_SECTIONS
+                                                 for item in updated.items_of(name))]),
                       asked=len(wanted))
     listed_as = labels or {}
     # A bare number the text holds without its label is missing its label.
@@ -80,21 +80,21 @@ def merge_summaries(prior: Summary | None, new: Summary, *, budget_tokens: int,
     if labels:
         fresh = _dedupe([labels.get(value, value) for value in fresh], keys)
     artifacts = _dedupe([*fresh, *earlier], keys)
-    merged = merged.model_copy(update={"relevant_artifacts": artifacts})
-    prior_items = _prior_items(prior, merged, len(fresh), keys)
-    fitted = fit_summary(merged, budget_tokens, counter, prior_items=prior_items)
+    updated = updated.model_copy(update={"relevant_artifacts": artifacts})
+    prior_items = _prior_items(prior, updated, len(fresh), keys)
+    fitted = fit_summary(updated, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
-    return MergedSummary(fitted, tuple(value for value in missing
-                                       if listed_as.get(value, value) in kept))
+    return UpdatedSummary(fitted, tuple(value for value in missing
+                                        if listed_as.get(value, value) in kept))
 
 
 def count_identifier_lines(identifiers: Sequence[str], counter: TokenCounter, *,
                            budget_tokens: int) -> None:
-    """Count the lines the merge costs ``identifiers`` by, before it runs: into a job's
-    counter (``TokenCounter.for_job``), which the merge then reads them from. A summarizer
+    """Count the lines the update costs ``identifiers`` by, before it runs: into a job's
+    counter (``TokenCounter.for_job``), which the update then reads them from. A summarizer
     calls it while it waits on the model (the counts do not depend on the draft). Only the
     first values a ``budget_tokens`` summary could list are counted (~5.5k of ~14k at 1M
-    tokens): the merge counts any other it costs itself, as it would have."""
+    tokens): the update counts any other it costs itself, as it would have."""
     wanted = _wanted(identifiers)[:_most_listed(budget_tokens)]
     counter.count_lines(item_line_texts(wanted))
 
@@ -103,9 +103,9 @@ def use_stored_line_counts(artifacts: Iterable[Artifact], counter: TokenCounter,
                            budget_tokens: int) -> None:
     """Give a job's counter (``TokenCounter.for_job``) the line counts ingest stored for
     the first ``artifacts`` (most salient first, tool names left out) a ``budget_tokens``
-    summary could list: the draft's fit, the count ahead and the merge then encode none
+    summary could list: the draft's fit, the count ahead and the update then encode none
     of those lines. Only that many: the counts are held to the job's end (~5.5k of ~14k
-    values at 1M tokens); the merge counts any other it costs itself."""
+    values at 1M tokens); the update counts any other it costs itself."""
     counted = [(artifact.value, artifact.line_tokens)
                for artifact in islice(artifacts, _most_listed(budget_tokens))
                if artifact.line_tokens is not None]
@@ -121,7 +121,7 @@ def _most_listed(budget_tokens: int) -> int:
 
 
 def _wanted(identifiers: Sequence[str]) -> list[str]:
-    """The identifiers as the merge lists them: stripped, non-empty, each once."""
+    """The identifiers as the update lists them: stripped, non-empty, each once."""
     return [value for value in dict.fromkeys(value.strip() for value in identifiers) if value]
 
 
@@ -137,7 +137,7 @@ def normalize_item(text: str) -> str:
 
 
 class _ItemKeys(dict[str, str]):
-    """Each item's ``normalize_item`` key, computed on first use: a merge compares the
+    """Each item's ``normalize_item`` key, computed on first use: an update compares the
     span's identifiers (~14k at 1M tokens) three times."""
 
     def __missing__(self, item: str) -> str:
@@ -145,30 +145,30 @@ class _ItemKeys(dict[str, str]):
         return key
 
 
-def _merge_sections(prior: Summary, new: Summary, keys: _ItemKeys) -> Summary:
-    merged: dict[str, Any] = {"goal": new.goal or prior.goal}
+def _update_sections(prior: Summary, new: Summary, keys: _ItemKeys) -> Summary:
+    updated: dict[str, Any] = {"goal": new.goal or prior.goal}
     resolved_keys = [keys[done] for done in new.resolved]
     for name in LIST_SECTIONS:
         earlier = prior.items_of(name)
         if name in CLOSABLE_SECTIONS:
             earlier = [item for item in earlier
                        if not _is_settled_by(keys[item], resolved_keys)]
-        merged[name] = _dedupe([*earlier, *new.items_of(name)], keys)
-    return Summary.model_validate(merged)
+        updated[name] = _dedupe([*earlier, *new.items_of(name)], keys)
+    return Summary.model_validate(updated)
 
 
-def _prior_items(prior: Summary | None, merged: Summary, fresh_artifacts: int,
+def _prior_items(prior: Summary | None, updated: Summary, fresh_artifacts: int,
                  keys: _ItemKeys) -> dict[str, set[int]]:
-    """The indexes of each merged section's items that came from the prior summary (an
+    """The indexes of each updated section's items that came from the prior summary (an
     artifact the new span named again counts as the span's)."""
     if prior is None:
         return {}
     items: dict[str, set[int]] = {}
     for name in LIST_SECTIONS:
         earlier = {keys[item] for item in prior.items_of(name)}
-        items[name] = {index for index, item in enumerate(merged.items_of(name))
+        items[name] = {index for index, item in enumerate(updated.items_of(name))
                        if keys[item] in earlier}
-    items["relevant_artifacts"] = set(range(fresh_artifacts, len(merged.relevant_artifacts)))
+    items["relevant_artifacts"] = set(range(fresh_artifacts, len(updated.relevant_artifacts)))
     return items
 
 

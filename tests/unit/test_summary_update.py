@@ -1,4 +1,4 @@
-"""The merge step: the new span's summary merged into the prior one section by section,
+"""The summary update: the prior summary updated with the new span's section by section,
 prior items first and each once, settled items closed, the span's identifiers re-attached,
 the new span's facts given their share, always within the budget, rendered and counted once."""
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import SUMMARIES
-from worker.compaction.merge import merge_summaries
 from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
+from worker.compaction.summary_update import update_summary
 
 BUDGET_TOKENS = 4_096
 
@@ -64,44 +64,44 @@ def filled(**sections: Any) -> Summary:
     ids=["dedupe-prior-first", "pending-moves-to-resolved", "newer-goal", "short-item",
          "superseded-decision", "fixed-error"],
 )
-def test_merge_rules(prior: Summary, new: Summary, expected: Summary) -> None:
-    merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter())
-    assert merged.summary == expected
+def test_update_rules(prior: Summary, new: Summary, expected: Summary) -> None:
+    updated = update_summary(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter())
+    assert updated.summary == expected
 
 
 def test_without_a_prior_the_new_summary_is_only_fitted_to_the_budget() -> None:
     new = filled(goal="Book a flight", completed_actions=["Booked HAT170"])
     counter = shared_counter()
-    assert merge_summaries(None, new, budget_tokens=BUDGET_TOKENS, counter=counter).summary == new
+    assert update_summary(None, new, budget_tokens=BUDGET_TOKENS, counter=counter).summary == new
     small = count_summary_tokens(new, counter) - 3
-    fitted = merge_summaries(None, new, budget_tokens=small, counter=counter)
+    fitted = update_summary(None, new, budget_tokens=small, counter=counter)
     assert fitted.fitted.tokens <= small < count_summary_tokens(new, counter)
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(SUMMARIES, min_size=11, max_size=11), st.integers(85, 1_500))
-def test_ten_successive_merges_never_exceed_the_budget(
+def test_ten_successive_updates_never_exceed_the_budget(
     summaries_: list[Summary], budget_tokens: int
 ) -> None:
     counter = shared_counter()
     budget_tokens = max(budget_tokens, count_summary_tokens(empty_summary(), counter))
-    current = merge_summaries(None, summaries_[0], budget_tokens=budget_tokens, counter=counter)
+    current = update_summary(None, summaries_[0], budget_tokens=budget_tokens, counter=counter)
     for new in summaries_[1:]:
-        current = merge_summaries(current.summary, new, budget_tokens=budget_tokens,
-                                  counter=counter)
+        current = update_summary(current.summary, new, budget_tokens=budget_tokens,
+                                 counter=counter)
         assert count_summary_tokens(current.summary, counter) == current.fitted.tokens
         assert current.fitted.tokens <= budget_tokens
 
 
-def test_identifiers_the_merged_state_lacks_are_listed_first_in_salience_order() -> None:
+def test_identifiers_the_updated_state_lacks_are_listed_first_in_salience_order() -> None:
     prior = filled(goal="Book a flight", relevant_artifacts=["HAT170"])
     new = filled(completed_actions=["Cancelled ZFA04Y"])
-    merged = merge_summaries(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
+    updated = update_summary(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
                              identifiers=["E3283-SCHEMA", "ZFA04Y", "HAT170", "mia_li_3668"])
     # ZFA04Y is only in history (completed actions), which ages out first: listed too.
-    assert merged.reattached == ("E3283-SCHEMA", "ZFA04Y", "mia_li_3668")
-    assert merged.summary.relevant_artifacts == ["E3283-SCHEMA", "ZFA04Y", "mia_li_3668",
-                                                 "HAT170"]
+    assert updated.reattached == ("E3283-SCHEMA", "ZFA04Y", "mia_li_3668")
+    assert updated.summary.relevant_artifacts == ["E3283-SCHEMA", "ZFA04Y", "mia_li_3668",
+                                                  "HAT170"]
 
 
 def test_a_full_prior_leaves_the_new_spans_facts_their_reserved_share() -> None:
@@ -109,11 +109,11 @@ def test_a_full_prior_leaves_the_new_spans_facts_their_reserved_share() -> None:
     prior = filled(goal="Serve customers", relevant_artifacts=[f"OLD{n:04d}" for n in range(300)])
     budget_tokens = count_summary_tokens(prior, counter)
     fresh = [f"NEW{n:04d}" for n in range(40)]
-    merged = merge_summaries(prior, filled(), budget_tokens=budget_tokens, counter=counter,
+    updated = update_summary(prior, filled(), budget_tokens=budget_tokens, counter=counter,
                              identifiers=fresh)
-    assert merged.reattached == tuple(fresh)
-    assert merged.fitted.tokens <= budget_tokens
-    assert any(item.startswith("OLD") for item in merged.summary.relevant_artifacts)
+    assert updated.reattached == tuple(fresh)
+    assert updated.fitted.tokens <= budget_tokens
+    assert any(item.startswith("OLD") for item in updated.summary.relevant_artifacts)
 
 
 def test_indexed_values_lead_whatever_order_the_summarizer_listed_them_in() -> None:
@@ -123,9 +123,9 @@ def test_indexed_values_lead_whatever_order_the_summarizer_listed_them_in() -> N
     listed = [*(f"queue_{n}" for n in range(60)), *reversed(ranked[:30])]
     new = filled(goal="Refund the orders", relevant_artifacts=listed)
     budget_tokens = count_summary_tokens(filled(goal="Refund the orders"), counter) + 300
-    merged = merge_summaries(None, new, budget_tokens=budget_tokens, counter=counter,
+    updated = update_summary(None, new, budget_tokens=budget_tokens, counter=counter,
                              identifiers=ranked)
-    kept = merged.summary.relevant_artifacts
-    assert merged.fitted.tokens <= budget_tokens
+    kept = updated.summary.relevant_artifacts
+    assert updated.fitted.tokens <= budget_tokens
     assert kept == ranked[:len(kept)]  # the model's names and order gave way to salience
-    assert merged.reattached == tuple(value for value in ranked[30:] if value in kept)
+    assert updated.reattached == tuple(value for value in ranked[30:] if value in kept)
