@@ -8,6 +8,9 @@ holds none of the scheduler's code (~1.2 MiB of every child's baseline otherwise
 
 from __future__ import annotations
 
+import redis
+
+from db import StoreUnavailable
 from worker.broker.celery_app import app
 from worker.broker.contract import (
     GC_TASK_NAME,
@@ -16,8 +19,15 @@ from worker.broker.contract import (
     SCAN_TASK_NAME,
 )
 
+# A scan or gc that meets an outage of the database or Redis runs again soon (Celery's
+# jittered exponential backoff) instead of waiting for its next schedule, a day away at
+# the defaults; both resume where they stopped (markers dedup a scan, gc goes batch by
+# batch).
+OUTAGE_RETRY = {"autoretry_for": (StoreUnavailable, redis.ConnectionError, redis.TimeoutError),
+                "retry_backoff": 5, "max_retries": 6}
 
-@app.task(name=SCAN_TASK_NAME, ignore_result=True)
+
+@app.task(name=SCAN_TASK_NAME, ignore_result=True, **OUTAGE_RETRY)
 def scan_due_sessions() -> str:
     """``compactor.scan``: enqueue the due sessions (sent by beat)."""
     from scheduler.beat import scan_and_report
@@ -34,7 +44,7 @@ def reconcile_sessions(leases_only: bool = False) -> str:
     return reconcile_and_report(leases_only=leases_only is True)
 
 
-@app.task(name=GC_TASK_NAME, ignore_result=True)
+@app.task(name=GC_TASK_NAME, ignore_result=True, **OUTAGE_RETRY)
 def collect_garbage() -> str:
     """``compactor.gc``: remove superseded revisions and old runs (sent by beat when
     ``gc_cron`` is set)."""
