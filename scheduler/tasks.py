@@ -8,6 +8,8 @@ holds none of the scheduler's code (~1.2 MiB of every child's baseline otherwise
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 import redis
 
 from db import StoreUnavailable
@@ -19,20 +21,33 @@ from worker.broker.contract import (
     SCAN_TASK_NAME,
 )
 
-# A scan or gc that meets an outage of the database or Redis runs again soon (Celery's
-# jittered exponential backoff) instead of waiting for its next schedule, a day away at
-# the defaults; both resume where they stopped (markers dedup a scan, gc goes batch by
-# batch).
-OUTAGE_RETRY = {"autoretry_for": (StoreUnavailable, redis.ConnectionError, redis.TimeoutError),
-                "retry_backoff": 5, "max_retries": 6}
+# A scan or gc that meets an outage of the database or Redis runs again soon, with the
+# jobs' backoff (capped by retry_backoff_max_s), instead of waiting for its next schedule,
+# a day away at the defaults; both resume where they stopped (markers dedup a scan, gc
+# goes batch by batch).
+OUTAGES = (StoreUnavailable, redis.ConnectionError, redis.TimeoutError)
+OUTAGE_RETRIES = 6
 
 
-@app.task(name=SCAN_TASK_NAME, ignore_result=True, **OUTAGE_RETRY)
-def scan_due_sessions() -> str:
+def retry_after_outage(task: Any, error: Exception) -> NoReturn:
+    """Send the task again after the jobs' backoff, or fail with ``error`` when it has
+    tried ``OUTAGE_RETRIES`` times."""
+    from worker.job.retries import backoff_s
+    from worker.settings.config import get_settings
+
+    countdown = backoff_s(task.request.retries, get_settings().retry_backoff_max_s)
+    raise task.retry(exc=error, countdown=countdown, max_retries=OUTAGE_RETRIES)
+
+
+@app.task(name=SCAN_TASK_NAME, ignore_result=True, bind=True)
+def scan_due_sessions(self: Any) -> str:
     """``compactor.scan``: enqueue the due sessions (sent by beat)."""
     from scheduler.beat import scan_and_report
 
-    return scan_and_report()
+    try:
+        return scan_and_report()
+    except OUTAGES as error:
+        retry_after_outage(self, error)
 
 
 @app.task(name=RECONCILE_TASK_NAME, ignore_result=True)
@@ -44,13 +59,16 @@ def reconcile_sessions(leases_only: bool = False) -> str:
     return reconcile_and_report(leases_only=leases_only is True)
 
 
-@app.task(name=GC_TASK_NAME, ignore_result=True, **OUTAGE_RETRY)
-def collect_garbage() -> str:
+@app.task(name=GC_TASK_NAME, ignore_result=True, bind=True)
+def collect_garbage(self: Any) -> str:
     """``compactor.gc``: remove superseded revisions and old runs (sent by beat when
     ``gc_cron`` is set)."""
     from scheduler.beat import collect_garbage_now
 
-    return collect_garbage_now()
+    try:
+        return collect_garbage_now()
+    except OUTAGES as error:
+        retry_after_outage(self, error)
 
 
 @app.task(name=POLL_BATCHES_TASK_NAME, ignore_result=True)

@@ -12,7 +12,7 @@ import pytest
 from celery.signals import task_retry
 
 from db import StoreUnavailable
-from scheduler.tasks import OUTAGE_RETRY, collect_garbage, scan_due_sessions
+from scheduler.tasks import OUTAGE_RETRIES, collect_garbage, scan_due_sessions
 from worker.broker.celery_app import app
 from worker.settings.config import get_settings
 
@@ -24,6 +24,7 @@ def unreachable_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Settings whose database refuses every connection (nothing listens on port 1)."""
     monkeypatch.setenv("COMPACTOR_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:1/x")
     monkeypatch.setenv("COMPACTOR_DB_CONNECT_TIMEOUT_S", "1")
+    monkeypatch.setenv("COMPACTOR_RETRY_BACKOFF_MAX_S", "1")
     get_settings.cache_clear()
     eager = app.conf.task_always_eager
     app.conf.task_always_eager = True
@@ -51,4 +52,4 @@ def test_a_scheduled_task_that_meets_an_outage_tries_again_then_fails_typed(
 
     assert result.state == "FAILURE"
     assert isinstance(result.result, StoreUnavailable)
-    assert len(retries) == OUTAGE_RETRY["max_retries"]
+    assert len(retries) == OUTAGE_RETRIES
