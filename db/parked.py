@@ -81,8 +81,9 @@ def add_answers(session: Session, answers: dict[str, dict[str, Any]]) -> None:
 
 def count_parks(session: Session) -> tuple[dict[str, int], int]:
     """Parked jobs per state, and the distinct batches the submitted ones wait on."""
-    by_state = dict(session.execute(select(ParkedJobRow.state, func.count())
-                                    .group_by(ParkedJobRow.state)).tuples())
+    by_state: dict[str, int] = {
+        state: count for state, count in session.execute(
+            select(ParkedJobRow.state, func.count()).group_by(ParkedJobRow.state))}
     batches = session.execute(select(func.count(distinct(ParkedJobRow.batch_id)))
                               .where(ParkedJobRow.state == "submitted")).scalar_one()
     return {state: by_state.get(state, 0) for state in PARK_STATES}, int(batches)
