@@ -8,16 +8,16 @@ summary block as a Responses message item, then the verbatim tail) and accepted.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, Runner, function_tool
+from agents import Agent, RunConfig, Runner
 from agents.models.openai_provider import OpenAIProvider
 from openai import AsyncOpenAI
 
 from db import Store
 from tests.e2e.conftest import StartWorker
+from tests.support.airline_agent import INSTRUCTIONS, look_up_reservation
 from tests.support.e2e import EVENT_TIMEOUT_S, JobEnv, JobPublisher, token_counter
 from tests.support.openai_server import OpenAIServer
 from tests.support.responses_api import ANSWER_PREFIX
@@ -27,16 +27,7 @@ from worker.platform.sessions import SessionsAPI
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 SESSION_ID = "agents-sdk-responses"
-INSTRUCTIONS = "You are an airline agent. Look reservations up before you answer."
 TURNS = 12
-NOTES = " ".join(f"Fare rule {i}: changes before departure cost 50 USD." for i in range(12))
-
-
-@function_tool
-def look_up_reservation(reservation_id: str) -> str:
-    """Return the reservation's details."""
-    return json.dumps({"reservation_id": reservation_id, "flight": f"HAT{len(reservation_id)}",
-                       "status": "confirmed", "notes": NOTES})
 
 
 def ask(server: OpenAIServer, session: CompactorSession, questions: list[str]) -> list[str]:
