@@ -40,7 +40,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Every benchmark at full size (docs/BENCHMARKS.md has the figures and the machine).
-BENCHES := startup_bench plan_bench job_overhead task_overhead throughput chunk_merge_bench incremental_bench memory_bench scan_bench projection_bench recall_bench fidelity
+BENCHES := startup_bench plan_bench job_overhead task_overhead throughput chunk_merge_bench incremental_bench memory_bench scan_bench projection_bench recall_bench batch_night fidelity
 bench: $(STAMP)
 	@for name in $(BENCHES); do echo "== bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; done
 

@@ -37,6 +37,7 @@ FIGURES = {
     "metrics_bench": ("CPU us per event median", "scrape CPU ms median"),
     "startup_bench": ("wall min", "wall median"),
     "task_overhead": ("per-task ms median", "median"),
+    "batch_night": ("batch", "synchronous"),
 }
 
 
