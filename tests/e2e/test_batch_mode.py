@@ -2,9 +2,10 @@
 server's Batch API. Every due session's job parks while its batch is held in progress
 (more jobs than worker processes: a parked job holds no slot), the poller sends the
 batch, collects it and sends the jobs again through Redis, and the worker finishes them
-(chunk-and-merge one round per batch) at the Batch API's price. An expired batch ends
-each job by the fallback setting, loudly; a session rolled back while its request was in
-a batch is planned afresh, its stale result never applied."""
+(chunk-and-merge one round per batch) at the Batch API's price. An expired batch, or one
+that failed some of its lines, ends each job by the fallback setting, loudly; a session
+rolled back while its request was in a batch is planned afresh, its stale result never
+applied."""
 
 from __future__ import annotations
 
@@ -119,14 +120,18 @@ def test_a_night_in_batch_mode_parks_every_job_without_holding_a_worker_and_fini
             completion_tokens=figures["completion_tokens"], batch=True), abs=1e-9)
 
 
-@pytest.mark.parametrize("fallback", ["sync", "deterministic"])
-def test_an_expired_batch_ends_each_job_loudly_by_the_fallback_setting(
+@pytest.mark.parametrize(("knobs", "fallback"), [
+    (BatchKnobs(expire=True, answered_before_expiry=1), "sync"),
+    (BatchKnobs(expire=True, answered_before_expiry=1), "deterministic"),
+    (BatchKnobs(fail_every=2), "sync"),
+], ids=["expired-sync", "expired-deterministic", "partial-failure-sync"])
+def test_a_batch_that_leaves_lines_unanswered_ends_each_job_loudly_by_the_fallback_setting(
         pg_store: Store, postgres_url: str, server: OpenAIServer, start_worker: StartWorker,
-        fallback: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        knobs: BatchKnobs, fallback: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     sessions = [generated_session(f"bx{index}", 70) for index in range(3)]
     ids = [session["session_id"] for session in sessions]
     import_records(pg_store, sessions)
-    server.set_batch_knobs(BatchKnobs(expire=True, answered_before_expiry=1))
+    server.set_batch_knobs(knobs)
     env = build_job_env(postgres_url, server.base_url, llm_mode="batch", llm_model=MODEL,
                         llm_context_tokens=WINDOW_TOKENS, llm_max_output_tokens=1_024,
                         llm_max_calls_per_job=8, llm_concurrency=4, quiet_period_s=0,
@@ -147,7 +152,8 @@ def test_an_expired_batch_ends_each_job_loudly_by_the_fallback_setting(
 
     expected = "compacted" if fallback == "sync" else "fallback"
     assert set(newest_outcomes(pg_store, ids).values()) == {expected}
-    assert failed_lines and {e["reason"] for e in failed_lines} == {"batch_expired"}
+    reasons = {e["reason"] for e in failed_lines}
+    assert failed_lines and (reasons == {"batch_expired"}) == knobs.expire, reasons
     assert {e["fallback"] for e in failed_lines} == {fallback}
     assert pg_store.parked_jobs() == []
 
