@@ -12,6 +12,7 @@ job resumes and falls back as ``batch_line_fallback`` says.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,12 +33,16 @@ from worker.summarizers.openai_batch import BatchRequest, BatchState, LLMBatches
 from worker.summarizers.openai_client import LLMClient
 
 RESUME_REASON = "batch_answered"
+# A batch line's JSON around its messages and schema (custom id, method, URL, model,
+# response format, token limit, cache key), with room to spare.
+_LINE_FRAMING_BYTES = 1_024
 
 
 @dataclass(frozen=True)
 class PollPolicy:
     max_requests: int  # per batch
     marker_ttl_s: float
+    max_file_bytes: int = 190_000_000  # per batch's request file
 
 
 @dataclass
@@ -86,7 +91,7 @@ def poll_batches(store: Store, batches: LLMBatches, publisher: Publisher,
     results = trigger_sessions(store, publisher, answered, reason=RESUME_REASON, force=True,
                                now=now, marker_ttl_s=policy.marker_ttl_s)
     report.resumed += sum(result.status is MarkStatus.ENQUEUED for result in results)
-    for parks_of_batch in _windows(store.parked_jobs(state="open"), policy.max_requests):
+    for parks_of_batch in batch_windows(store.parked_jobs(state="open"), policy):
         state = batches.submit(_requests(parks_of_batch), metadata={"compactor": "night"})
         store.mark_parks_submitted([park.session_id for park in parks_of_batch],
                                    state.batch_id)
@@ -114,18 +119,30 @@ def _collect(store: Store, batches: LLMBatches, state: BatchState,
         failed=state.failed, errors=list(state.errors))
 
 
-def _windows(parks: Sequence[ParkedJob], max_requests: int) -> Iterator[list[ParkedJob]]:
-    """The parked jobs in groups of at most ``max_requests`` requests (one job whole)."""
+def batch_windows(parks: Sequence[ParkedJob], policy: PollPolicy) -> Iterator[list[ParkedJob]]:
+    """The parked jobs in order, in groups of at most ``max_requests`` requests and a
+    request file of at most ``max_file_bytes`` (a job whole: one larger than a batch
+    goes alone)."""
     group: list[ParkedJob] = []
-    size = 0
+    requests = size = 0
     for park in parks:
-        if group and size + len(park.requests) > max_requests:
+        park_bytes = request_file_bytes(park)
+        if group and (requests + len(park.requests) > policy.max_requests
+                      or size + park_bytes > policy.max_file_bytes):
             yield group
-            group, size = [], 0
+            group, requests, size = [], 0, 0
         group.append(park)
-        size += len(park.requests)
+        requests += len(park.requests)
+        size += park_bytes
     if group:
         yield group
+
+
+def request_file_bytes(park: ParkedJob) -> int:
+    """An upper bound of what the job's requests add to a batch's request file: their
+    messages as JSON, and per line the output schema and the line's own framing."""
+    per_line = len(json.dumps(summary_json_schema())) + _LINE_FRAMING_BYTES
+    return sum(len(json.dumps(request["messages"])) + per_line for request in park.requests)
 
 
 def _requests(parks: Sequence[ParkedJob]) -> list[BatchRequest]:
@@ -161,7 +178,8 @@ def run_scheduled_poll(settings: Settings, now: datetime) -> PollReport:
             publisher = RedisPublisher(client, settings.redis_key_prefix, settings.queue_name)
             return poll_batches(store, LLMBatches(llm), publisher,
                                 PollPolicy(settings.batch_max_requests,
-                                           settings.enqueue_marker_ttl_s), now)
+                                           settings.enqueue_marker_ttl_s,
+                                           settings.batch_max_file_bytes), now)
     finally:
         client.close()
         store.close()

@@ -238,6 +238,11 @@ class CoreSettings(BaseSettings):
         50_000, ge=1, le=50_000, description="Most requests one batch takes (count; the "
         "Batch API's limit is 50,000)."
     )
+    batch_max_file_bytes: int = Field(
+        190_000_000, ge=1_000_000, le=200_000_000, description="Largest request file one "
+        "batch takes (bytes; the Batch API's limit is 200 MB): more parked requests go into "
+        "further batches of the same poll."
+    )
     batch_sync_max_prompt_tokens: int = Field(
         2_000, ge=0, description="A chunk-and-merge reduce round whose request is this "
         "small is called synchronously instead of waiting for another batch (tokens; 0 = "
