@@ -4,7 +4,6 @@ tells is found with its kind and ids; the extractive summary of the same span te
 from __future__ import annotations
 
 import json
-import random
 import re
 from typing import Any
 
@@ -248,25 +247,3 @@ def test_requests_that_open_with_the_same_words_are_not_one_request_open_and_don
 def test_the_outcome_word_look_ahead_finds_what_the_words_alone_find(item: str) -> None:
     plain = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
     assert bool(truth._OUTCOME_WORD.search(item)) == bool(plain.search(item))
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_the_goal_listed_as_done_while_the_tail_goes_on_with_it_is_a_contradiction(
-    seed: int,
-) -> None:
-    rng = random.Random(seed)
-    verb, thing = rng.choice(["rebook", "cancel", "refund", "upgrade"]), rng.choice(
-        ["reservation", "order", "booking", "ticket"])
-    code = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))
-    request = f"Could you please {verb} my {thing} {code} before the weekend?"
-    messages = [{"role": "user", "content": request},
-                {"role": "assistant", "content": f"Looking at {thing} {code} now."},
-                {"role": "user", "content": "Thanks, go ahead."},
-                {"role": "assistant", "content": f"Working on {code}."}]
-    record, summary = record_and_extractive(messages, tail=2)
-    label = rng.choice(["Answered: ", "Done: ", ""])
-    section = rng.choice(["completed_actions", "resolved"])
-
-    assert find_contradictions(summary, record) == []
-    assert find_contradictions(with_items(summary, **{section: [label + request]}),
-                               record) == [Contradiction("done_while_open")]

@@ -67,7 +67,6 @@ class SpanRecord:
     messages: tuple[StoredMessage, ...]  # the span's, read only for values the index lacks
     prior_texts: tuple[str, ...] = ()  # the prior summary's goal and items
     prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
-    continued_goal: str = ""  # the goal the verbatim tail still works on ("" when none)
 
     def texts(self) -> Iterator[str]:
         """The span's texts and arguments, the outcomes' lines (read from the original
@@ -112,8 +111,7 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
         known_values=frozenset(a.value for a in artifacts),
         messages=tuple(messages),
         prior_texts=tuple(prior_items),
-        prior_items=frozenset(normalize_item(item) for item in prior_items),
-        continued_goal=ledger.goal if tail_continues else "")
+        prior_items=frozenset(normalize_item(item) for item in prior_items))
 
 
 def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
@@ -122,8 +120,7 @@ def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradict
     items = {name: [i for i in summary.items_of(name)
                     if normalize_item(i) not in record.prior_items] for name in LIST_SECTIONS}
     return [*_false_outcomes(items, record), *_reopened(items, record),
-            *_done_while_open(items, record), *_open_and_done(items, record),
-            *_invented(summary, items, record)]
+            *_open_and_done(items, record), *_invented(summary, items, record)]
 
 
 def describe_contradictions(found: Sequence[Contradiction]) -> str:
@@ -204,20 +201,6 @@ def _reopened(items: dict[str, list[str]], record: SpanRecord) -> Iterator[Contr
         missing = _NO_RESULT.search(item)
         if missing and missing.group("id") in answered:
             yield Contradiction("reopened_call", (missing.group("id"),))
-
-
-def _done_while_open(items: dict[str, list[str]], record: SpanRecord
-                     ) -> Iterator[Contradiction]:
-    """Done items quoting a request the record holds open: one nothing answered, or the
-    goal the verbatim tail still works on."""
-    held_open = (*record.open_requests, *filter(None, [record.continued_goal]))
-    still_open = _quotes_of(held_open, among=record.settled_requests)
-    if not still_open:
-        return
-    for item in (i for name in DONE_SECTIONS for i in items[name]):
-        body = _body(normalize_item(item))
-        if any(quote in body for quote in still_open):
-            yield Contradiction("done_while_open")
 
 
 def _open_and_done(items: dict[str, list[str]], record: SpanRecord
