@@ -42,7 +42,7 @@ _LINE_FRAMING_BYTES = 1_024
 class PollPolicy:
     max_requests: int  # per batch
     marker_ttl_s: float
-    max_file_bytes: int = 190_000_000  # per batch's request file
+    max_file_bytes: int  # per batch's request file
 
 
 @dataclass
@@ -125,8 +125,9 @@ def batch_windows(parks: Sequence[ParkedJob], policy: PollPolicy) -> Iterator[li
     goes alone)."""
     group: list[ParkedJob] = []
     requests = size = 0
+    per_line = _line_overhead_bytes()
     for park in parks:
-        park_bytes = request_file_bytes(park)
+        park_bytes = request_file_bytes(park, per_line)
         if group and (requests + len(park.requests) > policy.max_requests
                       or size + park_bytes > policy.max_file_bytes):
             yield group
@@ -138,11 +139,16 @@ def batch_windows(parks: Sequence[ParkedJob], policy: PollPolicy) -> Iterator[li
         yield group
 
 
-def request_file_bytes(park: ParkedJob) -> int:
+def request_file_bytes(park: ParkedJob, per_line: int | None = None) -> int:
     """An upper bound of what the job's requests add to a batch's request file: their
-    messages as JSON, and per line the output schema and the line's own framing."""
-    per_line = len(json.dumps(summary_json_schema())) + _LINE_FRAMING_BYTES
-    return sum(len(json.dumps(request["messages"])) + per_line for request in park.requests)
+    messages as JSON, and per line ``per_line`` (the output schema and the line's own
+    framing; measured when not given)."""
+    overhead = _line_overhead_bytes() if per_line is None else per_line
+    return sum(len(json.dumps(request["messages"])) + overhead for request in park.requests)
+
+
+def _line_overhead_bytes() -> int:
+    return len(json.dumps(summary_json_schema())) + _LINE_FRAMING_BYTES
 
 
 def _requests(parks: Sequence[ParkedJob]) -> list[BatchRequest]:

@@ -72,7 +72,9 @@ def run_jobs(runtime: Runtime, jobs: list[JobRequest]) -> list[JobResult]:
 def poll(runtime: Runtime, server: OpenAIServer, publisher: RecordingPublisher) -> PollReport:
     with LLMClient(llm_config(runtime.settings)) as client:
         return poll_batches(runtime.store, LLMBatches(client), publisher,
-                            PollPolicy(max_requests=50_000, marker_ttl_s=3_600),
+                            PollPolicy(max_requests=runtime.settings.batch_max_requests,
+                                       marker_ttl_s=3_600,
+                                       max_file_bytes=runtime.settings.batch_max_file_bytes),
                             datetime.now(UTC))
 
 
