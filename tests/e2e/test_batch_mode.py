@@ -20,6 +20,7 @@ from db import Store
 from scheduler.batches import run_scheduled_poll
 from tests.e2e.conftest import StartWorker
 from tests.support.batch_api import BatchKnobs
+from tests.support.batch_night import MODEL, PRICE, WINDOW_TOKENS
 from tests.support.e2e import (
     EVENT_TIMEOUT_S,
     JobEnv,
@@ -31,12 +32,9 @@ from tests.support.e2e import (
 from tests.support.generated import generated_session
 from tests.support.openai_server import OpenAIServer
 from tests.support.worker_process import WorkerProcess
-from worker.compaction import ModelPrice, dump_price_table, price_calls
+from worker.compaction import dump_price_table, price_calls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-MODEL = "test-summarizer"
-PRICE = ModelPrice(input=2.0, cached_input=0.5, output=8.0, batch_discount=0.5)
-WINDOW_TOKENS = 12_000
 
 
 @pytest.fixture
