@@ -17,17 +17,16 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import structlog
-
 from db import JobSnapshot, ParkedJob, StoreError
 from worker.errors import Outcome
 from worker.job.admission import Admitted
 from worker.job.planning import JobPlan, SnapshotMessage
 from worker.job.ports import Batching, ReplayRunPort
 from worker.job.values import JobDeps, JobResult, JobTrace, Skip
+from worker.logging import get_logger
 from worker.summarizers import BatchLineFailed, BatchPending, SummaryDraft, SummaryWork
 
-log = structlog.get_logger(__name__)
+log = get_logger()
 AWAITING = "awaiting_batch"
 
 

@@ -22,16 +22,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import structlog
-
 from worker.compaction import TokenCounter, parse_message
 from worker.errors import CompactionError
+from worker.logging import get_logger
 from worker.summarizers.base import BatchLineFailed, BatchPending
 from worker.summarizers.llm import LLMSummarizer
 from worker.summarizers.openai_batch import BatchRequest, LLMBatches
 from worker.summarizers.openai_client import LLMClient, LLMReply, LLMUsage
 
-log = structlog.get_logger(__name__)
+log = get_logger()
 
 
 class LineFallback(StrEnum):

@@ -37,12 +37,12 @@ from typing import Any, Self, cast
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import openai
-import structlog
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 
 from worker.compaction import TokenCounter, parse_message
 from worker.errors import CompactionError, SummaryInvalid
+from worker.logging import get_logger
 from worker.summarizers.openai_errors import (
     count_retries_taken,
     is_format_rejection,
@@ -58,7 +58,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 KEYLESS_PLACEHOLDER = "unused"  # local servers want no key, the SDK insists on one
 SCHEMA_NAME = "summary"
 
-log = structlog.get_logger(__name__)
+log = get_logger()
 
 
 class OutputMode(StrEnum):
