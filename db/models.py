@@ -56,6 +56,8 @@ def _quoted(values: tuple[str, ...]) -> str:
 
 
 _INSTRUCTION_ROLES_SQL = f"role IN ({_quoted(INSTRUCTION_ROLES)})"
+_LEASED_SQL = "lease_owner IS NOT NULL"
+_QUEUED_SQL = "queued_job_id IS NOT NULL"
 
 
 # JSON data whose None is SQL NULL (not JSON null), so "never indexed" is IS NULL.
@@ -74,6 +76,12 @@ class SessionRow(Base):
         # The due-session scan's keyset tiers (migration 0002, db/scan.py).
         Index(None, "projection_tokens", "id"),
         Index(None, "tokens_since_compaction", "id"),
+        # The reconciler's sweeps read only the sessions holding a lease or a marker
+        # (migration 0008, db/reconcile.py).
+        Index("ix_sessions_leased", "id", postgresql_where=text(_LEASED_SQL),
+              sqlite_where=text(_LEASED_SQL)),
+        Index("ix_sessions_queued", "id", postgresql_where=text(_QUEUED_SQL),
+              sqlite_where=text(_QUEUED_SQL)),
     )
 
     id: Mapped[int] = mapped_column(IdType, primary_key=True)
