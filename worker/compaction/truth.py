@@ -1,7 +1,9 @@
 """The truth check: a summary of a span may report only what the span's record says. Each
 call outcome it states (ok / failed) matches the classification of the original result; no
-request it calls open was answered or acted on; no item is both open and done; every
-identifier it quotes occurs in the span or the prior summary.
+request it calls open was answered or acted on; no request it calls done is still open (the
+open one, the goal the tail goes on with) unless the same words were asked and settled
+before; no item is both open and done; every identifier it quotes occurs in the span or
+the prior summary.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class SpanRecord:
     messages: tuple[StoredMessage, ...]  # the span's, read only for values the index lacks
     prior_texts: tuple[str, ...] = ()  # the prior summary's goal and items
     prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
+    # Quotes of the requests held open (the open one, the continued goal) that no request
+    # answered or acted on shares: a done item quoting one can mean nothing settled.
+    unsettled_quotes: tuple[str, ...] = ()
 
     def texts(self) -> Iterator[str]:
         """The span's texts and arguments, the outcomes' lines (read from the original
@@ -111,7 +116,9 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
         known_values=frozenset(a.value for a in artifacts),
         messages=tuple(messages),
         prior_texts=tuple(prior_items),
-        prior_items=frozenset(normalize_item(item) for item in prior_items))
+        prior_items=frozenset(normalize_item(item) for item in prior_items),
+        unsettled_quotes=_unsettled_quotes([a.text for a in ledger.held_open],
+                                           [a.text for a in ledger.settled]))
 
 
 def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
@@ -120,7 +127,8 @@ def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradict
     items = {name: [i for i in summary.items_of(name)
                     if normalize_item(i) not in record.prior_items] for name in LIST_SECTIONS}
     return [*_false_outcomes(items, record), *_reopened(items, record),
-            *_open_and_done(items, record), *_invented(summary, items, record)]
+            *_done_while_open(items, record), *_open_and_done(items, record),
+            *_invented(summary, items, record)]
 
 
 def describe_contradictions(found: Sequence[Contradiction]) -> str:
@@ -203,6 +211,17 @@ def _reopened(items: dict[str, list[str]], record: SpanRecord) -> Iterator[Contr
             yield Contradiction("reopened_call", (missing.group("id"),))
 
 
+def _done_while_open(items: dict[str, list[str]], record: SpanRecord
+                     ) -> Iterator[Contradiction]:
+    """Done items quoting a request held open whose words nothing settled."""
+    if not record.unsettled_quotes:
+        return
+    for item in (i for name in DONE_SECTIONS for i in items[name]):
+        body = _body(normalize_item(item))
+        if any(quote in body for quote in record.unsettled_quotes):
+            yield Contradiction("done_while_open")
+
+
 def _open_and_done(items: dict[str, list[str]], record: SpanRecord
                    ) -> Iterator[Contradiction]:
     """Items listed both as open and as done: the same words, or the same request."""
@@ -239,10 +258,20 @@ def _quotes_of(requests: Sequence[str], among: Sequence[str] = ()) -> list[str]:
     """How an item quotes each request: its body starts with the request's first words,
     normalized. A quote too short, or one that two distinct requests (of ``requests`` and
     ``among``) start with, tells nothing apart and is left out."""
-    def quote(request: str) -> str:
-        return normalize_item(" ".join(request.split()[:QUOTE_WORDS]))
-
-    starts = Counter(quote(r) for r in {*requests, *among})
-    return [q for q in dict.fromkeys(map(quote, requests))
+    starts = Counter(_quote(r) for r in {*requests, *among})
+    return [q for q in dict.fromkeys(map(_quote, requests))
             if len(q) >= MIN_QUOTE_CHARS and starts[q] == 1]
+
+
+def _unsettled_quotes(held_open: Sequence[str], settled: Sequence[str]) -> tuple[str, ...]:
+    """The quotes of ``held_open`` requests that no ``settled`` one shares: words asked
+    again after an answer may be quoted as done for that answer."""
+    taken = {_quote(request) for request in settled}
+    return tuple(q for q in dict.fromkeys(map(_quote, held_open))
+                 if len(q) >= MIN_QUOTE_CHARS and q not in taken)
+
+
+def _quote(request: str) -> str:
+    # Split no further than the quoted words: a request may be megabytes long.
+    return normalize_item(" ".join(request.split(maxsplit=QUOTE_WORDS)[:QUOTE_WORDS]))
 
