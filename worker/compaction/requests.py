@@ -10,8 +10,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.compaction.messages import Role, StoredMessage
-from worker.compaction.outcomes import CallStatus
+from worker.compaction.grouping import Group
+from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
+from worker.compaction.outcomes import CallOutcome, CallStatus
 from worker.compaction.parties import BOUNDARY, GREETING, STOP, Party, find_parties
 
 MAX_ANSWERED = 4
@@ -102,6 +103,16 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
                          tuple(text for text, acted in newest if acted), tuple(parties),
                          settled=tuple(ask for ask, _ in settled),
                          held_open=tuple(a for a in (current, continued) if a is not None))
+
+
+def read_span_requests(span: Sequence[Group], *, has_prior_goal: bool,
+                       outcomes: Sequence[CallOutcome], tail_continues: bool) -> RequestLedger:
+    """Read the requests of ``span``'s messages (instructions left out): the ledger the
+    extractive draft and the truth check share, read once per job."""
+    messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
+    return read_requests(messages, has_prior_goal=has_prior_goal,
+                         outcomes={o.call_id: o.status for o in outcomes},
+                         tail_continues=tail_continues)
 
 
 def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredMessage]

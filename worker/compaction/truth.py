@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from worker.compaction.grouping import Group
@@ -18,7 +18,7 @@ from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
-from worker.compaction.requests import read_requests
+from worker.compaction.requests import RequestLedger, read_span_requests
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
 from worker.compaction.summary_update import normalize_item
@@ -99,13 +99,14 @@ class SpanRecord:
 
 def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
                 artifacts: Sequence[Artifact], prior: Summary | None,
-                tail_continues: bool) -> SpanRecord:
+                tail_continues: bool, ledger: RequestLedger | None = None) -> SpanRecord:
     """Read the span's record: ``outcomes`` classified from the original results,
-    ``artifacts`` the identifiers ingest indexed from them (``span`` may be pruned)."""
+    ``artifacts`` the identifiers ingest indexed from them (``span`` may be pruned);
+    ``ledger`` the span's requests, when the caller has read them."""
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
-    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal),
-                           outcomes={o.call_id: o.status for o in outcomes},
-                           tail_continues=tail_continues)
+    if ledger is None:
+        ledger = read_span_requests(span, has_prior_goal=bool(prior and prior.goal),
+                                    outcomes=outcomes, tail_continues=tail_continues)
     prior_items = [prior.goal, *(i for n in LIST_SECTIONS for i in prior.items_of(n))] \
         if prior else []
     return SpanRecord(
@@ -124,10 +125,14 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
 def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
     """Return what ``summary`` (of the span alone) says against ``record``; the prior's
     items it copies verbatim (the update contract) are the prior's, not checked again."""
-    items = {name: [i for i in summary.items_of(name)
-                    if normalize_item(i) not in record.prior_items] for name in LIST_SECTIONS}
-    return [*_false_outcomes(items, record), *_reopened(items, record),
-            *_done_while_open(items, record), *_open_and_done(items, record),
+    keys = {i: normalize_item(i) for name in LIST_SECTIONS for i in summary.items_of(name)}
+    items = {name: [i for i in summary.items_of(name) if keys[i] not in record.prior_items]
+             for name in LIST_SECTIONS}
+    # Each open or done item's key without its label, read once for the checks below.
+    bodies = {i: _body(keys[i]) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)
+              for i in items[name]}
+    return [*_false_outcomes(items, record), *_reopened(items, bodies, record),
+            *_done_while_open(items, bodies, record), *_open_and_done(items, bodies, record),
             *_invented(summary, items, record)]
 
 
@@ -197,41 +202,40 @@ def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
     return named or calls
 
 
-def _reopened(items: dict[str, list[str]], record: SpanRecord) -> Iterator[Contradiction]:
+def _reopened(items: dict[str, list[str]], bodies: Mapping[str, str], record: SpanRecord
+              ) -> Iterator[Contradiction]:
     """Open items quoting a request the span answered or acted on; calls said to lack a
     result that has one."""
     answered = {o.call_id for o in record.outcomes}
     settled = _quotes_of(record.settled_requests, among=record.open_requests)
     for item in (i for name in OPEN_SECTIONS for i in items[name]):
-        body = _body(normalize_item(item))
-        if any(body.startswith(quote) for quote in settled):
+        if any(bodies[item].startswith(quote) for quote in settled):
             yield Contradiction("reopened_request")
         missing = _NO_RESULT.search(item)
         if missing and missing.group("id") in answered:
             yield Contradiction("reopened_call", (missing.group("id"),))
 
 
-def _done_while_open(items: dict[str, list[str]], record: SpanRecord
-                     ) -> Iterator[Contradiction]:
+def _done_while_open(items: dict[str, list[str]], bodies: Mapping[str, str],
+                     record: SpanRecord) -> Iterator[Contradiction]:
     """Done items quoting a request held open whose words nothing settled."""
     if not record.unsettled_quotes:
         return
     for item in (i for name in DONE_SECTIONS for i in items[name]):
-        body = _body(normalize_item(item))
-        if any(quote in body for quote in record.unsettled_quotes):
+        if any(quote in bodies[item] for quote in record.unsettled_quotes):
             yield Contradiction("done_while_open")
 
 
-def _open_and_done(items: dict[str, list[str]], record: SpanRecord
-                   ) -> Iterator[Contradiction]:
+def _open_and_done(items: dict[str, list[str]], bodies: Mapping[str, str],
+                   record: SpanRecord) -> Iterator[Contradiction]:
     """Items listed both as open and as done: the same words, or the same request."""
     open_items = [i for name in OPEN_SECTIONS for i in items[name]]
     if not open_items:
         return
-    done_bodies = {_body(normalize_item(i)) for name in DONE_SECTIONS for i in items[name]}
+    done_bodies = {bodies[i] for name in DONE_SECTIONS for i in items[name]}
     quotes = _quotes_of((*record.settled_requests, *record.open_requests))
     for item in open_items:
-        body = _body(normalize_item(item))
+        body = bodies[item]
         quoted = [quote for quote in quotes if body.startswith(quote)]
         if body in done_bodies or any(d.startswith(q) for q in quoted for d in done_bodies):
             yield Contradiction("open_and_done")
