@@ -20,6 +20,7 @@ from worker.compaction import PROMPT_VERSION
 from worker.compaction.prompts import build_summarize_messages
 from worker.compaction.schema import LIST_SECTIONS, summary_json_schema
 from worker.compaction.tokens import TokenCounter
+from worker.compaction.truth import DONE_SECTIONS
 from worker.compaction.validation import parse_summary
 from worker.errors import (
     ContextOverflow,
@@ -79,9 +80,11 @@ def test_ok_reply_is_schema_valid_json_that_keeps_every_identifier(
 
     summary = parse_summary(reply.content)
     assert set(IDENTIFIERS) <= set(summary.relevant_artifacts)
-    # The careful model fills every section but the open ones, which hold only what is open.
+    # The careful model fills every section but the open ones, which hold only what is open,
+    # and the done ones: these messages are no transcript, so no line is the assistant's.
     assert summary.goal and all(summary.items_of(name) for name in LIST_SECTIONS
-                                if name not in OPEN_SECTIONS)
+                                if name not in (*OPEN_SECTIONS, *DONE_SECTIONS))
+    assert not any(summary.items_of(name) for name in DONE_SECTIONS)
     assert (reply.mode, reply.finish_reason, reply.retries) == (OutputMode.JSON_SCHEMA, "stop", 0)
     [request] = server.requests
     assert reply.prompt_tokens == request.prompt_tokens

@@ -1,9 +1,10 @@
 """Deterministic summaries the test OpenAI server derives from a prompt.
 
 The ``ok`` summary carries every identifier-like token it sees (an over-approximation of
-what the validator extracts) and fills each section with a short line of the input; a
-merge request (partial summaries embedded as JSON) gets their sections unioned. The prior
-summary is read-only context, as the prompt says: nothing of it is repeated. It follows
+what the validator extracts) and fills each section with a short line of the input (a
+done one with a line the assistant of a transcript said, if any); a merge request
+(partial summaries embedded as JSON) gets their sections unioned. The prior summary is
+read-only context, as the prompt says: nothing of it is repeated. It follows
 the prompt's merge rules as a careful model would, reading the transcript's quoted
 messages: the goal as it stands now (the newest conversation's first request, else the
 prior's), the prior's pending items the transcript answers copied verbatim into resolved,
@@ -46,7 +47,9 @@ _BOUNDARY = re.compile(r"(?i:conversation has ended|session boundary)")
 # The prompt's fence lines frame the input; they are not part of it.
 _FENCE_LINE = re.compile(r"^<<<[^\n]*>>>$", re.MULTILINE)
 # A careful model lists as open only what is open (no quoted line fills these), and as
-# done only what the assistant of a transcript said or did (never a line of the user's).
+# done only what the assistant of a transcript said or did: never a line of the user's,
+# of a partial summary's JSON (a merge carries the partials' done items) or of a cut
+# message's later part, whose speaker no header names.
 OPEN_SECTIONS = ("pending", "remaining_work")
 _CALL = re.compile(r"^\[seq \d+\] assistant → tool call ([\w.-]+)\((.*)\)$", re.MULTILINE)
 # Shaped like the span's codes and ids, held by no input.
@@ -102,7 +105,7 @@ def build_summary(prompt_text: str, sections: Iterable[str] = SUMMARY_SECTIONS) 
             summary[section] = goals[0] if goals else ruled["goal"] or lines[0]
         else:
             carried = [item for part in partials for item in _strings(part.get(section))]
-            quotable = done_lines if section in DONE_SECTIONS and messages else lines
+            quotable = done_lines if section in DONE_SECTIONS else lines
             derived = [] if section in OPEN_SECTIONS or not quotable \
                 else [f"{section.replace('_', ' ')}: {quotable[index % len(quotable)]}"]
             found = ruled.get(section) or []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,3 +212,17 @@ def render_plain(group: Group) -> str:
                         for c in message.tool_calls or ())
         lines.append(f"{message.role.value}:{calls} {message.text}")
     return "\n".join(lines) + "\n"
+
+
+CODE_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+
+
+def drawn_request(rng: random.Random) -> tuple[str, str]:
+    """A request of the grammar "<opening> <verb> my <thing> <code> <when>?", and the
+    thing and code it names."""
+    thing = rng.choice(["reservation", "order", "booking", "ticket"])
+    code = "".join(rng.choice(CODE_CHARS) for _ in range(6))
+    opening = rng.choice(["Could you please", "Can you", "I would like you to"])
+    verb = rng.choice(["rebook", "cancel", "refund", "upgrade"])
+    when = rng.choice(["before the weekend", "today", "for my trip next week"])
+    return f"{opening} {verb} my {thing} {code} {when}?", f"{thing} {code}"

@@ -4,6 +4,7 @@ tells is found with its kind and ids; the extractive summary of the same span te
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.session_strategies import shared_counter, to_stored
+from tests.unit.session_strategies import drawn_request, shared_counter, to_stored
 from tests.unit.test_fallback import exchange
 from worker.compaction import truth
 from worker.compaction.errors import SummaryInvalid
@@ -20,7 +21,7 @@ from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
-from worker.compaction.requests import continues_conversation
+from worker.compaction.requests import continues_conversation, read_requests
 from worker.compaction.schema import Summary, empty_summary
 from worker.compaction.summary_update import update_summary
 from worker.compaction.truth import (
@@ -247,3 +248,82 @@ def test_requests_that_open_with_the_same_words_are_not_one_request_open_and_don
 def test_the_outcome_word_look_ahead_finds_what_the_words_alone_find(item: str) -> None:
     plain = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
     assert bool(truth._OUTCOME_WORD.search(item)) == bool(plain.search(item))
+
+
+BOUNDARY_TEXT = "[SESSION BOUNDARY 2/2] The previous customer conversation has ended."
+
+
+def asked_twice(seed: int) -> tuple[list[dict[str, Any]], int, str]:
+    """A session whose request is answered once and asked again in the same words, the
+    second time held open: left unanswered after another goal, or the goal of a new
+    conversation the tail goes on with. Returns the messages, the tail's length and the
+    request."""
+    rng = random.Random(seed)
+    request, named = drawn_request(rng)
+    other, other_named = drawn_request(rng)
+    answered = [{"role": "user", "content": request},
+                {"role": "assistant", "content": f"The {named} is updated as you asked."}]
+    if seed % 2:
+        return [{"role": "user", "content": other},
+                {"role": "assistant", "content": f"The {other_named} is updated."},
+                *answered, {"role": "user", "content": request}], 0, request
+    return [*answered, {"role": "user", "content": BOUNDARY_TEXT},
+            {"role": "user", "content": request},
+            {"role": "assistant", "content": f"Looking at {named} now."},
+            {"role": "user", "content": "Thanks, go ahead."},
+            {"role": "assistant", "content": f"Working on {named}."}], 2, request
+
+
+def without_first_answer(messages: list[dict[str, Any]], request: str
+                         ) -> list[dict[str, Any]]:
+    first = next(i for i, m in enumerate(messages) if m["content"] == request)
+    return messages[:first] + messages[first + 2:]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_request_asked_again_after_its_answer_may_be_listed_as_answered(seed: int) -> None:
+    messages, tail, request = asked_twice(seed)
+    record, summary = record_and_extractive(messages, tail=tail)
+    # Listed open too, the same words are open_and_done whichever seqs: not listed here.
+    answered = with_items(summary.model_copy(update={"pending": []}),
+                          resolved=[f"Answered: {request}"])
+    record_without, _ = record_and_extractive(without_first_answer(messages, request),
+                                              tail=tail)
+
+    assert find_contradictions(summary, record) == []
+    assert find_contradictions(answered, record) == []
+    # The same words with no answer before them: the done item can mean only the open one.
+    assert find_contradictions(answered, record_without) == [Contradiction("done_while_open")]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_open_request_or_continued_goal_filed_as_done_is_rejected_and_named(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    request, named = drawn_request(rng)
+    asked = [{"role": "user", "content": request},
+             {"role": "assistant", "content": f"Looking at {named} now."},
+             {"role": "user", "content": "Thanks, go ahead."},
+             {"role": "assistant", "content": f"Working on {named}."}]
+    # Unanswered at the span's end, or the goal the verbatim tail still works on.
+    messages, tail = (asked[:1], 0) if seed % 2 else (asked, 2)
+    record, summary = record_and_extractive(messages, tail=tail)
+    label = rng.choice(["Answered: ", "Done: ", "completed actions: ", ""])
+    section = rng.choice(["completed_actions", "resolved"])
+    filed = with_items(summary, **{section: [label + request]})
+    updated = update_summary(None, filed, budget_tokens=2_000, counter=shared_counter())
+
+    assert find_contradictions(summary, record) == []
+    with pytest.raises(SummaryInvalid) as raised:
+        validate_summary(filed, updated, span_tokens=100, budget_tokens=2_000,
+                         replaced_tokens=10_000, counter=shared_counter(), record=record)
+    assert raised.value.reason == "summary_contradicts_history"
+    assert "done_while_open 1" in raised.value.message
+
+
+def test_the_ledger_tells_a_repeated_request_from_the_open_one_by_seq() -> None:
+    messages, _, request = asked_twice(1)
+    ledger = read_requests(to_stored(messages, shared_counter()), has_prior_goal=False)
+    assert [(a.seq, a.text) for a in ledger.settled if a.text == request] == [(3, request)]
+    assert [(a.seq, a.text) for a in ledger.held_open] == [(5, request)]

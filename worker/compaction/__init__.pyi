@@ -83,7 +83,9 @@ from .prompts import build_merge_messages as build_merge_messages
 from .prompts import build_summarize_messages as build_summarize_messages
 from .prompts import static_prompt as static_prompt
 from .pruning import prune_groups as prune_groups
+from .requests import RequestLedger as RequestLedger
 from .requests import continues_conversation as continues_conversation
+from .requests import read_span_requests as read_span_requests
 from .salience import failure_values as failure_values
 from .salience import featured_values as featured_values
 from .salience import rank_artifacts as rank_artifacts

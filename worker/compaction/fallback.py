@@ -17,7 +17,7 @@ from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.number_labels import is_bare_number, label_number
 from worker.compaction.outcomes import CallOutcome, CallStatus, Failure, classify_calls
 from worker.compaction.parties import Party, party_of
-from worker.compaction.requests import RequestLedger, read_requests
+from worker.compaction.requests import RequestLedger, read_span_requests
 from worker.compaction.salience import featured_values, rank_artifacts, rerank_featured
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.sentences import Cue, Sentences
@@ -88,6 +88,7 @@ def fallback_summary(
     outcomes: Sequence[CallOutcome] | None = None,
     ranked: Sequence[Artifact] | None = None,
     tail_continues: bool = False,
+    ledger: RequestLedger | None = None,
 ) -> Summary:
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
@@ -105,14 +106,15 @@ def fallback_summary(
     read from a digest. ``ranked``: ``artifacts`` as ``rank_artifacts`` orders them with
     the error codes that ended the failures featured (``failure_values``), when the caller
     already has them. ``tail_continues``: the verbatim tail goes on with the span's latest
-    conversation (its goal is not answered yet).
+    conversation (its goal is not answered yet). ``ledger``: the span's requests, when
+    the caller has read them (``read_span_requests``).
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
     outcomes = classify_calls(span) if outcomes is None else outcomes
     by_call = {outcome.call_id: outcome for outcome in outcomes}
-    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal),
-                           outcomes={key: o.status for key, o in by_call.items()},
-                           tail_continues=tail_continues)
+    if ledger is None:
+        ledger = read_span_requests(span, has_prior_goal=bool(prior and prior.goal),
+                                    outcomes=outcomes, tail_continues=tail_continues)
     failures = [outcome for outcome in outcomes if outcome.failed]
     succeeded = _succeeded_tools(outcomes)
     fixed = _fixed_failures(outcomes, failures)

@@ -1,6 +1,7 @@
 """What the user asked in a span, read from plain language: the goal as it stands now
 (the first request of the latest conversation), the requests answered or acted on (a call
-that succeeded followed them), the one still open.
+that succeeded followed them), the one still open. Requests are told apart by the seq of
+their message: the same words asked twice are two requests.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.compaction.messages import Role, StoredMessage
-from worker.compaction.outcomes import CallStatus
+from worker.compaction.grouping import Group
+from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
+from worker.compaction.outcomes import CallOutcome, CallStatus
 from worker.compaction.parties import BOUNDARY, GREETING, STOP, Party, find_parties
 
 MAX_ANSWERED = 4
@@ -19,12 +21,26 @@ REQUEST = re.compile(
     r"\?|(?i:\b(?:i want|i'd like|i would like|i need|i'm looking|i am looking|looking to|"
     r"trying to|help me|can you|could you|please)\b)"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request: the seq of the user's message and its text."""
+
+    seq: int
+    text: str
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLedger:
     """The span's user and agent texts, its current goal ("" when the span starts no
     conversation and a prior goal stands), answered requests (newest last; never the
-    goal's own while the tail goes on with it), requests acted on (the newest
-    ``MAX_ANSWERED`` of the two together), open ones."""
+    goal's words while the tail goes on with it), requests acted on (the newest
+    ``MAX_ANSWERED`` of the two together), open ones.
+
+    ``settled`` holds every request answered or acted on, by seq: the same words asked
+    in an earlier conversation stay settled while the goal that repeats them goes on.
+    ``held_open``: the request still open and the goal the tail goes on with."""
 
     user_texts: tuple[str, ...]
     agent_texts: tuple[str, ...]
@@ -33,6 +49,8 @@ class RequestLedger:
     open_requests: tuple[str, ...]
     acted_on: tuple[str, ...] = ()
     parties: tuple[Party, ...] = ()
+    settled: tuple[Ask, ...] = ()
+    held_open: tuple[Ask, ...] = ()
 
 
 def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
@@ -42,10 +60,11 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
     starts a new conversation. ``outcomes`` (call id → status): a request a succeeded
     call followed is acted on, not open; ``tail_continues``: the verbatim tail goes on
     with the latest conversation, so its goal is not answered yet."""
-    user_texts = tuple(m.message.text for m in messages if m.message.role is Role.USER)
+    users = [m for m in messages if m.message.role is Role.USER]
+    user_texts = tuple(m.message.text for m in users)
     agent_texts = tuple(m.message.text for m in messages if m.message.role is Role.ASSISTANT)
-    settled: list[tuple[str, bool]] = []  # (request, acted on rather than answered)
-    current: str | None = None
+    settled: list[tuple[Ask, bool]] = []  # (request, acted on rather than answered)
+    current: Ask | None = None
     parties = find_parties(messages)
     # An earlier party's request left open is not the current party's to answer.
     starts = {party.first_seq for party in parties[1:]}
@@ -54,7 +73,7 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
         if stored.seq in starts:
             current = None
         if message.role is Role.USER and REQUEST.search(text) and not BOUNDARY.search(text):
-            current = text
+            current = Ask(stored.seq, text)
         elif message.role is not Role.ASSISTANT or current is None:
             continue
         elif text.strip():
@@ -65,17 +84,35 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
             settled.append((current, True))
             current = None
     # A party starts at a user's message: its index among the user texts.
-    user_seqs = [m.seq for m in messages if m.message.role is Role.USER]
+    user_seqs = [m.seq for m in users]
     latest = user_seqs.index(parties[-1].first_seq) if len(parties) > 1 else None
-    goal = _find_goal(user_texts, has_prior_goal, latest)
-    if tail_continues and goal:
-        settled = [(text, acted) for text, acted in settled
-                   if acted or text.replace(STOP, "").strip() != goal]
-    newest = settled[-MAX_ANSWERED:]
-    return RequestLedger(user_texts, agent_texts, goal,
+    at = _find_goal(user_texts, has_prior_goal, latest)
+    goal = Ask(user_seqs[at], _goal_words(user_texts[at])) if at is not None else None
+    continued = goal if tail_continues and goal and goal.text else None
+    if continued:
+        # The goal's words, asked again from it on, are the goal's: not answered yet.
+        settled = [(ask, acted) for ask, acted in settled if acted
+                   or ask.seq < continued.seq or _goal_words(ask.text) != continued.text]
+    # Told by words alone for the summary: the goal's words are never listed as answered.
+    shown = [(ask.text, acted) for ask, acted in settled
+             if not continued or acted or _goal_words(ask.text) != continued.text]
+    newest = shown[-MAX_ANSWERED:]
+    return RequestLedger(user_texts, agent_texts, goal.text if goal else "",
                          tuple(text for text, acted in newest if not acted),
-                         () if current is None else (current,),
-                         tuple(text for text, acted in newest if acted), tuple(parties))
+                         () if current is None else (current.text,),
+                         tuple(text for text, acted in newest if acted), tuple(parties),
+                         settled=tuple(ask for ask, _ in settled),
+                         held_open=tuple(a for a in (current, continued) if a is not None))
+
+
+def read_span_requests(span: Sequence[Group], *, has_prior_goal: bool,
+                       outcomes: Sequence[CallOutcome], tail_continues: bool) -> RequestLedger:
+    """Read the requests of ``span``'s messages (instructions left out): the ledger the
+    extractive draft and the truth check share, read once per job."""
+    messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
+    return read_requests(messages, has_prior_goal=has_prior_goal,
+                         outcomes={o.call_id: o.status for o in outcomes},
+                         tail_continues=tail_continues)
 
 
 def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredMessage]
@@ -93,9 +130,10 @@ def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredM
 
 
 def _find_goal(user_texts: Sequence[str], has_prior_goal: bool, latest_party: int | None
-               ) -> str:
-    """The first request of the latest conversation the span starts ("" if none starts);
-    ``latest_party``: the index of the latest party's first user text, when one starts."""
+               ) -> int | None:
+    """The index of the first request of the latest conversation the span starts (None if
+    none starts); ``latest_party``: the index of the latest party's first user text, when
+    one starts."""
     start: int | None = None if has_prior_goal else 0
     for index, text in enumerate(user_texts):
         if BOUNDARY.search(text):
@@ -104,8 +142,14 @@ def _find_goal(user_texts: Sequence[str], has_prior_goal: bool, latest_party: in
                 or index == latest_party:
             start = index
     if start is None:
-        return ""
-    conversation = [t for t in user_texts[start:] if t.strip() and not BOUNDARY.search(t)]
-    substantive = [t for t in conversation if len(t.split()) >= 3]
-    requests = [t for t in substantive if REQUEST.search(t)]
-    return (requests or substantive or conversation or [""])[0].replace(STOP, "").strip()
+        return None
+    conversation = [i for i in range(start, len(user_texts))
+                    if user_texts[i].strip() and not BOUNDARY.search(user_texts[i])]
+    substantive = [i for i in conversation if len(user_texts[i].split()) >= 3]
+    requests = [i for i in substantive if REQUEST.search(user_texts[i])]
+    first = requests or substantive or conversation
+    return first[0] if first else None
+
+
+def _goal_words(text: str) -> str:
+    return text.replace(STOP, "").strip()

@@ -1,14 +1,16 @@
 """The truth check: a summary of a span may report only what the span's record says. Each
 call outcome it states (ok / failed) matches the classification of the original result; no
-request it calls open was answered or acted on; no item is both open and done; every
-identifier it quotes occurs in the span or the prior summary.
+request it calls open was answered or acted on; no request it calls done is still open (the
+open one, the goal the tail goes on with) unless the same words were asked and settled
+before; no item is both open and done; every identifier it quotes occurs in the span or
+the prior summary.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from worker.compaction.grouping import Group
@@ -16,7 +18,7 @@ from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
-from worker.compaction.requests import read_requests
+from worker.compaction.requests import RequestLedger, read_span_requests
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
 from worker.compaction.summary_update import normalize_item
@@ -67,6 +69,9 @@ class SpanRecord:
     messages: tuple[StoredMessage, ...]  # the span's, read only for values the index lacks
     prior_texts: tuple[str, ...] = ()  # the prior summary's goal and items
     prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
+    # Quotes of the requests held open (the open one, the continued goal) that no request
+    # answered or acted on shares: a done item quoting one can mean nothing settled.
+    unsettled_quotes: tuple[str, ...] = ()
 
     def texts(self) -> Iterator[str]:
         """The span's texts and arguments, the outcomes' lines (read from the original
@@ -94,13 +99,14 @@ class SpanRecord:
 
 def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
                 artifacts: Sequence[Artifact], prior: Summary | None,
-                tail_continues: bool) -> SpanRecord:
+                tail_continues: bool, ledger: RequestLedger | None = None) -> SpanRecord:
     """Read the span's record: ``outcomes`` classified from the original results,
-    ``artifacts`` the identifiers ingest indexed from them (``span`` may be pruned)."""
+    ``artifacts`` the identifiers ingest indexed from them (``span`` may be pruned);
+    ``ledger`` the span's requests, when the caller has read them."""
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
-    ledger = read_requests(messages, has_prior_goal=bool(prior and prior.goal),
-                           outcomes={o.call_id: o.status for o in outcomes},
-                           tail_continues=tail_continues)
+    if ledger is None:
+        ledger = read_span_requests(span, has_prior_goal=bool(prior and prior.goal),
+                                    outcomes=outcomes, tail_continues=tail_continues)
     prior_items = [prior.goal, *(i for n in LIST_SECTIONS for i in prior.items_of(n))] \
         if prior else []
     return SpanRecord(
@@ -111,16 +117,23 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
         known_values=frozenset(a.value for a in artifacts),
         messages=tuple(messages),
         prior_texts=tuple(prior_items),
-        prior_items=frozenset(normalize_item(item) for item in prior_items))
+        prior_items=frozenset(normalize_item(item) for item in prior_items),
+        unsettled_quotes=_unsettled_quotes([a.text for a in ledger.held_open],
+                                           [a.text for a in ledger.settled]))
 
 
 def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
     """Return what ``summary`` (of the span alone) says against ``record``; the prior's
     items it copies verbatim (the update contract) are the prior's, not checked again."""
-    items = {name: [i for i in summary.items_of(name)
-                    if normalize_item(i) not in record.prior_items] for name in LIST_SECTIONS}
-    return [*_false_outcomes(items, record), *_reopened(items, record),
-            *_open_and_done(items, record), *_invented(summary, items, record)]
+    keys = {i: normalize_item(i) for name in LIST_SECTIONS for i in summary.items_of(name)}
+    items = {name: [i for i in summary.items_of(name) if keys[i] not in record.prior_items]
+             for name in LIST_SECTIONS}
+    # Each open or done item's key without its label, read once for the checks below.
+    bodies = {i: _body(keys[i]) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)
+              for i in items[name]}
+    return [*_false_outcomes(items, record), *_reopened(items, bodies, record),
+            *_done_while_open(items, bodies, record), *_open_and_done(items, bodies, record),
+            *_invented(summary, items, record)]
 
 
 def describe_contradictions(found: Sequence[Contradiction]) -> str:
@@ -189,30 +202,40 @@ def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
     return named or calls
 
 
-def _reopened(items: dict[str, list[str]], record: SpanRecord) -> Iterator[Contradiction]:
+def _reopened(items: dict[str, list[str]], bodies: Mapping[str, str], record: SpanRecord
+              ) -> Iterator[Contradiction]:
     """Open items quoting a request the span answered or acted on; calls said to lack a
     result that has one."""
     answered = {o.call_id for o in record.outcomes}
     settled = _quotes_of(record.settled_requests, among=record.open_requests)
     for item in (i for name in OPEN_SECTIONS for i in items[name]):
-        body = _body(normalize_item(item))
-        if any(body.startswith(quote) for quote in settled):
+        if any(bodies[item].startswith(quote) for quote in settled):
             yield Contradiction("reopened_request")
         missing = _NO_RESULT.search(item)
         if missing and missing.group("id") in answered:
             yield Contradiction("reopened_call", (missing.group("id"),))
 
 
-def _open_and_done(items: dict[str, list[str]], record: SpanRecord
-                   ) -> Iterator[Contradiction]:
+def _done_while_open(items: dict[str, list[str]], bodies: Mapping[str, str],
+                     record: SpanRecord) -> Iterator[Contradiction]:
+    """Done items quoting a request held open whose words nothing settled."""
+    if not record.unsettled_quotes:
+        return
+    for item in (i for name in DONE_SECTIONS for i in items[name]):
+        if any(quote in bodies[item] for quote in record.unsettled_quotes):
+            yield Contradiction("done_while_open")
+
+
+def _open_and_done(items: dict[str, list[str]], bodies: Mapping[str, str],
+                   record: SpanRecord) -> Iterator[Contradiction]:
     """Items listed both as open and as done: the same words, or the same request."""
     open_items = [i for name in OPEN_SECTIONS for i in items[name]]
     if not open_items:
         return
-    done_bodies = {_body(normalize_item(i)) for name in DONE_SECTIONS for i in items[name]}
+    done_bodies = {bodies[i] for name in DONE_SECTIONS for i in items[name]}
     quotes = _quotes_of((*record.settled_requests, *record.open_requests))
     for item in open_items:
-        body = _body(normalize_item(item))
+        body = bodies[item]
         quoted = [quote for quote in quotes if body.startswith(quote)]
         if body in done_bodies or any(d.startswith(q) for q in quoted for d in done_bodies):
             yield Contradiction("open_and_done")
@@ -239,10 +262,20 @@ def _quotes_of(requests: Sequence[str], among: Sequence[str] = ()) -> list[str]:
     """How an item quotes each request: its body starts with the request's first words,
     normalized. A quote too short, or one that two distinct requests (of ``requests`` and
     ``among``) start with, tells nothing apart and is left out."""
-    def quote(request: str) -> str:
-        return normalize_item(" ".join(request.split()[:QUOTE_WORDS]))
-
-    starts = Counter(quote(r) for r in {*requests, *among})
-    return [q for q in dict.fromkeys(map(quote, requests))
+    starts = Counter(_quote(r) for r in {*requests, *among})
+    return [q for q in dict.fromkeys(map(_quote, requests))
             if len(q) >= MIN_QUOTE_CHARS and starts[q] == 1]
+
+
+def _unsettled_quotes(held_open: Sequence[str], settled: Sequence[str]) -> tuple[str, ...]:
+    """The quotes of ``held_open`` requests that no ``settled`` one shares: words asked
+    again after an answer may be quoted as done for that answer."""
+    taken = {_quote(request) for request in settled}
+    return tuple(q for q in dict.fromkeys(map(_quote, held_open))
+                 if len(q) >= MIN_QUOTE_CHARS and q not in taken)
+
+
+def _quote(request: str) -> str:
+    # Split no further than the quoted words: a request may be megabytes long.
+    return normalize_item(" ".join(request.split(maxsplit=QUOTE_WORDS)[:QUOTE_WORDS]))
 

@@ -276,7 +276,8 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         replaced_tokens=work.span_tokens + plan.prior_summary_tokens,
         counter=deps.counter,
         record=read_record(work.span, outcomes=work.outcomes, artifacts=work.artifacts,
-                           prior=work.prior, tail_continues=work.tail_continues),
+                           prior=work.prior, tail_continues=work.tail_continues,
+                           ledger=work.requests),
     )
     block = summary_block_message(validated.fitted.text, plan.session.session_format)
     # The block was counted once, at the update; only the message's framing is added.

@@ -16,12 +16,14 @@ from worker.compaction import (
     CallOutcome,
     Failure,
     Group,
+    RequestLedger,
     Summary,
     TokenCounter,
     count_identifier_lines,
     dump_artifacts_json,
     failure_values,
     rank_artifacts,
+    read_span_requests,
     use_stored_line_counts,
 )
 
@@ -53,6 +55,13 @@ class SummaryWork:
     def failures(self) -> tuple[Failure, ...]:
         """The outcomes of the calls that failed."""
         return tuple(outcome for outcome in self.outcomes if outcome.failed)
+
+    @functools.cached_property
+    def requests(self) -> RequestLedger:
+        """The span's requests, read once per job for the extractive draft and the truth
+        check."""
+        return read_span_requests(self.span, has_prior_goal=bool(self.prior and self.prior.goal),
+                                  outcomes=self.outcomes, tail_continues=self.tail_continues)
 
     @functools.cached_property
     def ranked_artifacts(self) -> tuple[Artifact, ...]:

@@ -30,6 +30,7 @@ class ExtractiveSummarizer:
             counter=work.counter or self._counter,
             prior=work.prior,
             tail_continues=work.tail_continues,
+            ledger=work.requests,
         )
         return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
                             prompt_version=EXTRACTIVE_VERSION)
