@@ -180,7 +180,10 @@ def run_scheduled_scan(
 
 
 def scan_and_report() -> str:
-    """Enqueue the due sessions and log the scan's figures (the ``compactor.scan`` task)."""
+    """Enqueue the due sessions and log the scan's figures (the ``compactor.scan`` task).
+    ``scan.started`` comes first: a scan whose process died or whose database hung leaves
+    it without an ending."""
+    get_logger().info("scan.started")
     report = run_scheduled_scan(get_settings(), datetime.now(UTC))
     if report is None:
         return "skipped"

@@ -8,7 +8,6 @@ waited before it ran again."""
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -27,13 +26,12 @@ from scheduler.reconcile import RECONCILE_EVENT
 from tests.chaos.invariants import Verdict
 from tests.chaos.poison import Poisoner
 from tests.e2e.test_bad_messages import bad_messages
-from worker.broker.contract import SCAN_TASK_NAME
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
 from worker.job.lost_attempt import AttemptLost
 from worker.logging import JOB_EVENT
 
-SCAN_TASK_RECEIVED = re.compile(rf"^Task {re.escape(SCAN_TASK_NAME)}\[[^\]]+\] received$")
+SCAN_STARTED = "scan.started"  # a worker began a beat's scan (before any dependency)
 SCAN_ENDINGS = ("scan.finished", "scan.skipped")  # ran to the end, or found the lock held
 LOST_ATTEMPT = AttemptLost.__name__  # the failure class of an attempt a kill ended
 
@@ -50,13 +48,13 @@ class KilledJob:
 @dataclass
 class WorkerLogs:
     """What the worker logs say: every ``compaction.job`` event, the beat's
-    ``compactor.scan`` tasks a worker received and how their scans ended (a scan in a
+    ``compactor.scan`` tasks a worker started and how their scans ended (a scan in a
     killed pool child, or during an outage, has no ending; one that finds a killed
     scan's lock still held is skipped), and the lines torn (a process SIGKILLed
     mid-write leaves half a line; nothing else may)."""
 
     job_events: list[dict[str, Any]]
-    scans_received: int
+    scans_started: int
     scan_endings: Counter[str]
     torn: int
     repairs: Counter[str]  # the reconciler's, by problem and action
@@ -64,7 +62,7 @@ class WorkerLogs:
 
 def read_worker_logs(log_dir: Path) -> WorkerLogs:
     events: list[dict[str, Any]] = []
-    torn = scans_received = 0
+    torn = scans_started = 0
     scan_endings: Counter[str] = Counter()
     repairs: Counter[str] = Counter()
     for path in sorted(log_dir.glob("worker-*.log")):
@@ -79,12 +77,12 @@ def read_worker_logs(log_dir: Path) -> WorkerLogs:
             if not isinstance(event, dict):
                 continue
             name = event.get("event")
-            scans_received += isinstance(name, str) and bool(SCAN_TASK_RECEIVED.match(name))
+            scans_started += name == SCAN_STARTED
             if name in SCAN_ENDINGS:
                 scan_endings[str(name)] += 1
             if event.get("event") == RECONCILE_EVENT:
                 repairs[f"{event.get('problem')} {event.get('action')}"] += 1
-    return WorkerLogs(events, scans_received, scan_endings, torn, repairs)
+    return WorkerLogs(events, scans_started, scan_endings, torn, repairs)
 
 
 def check_stranded(verdict: Verdict, engine: Engine, client: redis.Redis, prefix: str,

@@ -317,7 +317,7 @@ class ChaosRun:
             "pg backends terminated": monkey.backends_terminated,
             "poison items pushed": self.poisoner.items,
             "beat restarts (exited unkilled)": self.beat.crashes,
-            "beat's compactor.scan received by a worker": self.logs.scans_received,
+            "beat's compactor.scan started on a worker": self.logs.scans_started,
             "beat's scans by ending": dict(sorted(self.logs.scan_endings.items())) or "none",
             "reconciler repairs": dict(sorted(self.logs.repairs.items())) or "none",
             "torn log lines (killed mid-write)": self.logs.torn,

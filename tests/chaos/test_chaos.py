@@ -32,7 +32,7 @@ TURNS = 40  # about 4,900 tokens: over the 4,200-token trigger of tests/support/
 def test_a_short_chaos_run_loses_nothing_and_settles_every_session(tmp_path: Path) -> None:
     # 65 s of chaos and as long again of quiet: the beat's every-minute scan fires at least
     # once. A scan may still end unfinished (its pool child killed, PostgreSQL hung) or
-    # skipped (a killed scan's lock held): that it was sent and received is what counts.
+    # skipped (a killed scan's lock held): that it was sent and started is what counts.
     config = ChaosConfig(work_dir=tmp_path, sessions=40, kills=5, duration_s=65.0, workers=2,
                          redis_restarts=1, pg_drops=1, pg_restarts=1, pg_hangs=1,
                          pg_hang_s=8.0, poison_rounds=1, drain_timeout_s=90.0)
@@ -48,7 +48,7 @@ def test_a_short_chaos_run_loses_nothing_and_settles_every_session(tmp_path: Pat
     assert counts["pg restarts"] == 1
     assert counts["pg hangs"].startswith("1 x")
     assert counts["poison items pushed"] > 0
-    assert counts["beat's compactor.scan received by a worker"] >= 1
+    assert counts["beat's compactor.scan started on a worker"] >= 1
     assert counts["appends leaving tool calls open"] > 0
     assert counts["beat's gc runs (lifecycle.gc events)"] >= 1
     assert counts["idle sessions erased by gc"] > 0

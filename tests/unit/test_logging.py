@@ -1,6 +1,6 @@
 """Logging configuration: our events and other libraries' records leave as one JSON object
-per line on stderr, with their levels; console lines on request; configured twice, one
-handler."""
+per line on stderr, with their levels (Celery's records of a task received or succeeded at
+DEBUG); console lines on request; configured twice, one handler."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery.app.trace import LOG_FAILURE, LOG_RECEIVED, LOG_RETRY, LOG_SUCCESS
+from celery.app.trace import info as trace_info
 from structlog.contextvars import bind_contextvars, clear_contextvars
 
 from tests.support.logs import preserved_logging
+from worker.broker.celery_app import ROUTINE_TASK_RECORDS, configure_process_logging
 from worker.logging import JOB_EVENT, configure_logging, get_logger
 from worker.scrub import remember_secrets
 
@@ -134,3 +137,46 @@ def test_configuring_again_replaces_its_handler_instead_of_doubling_lines(
     get_logger().warning("scan.lock_lost")
 
     assert [line["event"] for line in stderr_lines(capsys)] == ["scan.lock_lost"]
+
+
+@pytest.fixture
+def celery_task_loggers() -> Iterator[None]:
+    """Restore the filters and levels the worker's logging sets on Celery's loggers."""
+    loggers = [logging.getLogger(name) for name in ("celery", *ROUTINE_TASK_RECORDS)]
+    saved = [(list(logger.filters), logger.level) for logger in loggers]
+    yield
+    for logger, (filters, level) in zip(loggers, saved, strict=True):
+        logger.filters[:] = filters
+        logger.setLevel(level)
+
+
+def log_task_records(name: str) -> None:
+    """The records Celery writes for a task received, retried, succeeded and failed."""
+    context = {"id": "t-1", "name": name, "args": "()", "kwargs": "{}", "eta": None,
+               "runtime": 0.01, "return_value": "None", "exc": "boom",
+               "description": "raised unexpected"}
+    if logging.getLogger("celery.worker.strategy").isEnabledFor(logging.INFO):
+        logging.getLogger("celery.worker.strategy").info(LOG_RECEIVED, context)
+    trace_info(LOG_RETRY, context)
+    trace_info(LOG_SUCCESS, context)
+    logging.getLogger("celery.app.trace").log(logging.ERROR, LOG_FAILURE, context)
+
+
+@pytest.mark.parametrize(("loglevel", "expected"), [
+    ("INFO", [("retry", "info"), ("raised", "error")]),
+    ("DEBUG", [("received", "debug"), ("retry", "info"), ("succeeded", "debug"),
+               ("raised", "error")]),
+])
+def test_celerys_received_and_succeeded_records_are_debug_and_failures_keep_their_level(
+    loglevel: str, expected: list[tuple[str, str]], celery_task_loggers: None,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COMPACTOR_LOG_FORMAT", "json")
+    monkeypatch.setenv("COMPACTOR_LOG_LEVEL", loglevel)
+    configure_process_logging(loglevel)
+    configure_process_logging(loglevel)  # idempotent: one filter each
+
+    log_task_records("compactor.compact_session")
+
+    lines = [line for line in stderr_lines(capsys) if line["logger"].startswith("celery")]
+    assert [(line["event"].split()[2].rstrip(":"), line["level"]) for line in lines] == expected

@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.support.raw_producer import build_raw_message
 from worker.broker.contract import SERVICE_TASK_NAMES, job_kwargs
@@ -18,6 +20,7 @@ from worker.broker.queue_items import (
     ItemLimits,
     ItemRejected,
     admit_item,
+    admit_item_bytes,
     nesting_depth,
 )
 from worker.broker.transport import registered_task_names
@@ -157,3 +160,46 @@ def test_an_item_naming_a_task_outside_the_limits_names_is_refused() -> None:
         admit_item(item, limits, NOW)
     assert refused.value.reason == "unknown_task"
 
+
+
+def test_an_item_with_nothing_to_neutralize_passes_as_its_own_bytes() -> None:
+    item = raw(valid())
+
+    assert admit_item_bytes(item, LIMITS, NOW) is item
+
+
+@pytest.mark.parametrize("item", [
+    with_headers(countdown=5),
+    with_headers(expires=NOW.isoformat()),
+    with_headers(eta=(NOW + timedelta(days=1)).isoformat(), retries=1),
+    raw(valid()).decode().encode("utf-16"),  # json.loads reads it; kombu would not
+    json.dumps(valid(), ensure_ascii=False).replace('"t-1"', '"t-é"').encode(),
+])
+def test_an_item_neutralized_or_not_plain_ascii_passes_encoded_again(item: bytes) -> None:
+    admitted = admit_item_bytes(item, LIMITS, NOW)
+
+    assert admitted != item and admitted.isascii()
+    assert json.loads(admitted) == admit_item(item, LIMITS, NOW)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(alphabet="[]{}ab", max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner,
+                                                               max_size=3),
+    max_leaves=60)
+
+
+@given(JSON_VALUES, st.integers(min_value=0, max_value=MAX_NESTING_DEPTH + 2))
+def test_a_body_is_refused_exactly_when_it_nests_too_deep(value: Any, wrap: int) -> None:
+    for _ in range(wrap):
+        value = [value]
+    message = valid()
+    message["body"] = base64.b64encode(json.dumps([[], {"v": value}, None]).encode()).decode()
+
+    try:
+        admit_item(raw(message), LIMITS, NOW)
+    except ItemRejected as rejected:
+        assert rejected.reason == "nested_too_deep"
+        assert nesting_depth([[], {"v": value}, None]) > MAX_NESTING_DEPTH
+    else:
+        assert nesting_depth([[], {"v": value}, None]) <= MAX_NESTING_DEPTH

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from celery import Celery
+from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS
 from celery.apps.worker import install_worker_term_handler
 from celery.signals import (
     celeryd_init,
@@ -128,10 +129,45 @@ def _configure_from_settings(sender: Celery, **_: Any) -> None:
 def configure_process_logging(loglevel: int | str | None = None, **_: Any) -> None:
     """Own the logging of worker, pool children and beat (Celery then sets up none of
     its own: no handler on the root logger, no redirected prints); Celery's loggers keep
-    the level of its ``--loglevel``."""
+    the level of its ``--loglevel``, its records of a task's routine steps DEBUG."""
     settings_or_exit()  # configures logging from the settings
+    celery_logger = logging.getLogger("celery")
     if loglevel:
-        logging.getLogger("celery").setLevel(loglevel)
+        celery_logger.setLevel(loglevel)
+    for name, message_format in ROUTINE_TASK_RECORDS.items():
+        logger = logging.getLogger(name)
+        for existing in [f for f in logger.filters if isinstance(f, DebugRecords)]:
+            logger.removeFilter(existing)
+        logger.addFilter(DebugRecords(message_format, celery_logger))
+    # The consumer's logger writes nothing else below ERROR, and Celery reads its level
+    # once, building each task's strategy, to decide whether to build the record at all.
+    logging.getLogger(_RECEIVING_LOGGER).setLevel(
+        logging.NOTSET if celery_logger.isEnabledFor(logging.DEBUG) else logging.WARNING)
+
+
+# Celery's two INFO records of every task that goes well: each job logs its own
+# compaction.job event and the scheduler's tasks theirs, so these only repeated them
+# (and were most of the service's own cost per task). Failures, retries and rejections
+# keep their levels: they have formats of their own.
+_RECEIVING_LOGGER = "celery.worker.strategy"
+ROUTINE_TASK_RECORDS = {_RECEIVING_LOGGER: LOG_RECEIVED, "celery.app.trace": LOG_SUCCESS}
+
+
+class DebugRecords(logging.Filter):
+    """Passes a record of ``message_format`` as a DEBUG one, and only while ``gate`` logs
+    DEBUG; any other record as it is."""
+
+    def __init__(self, message_format: str, gate: logging.Logger) -> None:
+        super().__init__()
+        self.message_format, self.gate = message_format, gate
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.message_format:
+            return True
+        if not self.gate.isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 @celeryd_init.connect

@@ -100,6 +100,30 @@ def admit_item(raw: bytes, limits: ItemLimits, now: datetime) -> dict[str, Any]:
         ItemRejected: the item is oversized, not JSON, nested too deep, not an envelope,
             names a task this service does not run, or carries a body that does not decode.
     """
+    envelope = _inspect_item(raw, limits)
+    envelope["headers"] = neutralize_headers(envelope["headers"], limits, now)
+    return envelope
+
+
+def admit_item_bytes(raw: bytes, limits: ItemLimits, now: datetime) -> bytes:
+    """The admitted item as kombu reads it: ``raw`` itself when neutralizing changed
+    nothing and kombu decodes it as ``admit_item`` did, else its envelope encoded again.
+
+    Raises:
+        ItemRejected: as ``admit_item``.
+    """
+    envelope = _inspect_item(raw, limits)
+    headers = envelope["headers"]
+    neutral = neutralize_headers(headers, limits, now)
+    # json.loads detects UTF-16 and UTF-32 from NUL bytes and skips a byte-order mark;
+    # kombu decodes every item as UTF-8: only ASCII without NUL reads the same in both.
+    if neutral == headers and raw.isascii() and b"\0" not in raw:
+        return raw
+    return json.dumps({**envelope, "headers": neutral}).encode()
+
+
+def _inspect_item(raw: bytes, limits: ItemLimits) -> dict[str, Any]:
+    """The item's envelope, once every check has passed (``admit_item``'s)."""
     if len(raw) > limits.max_item_bytes:
         raise ItemRejected("oversized_item",
                            f"{len(raw)} bytes, over the {limits.max_item_bytes}-byte limit")
@@ -115,7 +139,6 @@ def admit_item(raw: bytes, limits: ItemLimits, now: datetime) -> dict[str, Any]:
     _check_properties(envelope["properties"], task_id)
     _check_task_name(headers, task_id, limits.task_names)
     _check_body(envelope, task_id)
-    envelope["headers"] = neutralize_headers(headers, limits, now)
     return envelope
 
 
@@ -219,6 +242,9 @@ def _load_json(raw: bytes, reason: str, what: str, task_id: str | None = None) -
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise ItemRejected(reason, f"{what} does not decode as JSON ({exc})"[:300],
                            task_id) from exc
+    # Each level opens with a bracket of its own: a text with few brackets is shallow.
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING_DEPTH:
+        return value
     depth = nesting_depth(value)
     if depth > MAX_NESTING_DEPTH:
         raise ItemRejected("nested_too_deep", f"{what} nests {depth} deep, over "

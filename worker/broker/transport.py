@@ -15,7 +15,6 @@ reads as a lost connection).
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -25,7 +24,7 @@ from celery import current_app
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
-from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item
+from worker.broker.queue_items import ItemLimits, ItemRejected, admit_item_bytes
 from worker.job.outcome import emit_rejected_message
 from worker.logging import get_logger
 from worker.settings.config import Settings
@@ -76,7 +75,7 @@ def read_item_policy(option: dict[str, Any]) -> ItemPolicy:
 
 class InspectingChannel(kombu_redis.Channel):
     """kombu's Redis channel, admitting each item popped from the service's queues through
-    ``admit_item``. Mixed first into kombu's ``SentinelChannel`` as well: its ``BRPOP``
+    ``admit_item_bytes``. Mixed first into kombu's ``SentinelChannel`` as well: its ``BRPOP``
     runs on the same client, on the master Sentinel names."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -94,8 +93,8 @@ class InspectingChannel(kombu_redis.Channel):
         queue = self._service_queue(key)
         if queue is None:
             return key, item
-        envelope = self._admit(item, queue)
-        return None if envelope is None else (key, json.dumps(envelope).encode())
+        admitted = self._admit(item, queue)
+        return None if admitted is None else (key, admitted)
 
     def _service_queue(self, key: bytes) -> str | None:
         """The service queue ``key`` (a list of one of its priorities) belongs to, if any."""
@@ -103,10 +102,10 @@ class InspectingChannel(kombu_redis.Channel):
         queue = name.rsplit(self.sep, 1)[0]
         return queue if queue in self._policy.queues else None
 
-    def _admit(self, raw: bytes, queue: str) -> dict[str, Any] | None:
+    def _admit(self, raw: bytes, queue: str) -> bytes | None:
         limits = replace(self._policy.limits, task_names=registered_task_names())
         try:
-            return admit_item(raw, limits, datetime.now(UTC))
+            return admit_item_bytes(raw, limits, datetime.now(UTC))
         except ItemRejected as rejected:
             self.refuse_item(raw, queue, rejected)
             return None
