@@ -20,8 +20,7 @@ began with reasoning has no output yet: the agent is still working on it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker.compaction.formats import (
     RESPONSES_CALLS,
@@ -33,8 +32,7 @@ from worker.compaction.grouping import Group, GroupKind
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 
 
-@dataclass(frozen=True, slots=True)
-class StoredItem:
+class StoredItem(NamedTuple):
     """An item at its seq: its view and the chat messages the core reads of it."""
 
     seq: int
@@ -46,9 +44,9 @@ def read_item(session_format: SessionFormat, seq: int, tokens: int, body: dict[s
               ) -> StoredItem:
     """Read one stored body of ``session_format`` as the core's messages."""
     view = view_item(session_format, body)
-    return StoredItem(seq, view, tuple(
+    return StoredItem(seq, view, tuple([
         StoredMessage(seq, message, tokens if position == 0 else 0)
-        for position, message in enumerate(view.chat_messages())))
+        for position, message in enumerate(view.chat_messages())]))
 
 
 def group_items(session_format: SessionFormat, items: Sequence[StoredItem]) -> list[Group]:
