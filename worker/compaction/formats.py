@@ -226,11 +226,15 @@ def view_anthropic_message(message: dict[str, Any]) -> ItemView:
 
 def view_item(session_format: SessionFormat, body: dict[str, Any]) -> ItemView:
     """The view of one stored body of ``session_format``."""
-    if session_format is SessionFormat.RESPONSES:
-        return view_responses_item(body)
-    if session_format is SessionFormat.ANTHROPIC:
-        return view_anthropic_message(body)
-    return view_chat_message(ChatMessage.model_validate(body))
+    view = _ITEM_VIEWS.get(session_format)
+    if view is None:
+        return view_chat_message(ChatMessage.model_validate(body))
+    return view(body)
+
+
+# The view of each format whose items are no chat messages, found by one lookup.
+_ITEM_VIEWS = {SessionFormat.RESPONSES: view_responses_item,
+               SessionFormat.ANTHROPIC: view_anthropic_message}
 
 
 def _result_text(block: dict[str, Any]) -> str:

@@ -31,6 +31,9 @@ from worker.compaction.formats import (
 from worker.compaction.grouping import Group, GroupKind
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 
+# Read once: on Python 3.11 reading an enum member off its class is a descriptor call.
+_ASSISTANT, _USER = Role.ASSISTANT, Role.USER
+
 
 class StoredItem(NamedTuple):
     """An item at its seq: its view and the chat messages the core reads of it."""
@@ -84,7 +87,7 @@ def _group_responses(items: Sequence[StoredItem]) -> list[Group]:
             close()
             groups.append(_group([item]))
             continue
-        if view.role is not Role.ASSISTANT:  # a user's or an instruction message
+        if view.role is not _ASSISTANT:  # a user's or an instruction message
             close()
             groups.append(_group([item]))
             continue
@@ -108,13 +111,13 @@ def _group_anthropic(items: Sequence[StoredItem]) -> list[Group]:
         view = item.view
         if calling is not None:
             answered = {output.call_id for output in view.outputs}
-            if view.role is Role.USER and answered & _open_calls(calling.view):
+            if view.role is _USER and answered & _open_calls(calling.view):
                 groups.append(_group([calling, item]))
                 calling = None
                 continue
             groups.append(_group([calling]))
             calling = None
-        if view.role is Role.ASSISTANT and _open_calls(view):
+        if view.role is _ASSISTANT and _open_calls(view):
             calling = item
             continue
         groups.append(_group([item]))
@@ -136,7 +139,7 @@ def _group(items: Sequence[StoredItem], *, pending: bool = False) -> Group:
         kind = GroupKind.TOOL_EXCHANGE
     elif len(views) == 1 and views[0].role in INSTRUCTION_ROLES:
         kind = GroupKind.SYSTEM
-    elif views[-1].role is Role.USER:
+    elif views[-1].role is _USER:
         kind = GroupKind.USER
     else:
         kind = GroupKind.ASSISTANT
