@@ -13,7 +13,10 @@ job per size under cProfile and prints its top functions by cumulative, then by 
 ``--skip breaker_open`` opens each copy's breaker first, ``--skip under_trigger`` sets
 the trigger above the session: every job is then one that ends with that outcome or
 reason, which reads the session row and no message. ``--format responses|anthropic``
-times the same sessions rewritten in that format (reasoning or thinking added).
+times the sessions rewritten in that format (reasoning or thinking added), from a shorter
+conversation so they hold the tokens asked for as chat's do (issue 35 compares formats
+per job at one size); ``--same-conversation`` rewrites the chat session itself (more
+tokens).
 """
 
 from __future__ import annotations
@@ -157,6 +160,9 @@ def main() -> None:
     parser.add_argument("--summarizer", choices=("extractive", "llm"), default="extractive")
     parser.add_argument("--format", choices=[f.value for f in SessionFormat],
                         default=SessionFormat.CHAT.value, help="the sessions' format")
+    parser.add_argument("--same-conversation", action="store_true",
+                        help="rewrite chat's conversation in --format (more tokens) rather "
+                             "than one of the same size in tokens")
     parser.add_argument("--latency-ms", type=int, default=0,
                         help="the LLM server's delay per call: wall minus it is the job's "
                              "local wall, the work it does besides waiting on the model")
@@ -167,7 +173,8 @@ def main() -> None:
                  "sessions, in-process"
                  + (f", jobs skipped ({args.skip})" if args.skip else ""))
     counter = new_counter()
-    sessions = [generated_session(int(t), counter, session_format=SessionFormat(args.format))
+    sessions = [generated_session(int(t), counter, session_format=SessionFormat(args.format),
+                                  sized_in_format=not args.same_conversation)
                 for t in args.session_tokens.split(",")]
     rows, step_rows = [], []
     with private_database() as url, server_if(args.summarizer == "llm",

@@ -23,6 +23,10 @@ from worker.tokenizer.offline import load_encoding
 
 # Imported sessions were last appended to long ago: no quiet-period effects.
 IMPORTED_AGO = timedelta(days=1)
+# A session sized in its own format is regenerated from a shorter conversation until it
+# is within this share above its target (a conversation grows a user turn at a time).
+SIZE_TOLERANCE = 0.03
+SIZING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,26 @@ def tool_heavy_messages(target_tokens: int, counter: TokenCounter, *, seed: int 
 
 def generated_session(target_tokens: int, counter: TokenCounter, *, seed: int = 1,
                       with_system: bool = True,
-                      session_format: SessionFormat = SessionFormat.CHAT) -> BenchSession:
+                      session_format: SessionFormat = SessionFormat.CHAT,
+                      sized_in_format: bool = False) -> BenchSession:
     """A tool-heavy session of at least ``target_tokens`` tokens (of chat messages), in
     ``session_format``: its Responses or Anthropic equivalent, reasoning or thinking
-    added (``tests/support/wire_convert.py``)."""
-    messages = tool_heavy_messages(target_tokens, counter, seed=seed, with_system=with_system)
-    name = f"generated-{target_tokens}"
+    added (``tests/support/wire_convert.py``). With ``sized_in_format``, the tokens are
+    the rewritten session's (a shorter conversation), so formats compare at one size."""
+    session = _rewritten_session(target_tokens, counter, seed, with_system, session_format)
+    for _ in range(SIZING_ROUNDS if sized_in_format else 0):
+        if session.tokens <= target_tokens * (1 + SIZE_TOLERANCE):
+            break
+        chat_tokens = round(target_tokens * target_tokens / session.tokens)
+        session = _rewritten_session(chat_tokens, counter, seed, with_system, session_format)
+    return BenchSession(f"generated-{target_tokens}", session.rows, session.session_format,
+                        session.metadata)
+
+
+def _rewritten_session(chat_tokens: int, counter: TokenCounter, seed: int, with_system: bool,
+                       session_format: SessionFormat) -> BenchSession:
+    messages = tool_heavy_messages(chat_tokens, counter, seed=seed, with_system=with_system)
+    name = f"generated-{chat_tokens}"
     if session_format is SessionFormat.CHAT:
         return BenchSession(name, tuple(to_rows(messages, counter)))
     metadata = None

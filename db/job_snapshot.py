@@ -80,7 +80,8 @@ def read_snapshot(connection: Connection, session_id: str, *, history: int,
         recent = tuple(RevisionSizes(before, after) for _id, before, after in sizes)
     through_seq = revision.through_seq if revision else 0
     messages = [to_message(text)
-                for text in iterate_active_texts(connection, row.id, through_seq)]
+                for text in iterate_active_texts(connection, row.id, through_seq,
+                                                 session.session_format)]
     return JobSnapshot(session=session, revision=revision, messages=messages,
                        recent_revisions=recent)
 
@@ -120,14 +121,15 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     ``cooldown_start`` (``breaker_admits`` false), or its projection is at most
     ``trigger_tokens``; then only the session row is read."""
     cooldown_start = bindparam("cooldown_start", type_=session.c.breaker_opened_at.type)
-    head = (select(session.c.id, revision.c.through_seq).select_from(source)
+    head = (select(session.c.id, session.c.format, revision.c.through_seq).select_from(source)
             .where(found, breaker_admits(session.c, cooldown_start),
                    session.c.projection_tokens > bindparam("trigger_tokens"))
             .cte("head"))
     message_columns = (MESSAGES.c.seq.label("message_seq"),
                        MESSAGES.c.body.cast(Text).label("message_body"),
                        MESSAGES.c.tokens.label("message_tokens"),
-                       MESSAGES.c.identifiers.cast(Text).label("message_identifiers"))
+                       MESSAGES.c.identifiers.cast(Text).label("message_identifiers"),
+                       head.c.format.label("message_format"))
     size_columns = (REVISIONS.c.id.label("size_revision_id"),
                     REVISIONS.c.projection_tokens_before.label("size_before"),
                     REVISIONS.c.projection_tokens_after.label("size_after"))
@@ -171,10 +173,10 @@ SNAPSHOT_STATEMENT = snapshot_statement(
 # a Row's attribute lookup costs ~10x a tuple index, and a message row has four).
 SNAPSHOT_KEYS = tuple(str(column.key) for column in SNAPSHOT_STATEMENT.selected_columns)
 SNAPSHOT_POSITIONS = {key: position for position, key in enumerate(SNAPSHOT_KEYS)}
-_SEQ, _BODY, _TOKENS, _IDENTIFIERS, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
+_SEQ, _BODY, _TOKENS, _IDENTIFIERS, _FORMAT, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
     SNAPSHOT_POSITIONS[key] for key in (
         "message_seq", "message_body", "message_tokens", "message_identifiers",
-        "size_revision_id", "size_before", "size_after"))
+        "message_format", "size_revision_id", "size_before", "size_after"))
 
 
 # What a skip rule without a check binds: every opening is before the first, every projection
@@ -225,7 +227,7 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
         if part == MESSAGE_PART:
             seqs.append(row[_SEQ])
             messages.append(to_message(MessageText(
-                row[_SEQ], row[_BODY], row[_TOKENS], row[_IDENTIFIERS])))
+                row[_SEQ], row[_BODY], row[_TOKENS], row[_IDENTIFIERS], row[_FORMAT])))
         elif part == HEAD_PART:
             head = {key: process(value) if process and value is not None else value
                     for key, process, value in zip(SNAPSHOT_KEYS, head_processors, row,

@@ -143,11 +143,12 @@ def select_history(session: Session, session_pk: int, *, after_seq: int = 0) -> 
     return _select_messages(session, session_pk, MessageRow.seq > after_seq)
 
 
-def iterate_active_texts(connection: Connection, session_pk: int, through_seq: int
-                         ) -> Iterator[MessageText]:
+def iterate_active_texts(connection: Connection, session_pk: int, through_seq: int,
+                         session_format: str) -> Iterator[MessageText]:
     """Yield the messages a revision leaves active, in order, as each row is fetched,
-    their bodies as the stored JSON text: a job parses each into its model at once, so
-    the driver's rows, a decoded dict tree and the models never all coexist."""
+    their bodies as the stored JSON text: a job parses each into its model at once (as
+    ``session_format`` says), so the driver's rows, a decoded dict tree and the models
+    never all coexist."""
     rows = connection.execute(
         select(MessageRow.seq, MessageRow.body.cast(Text), MessageRow.tokens,
                MessageRow.identifiers.cast(Text))
@@ -155,7 +156,7 @@ def iterate_active_texts(connection: Connection, session_pk: int, through_seq: i
         .order_by(MessageRow.seq)
     )
     for seq, body_json, tokens, identifiers_json in rows:
-        yield MessageText(seq, body_json, tokens, identifiers_json)
+        yield MessageText(seq, body_json, tokens, identifiers_json, session_format)
 
 
 def _is_active(through_seq: int) -> Any:

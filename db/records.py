@@ -47,12 +47,14 @@ class MessageText:
     decoded into dicts, so the job parses it straight into its own model; and its
     identifiers as their JSON text too, decoded (``decode_mention_lists``) only for the
     messages a job summarizes, as it tallies them (decoded into tuples and strings, a
-    long session's mentions take much more memory than their text)."""
+    long session's mentions take much more memory than their text). The session's
+    format comes with each, so the body is parsed as what it is, once."""
 
     seq: int
     body_json: str
     tokens: int
     identifiers_json: str | None  # None: not indexed yet
+    session_format: str  # the session's: chat, responses or anthropic
 
 
 # Texts decoded per json.loads by decode_mention_lists: one call's overhead spread over

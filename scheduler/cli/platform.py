@@ -87,15 +87,22 @@ def append_command(
 def projection_command(
     session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session's id.")],
     as_json: Annotated[bool, typer.Option(
-        "--json", help="Print the messages as one JSON array, ready for a chat API.")] = False,
+        "--json", help="Print the session's record in its format, as `export --view "
+        "projection` writes it (its messages or items ready for the provider's API).")] = False,
 ) -> None:
     """Show what a model is sent: instructions, the summary block, the recent messages."""
+    from worker.compaction import SessionFormat
+    from worker.platform.export_views import ExportView
+    from worker.platform.formats import ITEMS_KEY
+    from worker.platform.ingest import export_session
+
     with open_store(get_settings()) as store:
-        projection = store.projection(session_id)
+        record = export_session(store, session_id, ExportView.PROJECTION)
     if as_json:
-        print_json(projection)
+        print_json(record)
         return
-    stdout_console().print(projection_table(projection))
+    items_key = ITEMS_KEY[SessionFormat(record.get("format", SessionFormat.CHAT))]
+    stdout_console().print(projection_table(record[items_key]))
 
 
 def read_messages(file: Path) -> list[Any]:

@@ -174,6 +174,11 @@ def producer_output(recipe: Recipe, outputs: Outputs, job_env: JobEnv, tmp_path:
         done = run_command(job_env, "reconcile", "--dry-run", "--json")
         assert json.loads(done.stdout)["dry_run"] is True
         return done.stdout
+    if re.fullmatch(r"compactor projection [-\w]+ --json", producer):
+        # The README's session stands for one this test compacted.
+        done = run_command(job_env, "projection", LONG_SESSION_ID, "--json")
+        assert json.loads(done.stdout)["session_id"] == LONG_SESSION_ID
+        return done.stdout
     if re.fullmatch(r"compactor (runs|sessions|gc|cost) --json[-\w ]*", producer):
         return run_command(job_env, *producer.split()[1:]).stdout
     if producer == "compactor import FILE --json":

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Compactor, compactor_for
-from tests.support.wire_sessions import responses_items
+from tests.support.wire_sessions import anthropic_record, responses_items, responses_record
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,8 @@ def test_append_from_stdin_then_from_a_json_array_file_answers_the_open_call(
     assert json.loads(first.stdout) == {"session_id": "chat", "status": "appended",
                                         "seqs": [1, 2, 3], "problems": []}
     assert json.loads(second.stdout)["seqs"] == [4, 5]
-    assert compactor.json("projection", "chat") == [SYSTEM, USER, CALLING, RESULT, REPLY]
+    assert compactor.json("projection", "chat") == {
+        "session_id": "chat", "messages": [SYSTEM, USER, CALLING, RESULT, REPLY]}
 
 
 def test_a_second_answer_to_the_same_call_is_rejected_and_stores_nothing(
@@ -56,7 +57,7 @@ def test_a_second_answer_to_the_same_call_is_rejected_and_stores_nothing(
 
     assert result.exit_code == 1
     assert "orphan_tool_result at message 0 (reject)" in result.stderr
-    assert len(compactor.json("projection", "chat")) == 3
+    assert len(compactor.json("projection", "chat")["messages"]) == 3
 
 
 def test_append_reports_repairs_in_text(compactor: Compactor) -> None:
@@ -97,7 +98,7 @@ def test_import_reads_sessions_from_stdin(compactor: Compactor) -> None:
 
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.splitlines()[0])["status"] == "imported"
-    assert compactor.json("projection", "piped") == [SYSTEM, USER, REPLY]
+    assert compactor.json("projection", "piped") == record
 
 
 def test_import_of_a_missing_file_is_a_one_line_error(compactor: Compactor) -> None:
@@ -120,5 +121,19 @@ def test_append_creates_a_responses_session_and_refuses_chat_messages_to_it(
 
     assert created.exit_code == 0 and rest.exit_code == 0, created.output + rest.output
     assert chat.exit_code == 1 and "format_mismatch" in chat.stderr
-    assert compactor.json("projection", "r") == items
+    assert compactor.json("projection", "r") == {"session_id": "r", "format": "responses",
+                                                 "items": items}
     assert "function_call_output" in table.stdout
+
+
+@pytest.mark.parametrize("seed", [3, 17])
+def test_projection_json_of_an_uncompacted_session_is_the_record_imported_in_its_format(
+    compactor: Compactor, seed: int,
+) -> None:
+    records = [{"session_id": "c", "agent": "airline", "messages": [SYSTEM, USER, REPLY]},
+               responses_record("r", seed, 2), anthropic_record("a", seed, 2)]
+    imported = compactor.run_with_input(jsonl(*records), "import", "-")
+
+    assert imported.exit_code == 0, imported.output
+    for record in records:
+        assert compactor.json("projection", record["session_id"]) == record

@@ -4,6 +4,7 @@ fixed at creation, and a record of one format never read as another."""
 
 from __future__ import annotations
 
+import copy
 import random
 from datetime import UTC, datetime
 from typing import Any
@@ -120,17 +121,25 @@ def test_an_anthropic_record_without_its_format_is_refused_not_read_as_chat(
     assert "format" in problem.detail and "anthropic" in problem.detail
 
 
-@pytest.mark.parametrize(("change", "detail"), [
-    (lambda r: r.update(format="gemini"), "format 'gemini' is not one of"),
-    (lambda r: r.update(messages=r.pop("items")), 'messages: a responses record holds'),
-    (lambda r: r.update(items=[]), "items: a chat record holds"),
+CHAT_RECORD = {"session_id": "r", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("record", "change", "detail"), [
+    (responses_record("r", 2, 1), lambda r: r.update(format="gemini"),
+     "format 'gemini' is not one of"),
+    (responses_record("r", 2, 1), lambda r: r.update(messages=r.pop("items")),
+     'messages: a responses record holds'),
+    # "items" is never metadata: a record without "format" that has it is refused.
+    (CHAT_RECORD, lambda r: r.update(items=[]), 'items: a record without "format" is chat'),
+    (CHAT_RECORD, lambda r: r.update(items={"source": "crm"}),
+     'give the record "format": "responses"'),
+    (CHAT_RECORD, lambda r: r.update(format="chat", items=[]),
+     'items: a chat record holds its items in'),
 ])
 def test_a_record_that_mixes_formats_is_refused_naming_the_field(
-    store: Store, counter: TokenCounter, change: Any, detail: str,
+    store: Store, counter: TokenCounter, record: dict[str, Any], change: Any, detail: str,
 ) -> None:
-    record = responses_record("r", 2, 1)
-    if "chat record" in detail:
-        record = {"session_id": "r", "messages": [{"role": "user", "content": "hi"}]}
+    record = copy.deepcopy(record)
     change(record)
 
     report = import_record(record, store=store, counter=counter, policy=POLICY, now=NOW)

@@ -152,7 +152,8 @@ class FakeStore:
         # The body as the store's JSON column holds it (json.dumps, as SQLAlchemy writes).
         messages = [to_message(MessageText(
             m.seq, json.dumps(m.body), m.tokens,
-            None if m.identifiers is None else json.dumps([list(i) for i in m.identifiers])))
+            None if m.identifiers is None else json.dumps([list(i) for i in m.identifiers]),
+            state.session_format))
             for m in active]
         return JobSnapshot(state, revision, messages, recent)
 

@@ -22,9 +22,9 @@ def row(part: int, **values: Any) -> tuple[Any, ...]:
 NO_PROCESSORS = (None,) * len(KEYS)
 
 
-def message(seq: int) -> tuple[Any, ...]:
+def message(seq: int, session_format: str = "chat") -> tuple[Any, ...]:
     return row(job.MESSAGE_PART, message_seq=seq, message_body="{}", message_tokens=seq,
-               message_identifiers=None)
+               message_identifiers=None, message_format=session_format)
 
 
 def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest_first(
@@ -55,12 +55,12 @@ def test_only_the_head_rows_values_go_through_the_processors_of_their_columns() 
     processors = tuple((lambda value: value.replace(year=2030)) if position == created
                        else None for position in range(len(KEYS)))
 
-    snapshot = job.snapshot_from_rows([head, message(1)], "s", to_message=lambda text: text,
-                                      head_processors=processors)
+    snapshot = job.snapshot_from_rows([head, message(1, "anthropic")], "s",
+                                      to_message=lambda text: text, head_processors=processors)
 
     assert snapshot.session.created_at == T0.replace(year=2030)
     assert snapshot.session.last_appended_at is None  # a NULL is never processed
-    assert [m.body_json for m in snapshot.messages] == ["{}"]
+    assert [(m.body_json, m.session_format) for m in snapshot.messages] == [("{}", "anthropic")]
 
 
 def test_the_leased_snapshot_names_its_columns_where_the_plain_snapshot_does() -> None:

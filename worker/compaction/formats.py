@@ -11,9 +11,8 @@ be counted: they never reach a chat message, so never the summarizer.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.compaction.messages import (
     ChatMessage,
@@ -22,6 +21,7 @@ from worker.compaction.messages import (
     ToolCall,
     build_model,
     content_text,
+    shared_fields,
 )
 
 if TYPE_CHECKING:
@@ -65,27 +65,31 @@ ANTHROPIC_BLOCKS = frozenset({"text", "image", "document", "tool_use", "tool_res
 ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "thinking",
                                    "redacted_thinking", "server_tool_use",
                                    "web_search_tool_result"})
+# A role by its value, looked up without the enum's call (intake checked the value); the
+# roles views give, read once: on Python 3.11 reading an enum member off its class is a
+# descriptor call, and a job makes a view per stored item.
+_ROLES = {role.value: role for role in Role}
+_ASSISTANT, _TOOL = Role.ASSISTANT, Role.TOOL
 # Bookkeeping of a hosted call that says nothing about what it did.
 _HOSTED_SKIPPED = frozenset({"id", "type", "status", "result"})
 # Where a call item holds what it was called with, by its type.
 _CALL_INPUTS = ("arguments", "input", "action", "operation")
 
 
-@dataclass(frozen=True, slots=True)
-class CallView:
+# The views are named tuples: a job makes one per stored item, and a frozen dataclass's
+# construction (a guarded setattr per field) would cost more than reading the item.
+class CallView(NamedTuple):
     call_id: str
     name: str
     arguments: str
 
 
-@dataclass(frozen=True, slots=True)
-class OutputView:
+class OutputView(NamedTuple):
     call_id: str
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class ItemView:
+class ItemView(NamedTuple):
     """One stored item as the core reads it, whatever its format."""
 
     role: Role
@@ -100,21 +104,39 @@ class ItemView:
         """The view as chat messages, opaque parts left out: results one tool message
         each, the rest one message (reasoning text after the text)."""
         # Built without validation: every field comes from an item intake checked.
-        results = tuple(build_model(ChatMessage, {
-            "role": Role.TOOL, "content": output.text, "name": None, "tool_calls": None,
-            "tool_call_id": output.call_id}) for output in self.outputs)
+        results = tuple([_tool_result(output) for output in self.outputs])
         text = "\n".join(part for part in (self.text, self.reasoning) if part)
-        calls = [build_model(ToolCall, {"id": call.call_id, "type": "function",
-                                        "function": build_model(FunctionCall, {
-                                            "name": call.name, "arguments": call.arguments})})
-                 for call in self.calls]
-        if self.role is Role.TOOL or (results and not text and not calls):
+        calls = [_tool_call(call) for call in self.calls]
+        if self.role is _TOOL or (results and not text and not calls):
             return results
         message = build_model(ChatMessage, {
-            "role": Role.ASSISTANT if calls else self.role, "content": text or None,
-            "name": None, "tool_calls": calls or None, "tool_call_id": None})
+            "role": _ASSISTANT if calls else self.role, "content": text or None,
+            "name": None, "tool_calls": calls or None, "tool_call_id": None},
+            _MESSAGE_FIELDS[bool(text), bool(calls)])
         # An Anthropic user message answers its calls first, then says more.
         return (*results, message) if results else (message,)
+
+
+# The given fields of the chat messages views make, by whether they hold text and calls.
+_MESSAGE_FIELDS = {(text, calls): shared_fields("role", *("content",) * text,
+                                                 *("tool_calls",) * calls)
+                   for text in (False, True) for calls in (False, True)}
+_RESULT_FIELDS = shared_fields("role", "content", "tool_call_id")
+_CALL_FIELDS = shared_fields("id", "type", "function")
+_FUNCTION_FIELDS = shared_fields("name", "arguments")
+
+
+def _tool_result(output: OutputView) -> ChatMessage:
+    return build_model(ChatMessage, {"role": _TOOL, "content": output.text, "name": None,
+                                     "tool_calls": None, "tool_call_id": output.call_id},
+                       _RESULT_FIELDS)
+
+
+def _tool_call(call: CallView) -> ToolCall:
+    function = build_model(FunctionCall, {"name": call.name, "arguments": call.arguments},
+                           _FUNCTION_FIELDS)
+    return build_model(ToolCall, {"id": call.call_id, "type": "function", "function": function},
+                       _CALL_FIELDS)
 
 
 def count_view(view: ItemView, counter: TokenCounter) -> int:
@@ -138,27 +160,31 @@ def view_responses_item(item: dict[str, Any]) -> ItemView:
     """A Responses input item's view (the item has passed intake's shape check)."""
     kind = item.get("type", "message")
     if kind == "message":
-        return ItemView(Role(item["role"]), content_text(item.get("content")))
+        return ItemView(_ROLES[item["role"]], content_text(item.get("content")))
     if kind == "reasoning":
         texts = [part.get("text", "") for key in ("summary", "content")
                  for part in item.get(key) or () if isinstance(part, dict)]
         opaque = item.get("encrypted_content")
-        return ItemView(Role.ASSISTANT, kind=kind, reasoning="\n".join(t for t in texts if t),
-                        opaque=(opaque,) if isinstance(opaque, str) else ())
-    readable = {key: value for key, value in item.items() if key not in _HOSTED_SKIPPED}
+        return ItemView(_ASSISTANT, "", (), kind, (), "\n".join(t for t in texts if t),
+                        (opaque,) if isinstance(opaque, str) else ())
     if kind in RESPONSES_CALLS:
         name = item.get("name") or kind.removesuffix("_call")
         arguments = next((item[key] for key in _CALL_INPUTS if key in item), None)
-        return ItemView(Role.ASSISTANT, kind=kind, calls=(CallView(
+        return ItemView(_ASSISTANT, "", (CallView(
             responses_call_id(item), name,
-            _as_text(readable if arguments is None else arguments)),))
+            _as_text(_readable(item) if arguments is None else arguments)),), kind)
     if kind in RESPONSES_OUTPUTS:
-        output = item.get("output", readable)
-        return ItemView(Role.TOOL, kind=kind, outputs=(OutputView(
+        output = item["output"] if "output" in item else _readable(item)
+        return ItemView(_TOOL, "", (), kind, (OutputView(
             responses_call_id(item), _as_text(output)),))
     image = item.get("result")
-    return ItemView(Role.ASSISTANT, f"[{kind}] {_as_text(readable)}", kind=kind,
-                    opaque=(image,) if isinstance(image, str) else ())
+    return ItemView(_ASSISTANT, f"[{kind}] {_as_text(_readable(item))}", (), kind, (), "",
+                    (image,) if isinstance(image, str) else ())
+
+
+def _readable(item: dict[str, Any]) -> dict[str, Any]:
+    """What an item without a text of its own says: every field but its bookkeeping."""
+    return {key: value for key, value in item.items() if key not in _HOSTED_SKIPPED}
 
 
 def responses_call_id(item: dict[str, Any]) -> str:
@@ -172,7 +198,7 @@ def responses_call_id(item: dict[str, Any]) -> str:
 
 def view_anthropic_message(message: dict[str, Any]) -> ItemView:
     """An Anthropic message's view (the message has passed intake's shape check)."""
-    role = Role(message["role"])
+    role = _ROLES[message["role"]]
     content = message["content"]
     if isinstance(content, str):
         return ItemView(role, content)
@@ -194,17 +220,21 @@ def view_anthropic_message(message: dict[str, Any]) -> ItemView:
             calls.append(CallView(block["id"], block["name"], _as_text(block.get("input"))))
         elif kind in ("tool_result", "web_search_tool_result"):
             outputs.append(OutputView(block["tool_use_id"], _result_text(block)))
-    return ItemView(role, "\n".join(texts), tuple(calls), outputs=tuple(outputs),
-                    reasoning="\n".join(thinking), opaque=tuple(opaque))
+    return ItemView(role, "\n".join(texts), tuple(calls), "message", tuple(outputs),
+                    "\n".join(thinking), tuple(opaque))
 
 
 def view_item(session_format: SessionFormat, body: dict[str, Any]) -> ItemView:
     """The view of one stored body of ``session_format``."""
-    if session_format is SessionFormat.RESPONSES:
-        return view_responses_item(body)
-    if session_format is SessionFormat.ANTHROPIC:
-        return view_anthropic_message(body)
-    return view_chat_message(ChatMessage.model_validate(body))
+    view = _ITEM_VIEWS.get(session_format)
+    if view is None:
+        return view_chat_message(ChatMessage.model_validate(body))
+    return view(body)
+
+
+# The view of each format whose items are no chat messages, found by one lookup.
+_ITEM_VIEWS = {SessionFormat.RESPONSES: view_responses_item,
+               SessionFormat.ANTHROPIC: view_anthropic_message}
 
 
 def _result_text(block: dict[str, Any]) -> str:

@@ -20,8 +20,7 @@ began with reasoning has no output yet: the agent is still working on it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker.compaction.formats import (
     RESPONSES_CALLS,
@@ -32,9 +31,11 @@ from worker.compaction.formats import (
 from worker.compaction.grouping import Group, GroupKind
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 
+# Read once: on Python 3.11 reading an enum member off its class is a descriptor call.
+_ASSISTANT, _USER = Role.ASSISTANT, Role.USER
 
-@dataclass(frozen=True, slots=True)
-class StoredItem:
+
+class StoredItem(NamedTuple):
     """An item at its seq: its view and the chat messages the core reads of it."""
 
     seq: int
@@ -46,9 +47,9 @@ def read_item(session_format: SessionFormat, seq: int, tokens: int, body: dict[s
               ) -> StoredItem:
     """Read one stored body of ``session_format`` as the core's messages."""
     view = view_item(session_format, body)
-    return StoredItem(seq, view, tuple(
+    return StoredItem(seq, view, tuple([
         StoredMessage(seq, message, tokens if position == 0 else 0)
-        for position, message in enumerate(view.chat_messages())))
+        for position, message in enumerate(view.chat_messages())]))
 
 
 def group_items(session_format: SessionFormat, items: Sequence[StoredItem]) -> list[Group]:
@@ -86,7 +87,7 @@ def _group_responses(items: Sequence[StoredItem]) -> list[Group]:
             close()
             groups.append(_group([item]))
             continue
-        if view.role is not Role.ASSISTANT:  # a user's or an instruction message
+        if view.role is not _ASSISTANT:  # a user's or an instruction message
             close()
             groups.append(_group([item]))
             continue
@@ -110,13 +111,13 @@ def _group_anthropic(items: Sequence[StoredItem]) -> list[Group]:
         view = item.view
         if calling is not None:
             answered = {output.call_id for output in view.outputs}
-            if view.role is Role.USER and answered & _open_calls(calling.view):
+            if view.role is _USER and answered & _open_calls(calling.view):
                 groups.append(_group([calling, item]))
                 calling = None
                 continue
             groups.append(_group([calling]))
             calling = None
-        if view.role is Role.ASSISTANT and _open_calls(view):
+        if view.role is _ASSISTANT and _open_calls(view):
             calling = item
             continue
         groups.append(_group([item]))
@@ -138,7 +139,7 @@ def _group(items: Sequence[StoredItem], *, pending: bool = False) -> Group:
         kind = GroupKind.TOOL_EXCHANGE
     elif len(views) == 1 and views[0].role in INSTRUCTION_ROLES:
         kind = GroupKind.SYSTEM
-    elif views[-1].role is Role.USER:
+    elif views[-1].role is _USER:
         kind = GroupKind.USER
     else:
         kind = GroupKind.ASSISTANT

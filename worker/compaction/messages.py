@@ -111,20 +111,30 @@ def share_bookkeeping(model: BaseModel) -> None:
 M = TypeVar("M", bound=BaseModel)
 
 
-def build_model(cls: type[M], values: dict[str, Any]) -> M:
+def build_model(cls: type[M], values: dict[str, Any], fields_set: set[str] | None = None) -> M:
     """Build a frozen model of trusted values (every field given, defaults included)
     without pydantic's validation or its per-instance bookkeeping: the values come from
-    checked data, and ``model_construct`` would cost a neutral view most of its time."""
-    model = cls.__new__(cls)
+    checked data, and ``model_construct`` would cost a neutral view most of its time.
+    ``fields_set``: the given fields' shared set (:func:`shared_fields`) when the caller
+    knows it, which spares finding it per model."""
+    model = object.__new__(cls)
     object.__setattr__(model, "__dict__", values)
-    given = frozenset([name for name, value in values.items() if value is not None])
-    shared = _SHARED_FIELD_SETS.get(given)
-    if shared is None:
-        shared = _SHARED_FIELD_SETS[given] = set(given)
-    object.__setattr__(model, "__pydantic_fields_set__", shared)
+    if fields_set is None:
+        fields_set = shared_fields(*[name for name, value in values.items()
+                                     if value is not None])
+    object.__setattr__(model, "__pydantic_fields_set__", fields_set)
     object.__setattr__(model, "__pydantic_extra__", _NO_EXTRAS)
     object.__setattr__(model, "__pydantic_private__", None)
     return model
+
+
+def shared_fields(*names: str) -> set[str]:
+    """The one set of given field names every model given exactly ``names`` shares."""
+    given = frozenset(names)
+    shared = _SHARED_FIELD_SETS.get(given)
+    if shared is None:
+        shared = _SHARED_FIELD_SETS[given] = set(given)
+    return shared
 
 
 def dump_message(message: ChatMessage) -> dict[str, Any]:

@@ -6,11 +6,11 @@ without the rest of the job."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from db import (
     JobSnapshot,
@@ -24,6 +24,7 @@ from worker.compaction import (
     CallOutcome,
     Group,
     SessionFormat,
+    StoredItem,
     StoredMessage,
     Summary,
     apply_strategy,
@@ -47,18 +48,21 @@ from worker.summarizers import SummaryWork
 
 # How many of the newest revisions the trigger weighs (their savings guard re-compaction).
 RECENT_HISTORY = 2
+# A row's format by its stored value, without the enum's call per row (Python 3.11).
+_FORMATS = {session_format.value: session_format for session_format in SessionFormat}
+_CHAT = SessionFormat.CHAT
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotMessage:
+class SnapshotMessage(NamedTuple):
     """A snapshot's message as the job reads it, with the identifiers ingest stored (as
-    their JSON text: only the span's are decoded, as they are tallied)."""
+    their JSON text: only the span's are decoded, as they are tallied). A named tuple: one
+    is made per row, and a frozen dataclass's guarded setattr per field costs more."""
 
     seq: int
     tokens: int
-    stored: StoredMessage | None  # None: not a chat message (``body_json`` holds it)
+    stored: StoredMessage | None  # a chat message; None: invalid, or another format's item
     mentions_json: str | None  # None: not indexed yet
-    body_json: str | None = None
+    item: StoredItem | None = None  # a Responses or Anthropic item, read through its view
     errors: int = 0  # what the chat model found wrong with it
 
 
@@ -94,16 +98,19 @@ def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMes
 
 
 def to_snapshot_message(text: MessageText) -> SnapshotMessage:
-    """Parse a chat message as it arrives; keep the text of anything else, which only the
-    session's format, read with the snapshot, tells how to read (``stored_messages``)."""
-    if '"role"' not in text.body_json:  # a Responses call or output: no chat message
+    """Parse a message as it arrives, as its session's format says: a chat message into
+    its model; a Responses or Anthropic item into its view and the chat messages the core
+    reads of it, once (its dict tree is dropped at once)."""
+    session_format = _FORMATS[text.session_format]
+    if session_format is not _CHAT:
+        body = cast("dict[str, Any]", from_json(text.body_json))
         return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
-                               text.body_json, 1)
+                               read_item(session_format, text.seq, text.tokens, body))
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
         return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
-                               text.body_json, exc.error_count())
+                               errors=exc.error_count())
     return SnapshotMessage(text.seq, text.tokens, StoredMessage(text.seq, message, text.tokens),
                            text.identifiers_json)
 
@@ -115,24 +122,18 @@ def group_snapshot(snapshot: JobSnapshot[SnapshotMessage]) -> list[Group]:
         StoredMessageInvalid: a chat session's stored row is not a chat message.
     """
     session_format = SessionFormat(snapshot.session.session_format)
-    if session_format is SessionFormat.CHAT:
-        stored = []
-        for message in snapshot.messages:
-            if message.stored is None:
-                raise StoredMessageInvalid(message.seq, message.errors)
+    stored: list[StoredMessage] = []
+    items: list[StoredItem] = []
+    for message in snapshot.messages:
+        if message.stored is not None:
             stored.append(message.stored)
+        elif message.item is not None:
+            items.append(message.item)
+        else:
+            raise StoredMessageInvalid(message.seq, message.errors)
+    if session_format is SessionFormat.CHAT:
         return group_messages(stored)
-    return group_items(session_format, [read_item(session_format, m.seq, m.tokens, _body(m))
-                                        for m in snapshot.messages])
-
-
-def _body(message: SnapshotMessage) -> dict[str, Any]:
-    """What the view of an item reads of it: a Responses or Anthropic message that parsed
-    as a chat message gives its role, content and extras (its type) back, unserialized."""
-    if message.stored is None:
-        return cast("dict[str, Any]", json.loads(message.body_json or "null"))
-    parsed = message.stored.message
-    return {**(parsed.model_extra or {}), "role": parsed.role.value, "content": parsed.content}
+    return group_items(session_format, items)
 
 
 def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,

@@ -7,7 +7,8 @@ into store rows, and the record a stored session is exported as.
 
 Every other key is the session's metadata (an Anthropic record's ``system`` is kept
 with it, as given). A record of one format is never read as another: an unknown
-``format``, or the other formats' list key, is a ``format_mismatch`` naming the field.
+``format``, or the other formats' list key, is a ``format_mismatch`` naming the field
+(``items`` in a record without ``format`` too: it is never metadata).
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ def record_format(record: dict[str, Any]) -> SessionFormat | Problem:
     session_format = SessionFormat(value)
     key = ITEMS_KEY[session_format]
     other = "messages" if key == "items" else "items"
+    if other in record and "format" not in record:
+        # Never metadata: a Responses record that lost its "format" is not read as chat.
+        return mismatch('items: a record without "format" is chat, its messages in '
+                        '"messages"; "items" is the list of a Responses record: give the '
+                        'record "format": "responses" (no metadata key is named "items")')
     if other in record:
-        hint = ('; Responses items go in "items" with "format": "responses"'
-                if other == "items" else "")
         return mismatch(f'{other}: a {session_format.value} record holds its items in '
-                        f'"{key}"{hint}')
+                        f'"{key}"')
     system = record.get("system")
     if session_format is SessionFormat.ANTHROPIC and system is not None \
             and not _is_system_prompt(system):
