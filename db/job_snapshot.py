@@ -128,8 +128,7 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     message_columns = (MESSAGES.c.seq.label("message_seq"),
                        MESSAGES.c.body.cast(Text).label("message_body"),
                        MESSAGES.c.tokens.label("message_tokens"),
-                       MESSAGES.c.identifiers.cast(Text).label("message_identifiers"),
-                       head.c.format.label("message_format"))
+                       MESSAGES.c.identifiers.cast(Text).label("message_identifiers"))
     size_columns = (REVISIONS.c.id.label("size_revision_id"),
                     REVISIONS.c.projection_tokens_before.label("size_before"),
                     REVISIONS.c.projection_tokens_after.label("size_after"))
@@ -148,8 +147,12 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     session_part = (select(part(HEAD_PART), *head_columns, *nulls(message_columns),
                            *nulls(size_columns)).select_from(source).where(found))
     through_seq = func.coalesce(head.c.through_seq, ZERO)
+    # A message row carries its session's format in the session row's format column (a
+    # column of its own would take the statement past psycopg's cached length).
+    format_at = list(session.c.keys()).index("format")
     messages_part = (
-        select(part(MESSAGE_PART), *bare_nulls(len(head_columns)), *message_columns,
+        select(part(MESSAGE_PART), *bare_nulls(format_at), head.c.format,
+               *bare_nulls(len(head_columns) - format_at - 1), *message_columns,
                *bare_nulls(len(size_columns)))
         .where(MESSAGES.c.session_id == head.c.id,
                or_(MESSAGES.c.seq > through_seq, IS_INSTRUCTION))
@@ -176,7 +179,7 @@ SNAPSHOT_POSITIONS = {key: position for position, key in enumerate(SNAPSHOT_KEYS
 _SEQ, _BODY, _TOKENS, _IDENTIFIERS, _FORMAT, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
     SNAPSHOT_POSITIONS[key] for key in (
         "message_seq", "message_body", "message_tokens", "message_identifiers",
-        "message_format", "size_revision_id", "size_before", "size_after"))
+        "format", "size_revision_id", "size_before", "size_after"))
 
 
 # What a skip rule without a check binds: every opening is before the first, every projection

@@ -24,7 +24,7 @@ NO_PROCESSORS = (None,) * len(KEYS)
 
 def message(seq: int, session_format: str = "chat") -> tuple[Any, ...]:
     return row(job.MESSAGE_PART, message_seq=seq, message_body="{}", message_tokens=seq,
-               message_identifiers=None, message_format=session_format)
+               message_identifiers=None, format=session_format)
 
 
 def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest_first(
