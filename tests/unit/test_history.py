@@ -128,6 +128,9 @@ def test_grouped_lines_fold_again_keeping_every_count_and_value(seed: int) -> No
     grammar = Grammar(seed)
     counter = shared_counter()
     done, settled = grammar.history(30)
+    # A number the text gives no label: a grouped line cannot label it either.
+    unlabelled = str(grammar.rng.randint(10**11, 10**12 - 1))
+    settled.append(f"Answered: is {unlabelled} right?")
     summary = filled(goal="", completed_actions=done, resolved=settled)
     earlier = {"completed_actions": set(range(len(done))), "resolved": set(range(len(settled)))}
     once, indexes = fold_history(summary, earlier, counter)
@@ -137,6 +140,7 @@ def test_grouped_lines_fold_again_keeping_every_count_and_value(seed: int) -> No
                 if (count := re.search(r"calls to .*? \u00d7(\d+)", item)))
     assert calls == sum(item.startswith("called ") for item in done)
     assert [value for value in grammar.values if value not in kept_items(once)] == []
+    assert unlabelled not in kept_items(once)
     # A grouped line names no tool right before an outcome (what the truth check reads).
     for item in once.completed_actions:
         assert not re.search(r"(?:" + "|".join(TOOLS) + r")\s*(?:\(|→|:)", item)

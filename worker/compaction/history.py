@@ -129,11 +129,13 @@ def _read_item(section: str, item: str) -> tuple[str, int, list[str]]:
 
 def _quoted_values(text: str) -> list[str]:
     """The identifiers ``text`` quotes, and its bare 9-12 digit numbers (which the rules
-    take for ids only beside some words), each with the label the text gives it."""
+    take for ids only beside some words), a number only with the label the text gives it:
+    on a grouped line no word stands before it, and a bare number says nothing."""
     found = [value for value, _ in find_identifiers(text)]
     found += [number.group() for number in _BARE_NUMBER.finditer(text)]
-    return list(dict.fromkeys(label_number(value, (text,)) if is_bare_number(value)
-                              else value for value in found))
+    quoted = (label_number(value, (text,)) if is_bare_number(value) else value
+              for value in found)
+    return list(dict.fromkeys(value for value in quoted if not is_bare_number(value)))
 
 
 def _is_held(value: str, elsewhere: TextGrams) -> bool:
