@@ -3,8 +3,9 @@ resolved items are folded into grouped count lines per action and kind (twelve r
 calls that ended ok become one line with the count and their order ids), so the room
 prose took goes to open items, decisions, constraints and identifiers.
 
-A grouped line keeps the count and quotes every identifier its items quoted that the rest
-of the summary does not; it states no call outcome in the form the truth check reads as a
+A grouped line keeps the count and quotes every identifier its items quoted that no open
+item, decision, constraint or the goal quotes (the prior's artifact list then drops it
+rather than list it twice); it states no call outcome in the form the truth check reads as a
 claim ("tool → ok"), and a later update folds it again with the next prior items.
 """
 
@@ -14,6 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from worker.compaction.fallback import ARROW, TIMES
 from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.number_labels import is_bare_number, label_number
 from worker.compaction.schema import LIST_SECTIONS, Summary
@@ -25,7 +27,6 @@ FOLDED_SECTIONS = ("completed_actions", "resolved")
 ARTIFACTS = "relevant_artifacts"
 GROUPED = "Earlier: "
 CONTINUED = " (continued)"
-TIMES = "\u00d7"
 # A grouped line stays under the budget's per-item cap, which would cut a value in half.
 MAX_LINE_TOKENS = 80
 
@@ -35,7 +36,8 @@ _GROUPED_LINE = re.compile(rf"\A{GROUPED}(?P<head>.+?)"
 _SPAN_LINE = re.compile(r"\ACompacted seq (?P<first>\d+) to (?P<last>\d+): (?P<counts>.*) "
                         r"messages\Z")
 _ROLE_COUNT = re.compile(r"(?P<count>\d+) (?P<role>\w+)")
-_CALL_LINE = re.compile(r"\Acalled (?P<tool>[\w.-]+)\((?P<args>[^()]*)\) \u2192 "
+# The extractive summary's call and look-up lines (``fallback._draft_actions``).
+_CALL_LINE = re.compile(rf"\Acalled (?P<tool>[\w.-]+)\((?P<args>[^()]*)\){ARROW}"
                         r"(?P<said>ok|failed|unknown|no result yet)(?P<rest>.*)\Z", re.DOTALL)
 _LOOKUP_LINE = re.compile(rf"\Alooked up with (?P<tool>[\w.-]+) {TIMES}(?P<count>\d+)"
                           r"(?: \((?P<values>.*)\))?\Z")
