@@ -6,7 +6,8 @@ OpenAI-protocol test server, whose summaries are built from the prompt it is giv
 figures measure the prompt, the validation and the re-attachment, not a model).
 
 Every job is forced (a small growth is compacted too). The tail is min(8,000, a tenth of
-the session) tokens; the summary budget and everything else are the production defaults.
+the session) tokens; the summary budget (unless ``--summary-budget`` fixes it) and
+everything else are the production defaults.
 
 Truth: after each job the active summary is read against the original messages it covers
 and the verbatim tail (``bench.fidelity_truth.count_untruths``): its lines that state a
@@ -91,7 +92,7 @@ def main() -> None:
                 for shape in args.shapes for size in args.sizes]
     _progress(f"{len(sessions)} sessions, {sum(len(s.facts) for s in sessions):,} facts")
     report: dict[str, Any] = {
-        "machine": describe_machine(),
+        "machine": describe_machine(), "summary_budget_tokens": args.summary_budget,
         "command": ["python", "-m", "bench.fidelity", *sys.argv[1:]],
         "rounds": args.rounds, "growth_ratio": args.growth, "summarizers": {}}
     with ExitStack() as stack:
@@ -101,7 +102,8 @@ def main() -> None:
             base_url = stack.enter_context(OpenAIServer(latency_ms=0)).base_url
         for kind in args.summarizers:
             runs = [_compact_rounds(session, kind, url, base_url, counter,
-                                    SessionFormat(args.format)) for session in sessions]
+                                    SessionFormat(args.format), args.summary_budget)
+                    for session in sessions]
             report["summarizers"][kind] = _figures(runs)
             report["summarizers"][kind]["corpus_truth"] = [
                 _corpus_truth(name, kind, url, base_url, counter) for name in args.corpus
@@ -130,6 +132,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--corpus", type=lambda text: [n for n in text.split(",") if n],
                         default=None, help="corpus files to measure truth on "
                         "(default dev,dev_long; none with --quick)")
+    parser.add_argument("--summary-budget", type=int, default=None,
+                        help="a fixed summary budget in tokens (default: the growing one)")
     parser.add_argument("--database-url", default=None,
                         help="a throwaway database (default: a temporary SQLite file)")
     parser.add_argument("--json", default=None, help="also write the report here (path)")
@@ -160,9 +164,14 @@ def _database(url: str | None) -> Iterator[str]:
         yield url
 
 
-def _runtime(database_url: str, summarizer: str, base_url: str | None, tokens: int) -> Runtime:
+def _runtime(database_url: str, summarizer: str, base_url: str | None, tokens: int,
+             summary_budget_tokens: int | None = None) -> Runtime:
     values: dict[str, object] = {"database_url": database_url, "summarizer": summarizer,
                                  "tail_budget_tokens": min(8_000, tokens // 10)}
+    if summary_budget_tokens:  # a fixed budget: no growth with the span
+        values.update(summary_budget_tokens=summary_budget_tokens,
+                      summary_budget_span_ratio=0.0,
+                      summary_budget_max_tokens=summary_budget_tokens)
     if base_url:
         values["llm_base_url"] = base_url
     return build_runtime(Settings.model_validate(values), use_redis=False)
@@ -193,10 +202,12 @@ def _rows(messages: Sequence[dict[str, Any]], session_format: SessionFormat, rou
 
 def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
                     base_url: str | None, counter: TokenCounter,
-                    session_format: SessionFormat = SessionFormat.CHAT) -> SessionRun:
+                    session_format: SessionFormat = SessionFormat.CHAT,
+                    summary_budget_tokens: int | None = None) -> SessionRun:
     """Import the session, compact it, then grow and re-compact it round by round."""
     session_id = f"fidelity-{uuid.uuid4().hex[:8]}-{summarizer}-{session.name}"
-    runtime = _runtime(database_url, summarizer, base_url, session.round_tokens[0])
+    runtime = _runtime(database_url, summarizer, base_url, session.round_tokens[0],
+                       summary_budget_tokens)
     store, now = runtime.store, datetime.now(UTC) - IMPORTED_AGO
     observations: list[Observation] = []
     history_tokens = 0

@@ -22,7 +22,7 @@ TARGET_TOKENS = 30_000
 # sha256 of the canonical JSON of each job's revision and run row (durations left out).
 PINNED = [
     "42af5863275a93a0941c02e108895425e7ca3722711817259a42f89ee4575ab2",
-    "96eab7cc984f2bb4bf47c0db9ba08a6a7a6e7d69c87a51c911c37fb827ce338c",
+    "ccf8799eb32c935c6fbe89609f1f1905d13390560f4c7d54f3de139700bbab9a",
 ]
 
 

@@ -18,6 +18,7 @@ from tests.support.generated import generated_turns
 from tests.support.job_harness import LEASE_TTL_S, FakeClock, JobHarness
 from tests.support.store_jobs import swap_in, take_lease
 from tests.unit.session_strategies import shared_counter
+from worker.compaction.history import GROUPED
 from worker.compaction.intake import IntakePolicy
 from worker.compaction.schema import Summary, empty_summary
 from worker.errors import Outcome
@@ -261,11 +262,17 @@ def test_the_prior_summary_is_context_to_the_summarizer_and_updated_once_after_i
     assert min(m.seq for g in work.span for m in g.messages) == first.through_seq + 1
     prior, updated = work.prior, Summary.model_validate(second.summary)
     assert prior is not None
-    # Prior items first, each once; the new span's own items after them; the goal stands
-    # (the span continues the conversation rather than starting a new one).
+    # Prior items first, each once (word for word, or folded into grouped count lines
+    # when the update does not fit its budget: facts before history); the new span's own
+    # items after them; the goal stands (the span continues the conversation).
     actions = updated.completed_actions
-    assert actions[:len(prior.completed_actions)] == prior.completed_actions
-    assert len(actions) == len(set(actions)) > len(prior.completed_actions)
+    earlier = len(prior.completed_actions)
+    if actions[:earlier] != prior.completed_actions:
+        earlier = sum(1 for item in actions if item.startswith(GROUPED)) + 1
+        assert actions[0] == prior.completed_actions[0]  # the compacted seq range
+        assert all(item.startswith(GROUPED) for item in actions[1:earlier])
+    assert len(actions) == len(set(actions)) > earlier
+    assert not set(actions[earlier:]) & set(prior.completed_actions)
     assert updated.goal == prior.goal and "s-1R0" in updated.goal
     # The new span's identifiers are listed first, newest first, ahead of the prior's:
     # its newest exchange's reservation and flight lead.

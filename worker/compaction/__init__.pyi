@@ -63,6 +63,7 @@ from .messages import content_text as content_text
 from .messages import dump_message as dump_message
 from .messages import parse_message as parse_message
 from .messages import parse_message_json as parse_message_json
+from .number_labels import is_bare_number as is_bare_number
 from .number_labels import label_numbers as label_numbers
 from .outcomes import CallOutcome as CallOutcome
 from .outcomes import CallStatus as CallStatus

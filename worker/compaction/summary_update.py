@@ -9,12 +9,13 @@ goal), and its goal is the goal as it stands now.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from worker.compaction.budget import FittedSummary, fit_summary, item_line_texts
+from worker.compaction.history import fold_history
 from worker.compaction.identifiers import Artifact
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
@@ -44,7 +45,8 @@ class UpdatedSummary:
 
 def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
                    counter: TokenCounter, identifiers: Sequence[str] = (),
-                   labels: Mapping[str, str] | None = None) -> UpdatedSummary:
+                   labels: Mapping[str, str] | None = None,
+                   tool_numbers: Collection[str] = ()) -> UpdatedSummary:
     """Update ``prior`` with ``new`` section by section, then fit ``budget_tokens``.
 
     Prior items come first, de-duplicated; prior items of ``CLOSABLE_SECTIONS`` that a
@@ -56,8 +58,12 @@ def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
     prior's, so the list reads newest and most salient first: an LLM's listing order
     decides nothing the index ranks. ``labels``: the span's bare numbers with the label
     the text gave them (``number_labels.label_number``), listed so. The budget is shared
-    by section, the new
-    span's items first up to their reserved share (:func:`fit_summary`).
+    by section, the new span's items first up to their reserved share
+    (:func:`fit_summary`); when they do not all fit, the prior's completed and resolved
+    items are first folded into grouped count lines (``history.fold_history``).
+    ``tool_numbers``: the span's bare numbers only a tool returned (a catalogue's item
+    ids), listed after the prior's values: they say nothing of what they are, so they
+    age out before any earlier value that does.
     """
     keys = _ItemKeys()
     updated = new if prior is None else _update_sections(prior, new, keys)
@@ -77,12 +83,19 @@ def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
     leading = [value for value in wanted if keys[value] in listed]
     earlier = prior.relevant_artifacts if prior else []
     fresh = _dedupe([*_in_order(leading, missing, wanted), *new.relevant_artifacts], keys)
+    trailing = [listed_as.get(value, value) for value in fresh if value in tool_numbers]
+    fresh = [value for value in fresh if value not in tool_numbers]
     if labels:
         fresh = _dedupe([labels.get(value, value) for value in fresh], keys)
-    artifacts = _dedupe([*fresh, *earlier], keys)
+    artifacts = _dedupe([*fresh, *earlier, *trailing], keys)
     updated = updated.model_copy(update={"relevant_artifacts": artifacts})
     prior_items = _prior_items(prior, updated, len(fresh), keys)
     fitted = fit_summary(updated, budget_tokens, counter, prior_items=prior_items)
+    if prior is not None and _drops_items(updated, fitted.summary):
+        # Facts before history: the prior's completed and resolved items are folded into
+        # grouped lines before any item of another section is dropped to fit.
+        folded, prior_items = fold_history(updated, prior_items, counter)
+        fitted = fit_summary(folded, budget_tokens, counter, prior_items=prior_items)
     kept = set(fitted.summary.relevant_artifacts)
     return UpdatedSummary(fitted, tuple(value for value in missing
                                         if listed_as.get(value, value) in kept))
@@ -118,6 +131,12 @@ def _most_listed(budget_tokens: int) -> int:
     """How many identifiers a block of ``budget_tokens`` could list at most: a listed one
     costs at least ``MIN_ARTIFACT_TOKENS``."""
     return budget_tokens // MIN_ARTIFACT_TOKENS
+
+
+def _drops_items(summary: Summary, fitted: Summary) -> bool:
+    """Whether fitting the budget left out any of ``summary``'s items."""
+    return any(len(fitted.items_of(name)) < len(summary.items_of(name))
+               for name in LIST_SECTIONS)
 
 
 def _wanted(identifiers: Sequence[str]) -> list[str]:

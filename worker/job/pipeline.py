@@ -30,6 +30,7 @@ from worker.compaction import (
     UpdatedSummary,
     breaker_after_failure,
     featured_values,
+    is_bare_number,
     parse_message,
     read_record,
     rerank_featured,
@@ -253,7 +254,7 @@ def _update_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: Su
         updated = update_summary(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=work.budget_tokens,
                                  identifiers=_ranked_identifiers(work, draft),
-                                 labels=work.number_labels)
+                                 labels=work.number_labels, tool_numbers=_tool_numbers(work))
     with trace.step("validate"):
         return _validate(trace, deps, plan, work, draft, updated)
 
@@ -265,6 +266,12 @@ def _ranked_identifiers(work: SummaryWork, draft: SummaryDraft) -> list[str]:
     featured = featured_values(work.failures, texts, work.artifacts)
     ranked = rerank_featured(work.ranked_artifacts, featured)
     return [artifact.value for artifact in ranked if artifact.kind != "tool"]
+
+
+def _tool_numbers(work: SummaryWork) -> frozenset[str]:
+    """The span's bare numbers only a tool returned (no user or assistant said them)."""
+    return frozenset(a.value for a in work.artifacts
+                     if not a.is_said and is_bare_number(a.value))
 
 
 def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
