@@ -203,6 +203,20 @@ class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
             row = q.find_session(session, session_id, lock=True)
             return write_index(session, row.id, indexed)
 
+    def set_system_tokens(self, session_id: str, system_tokens: int) -> int:
+        """Set the count of the session's system prompt kept outside its messages (0 in
+        sessions stored before migration 0009), moving its totals by the difference as
+        a count at creation would have, under its row lock; return the difference."""
+        with self._write() as session:
+            row = q.find_session(session, session_id, lock=True)
+            difference = system_tokens - row.system_tokens
+            row.system_tokens = system_tokens
+            row.total_tokens += difference
+            row.projection_tokens += difference
+            if row.active_revision_id is None:  # unsummarized until a revision reads on
+                row.tokens_since_compaction += difference
+            return difference
+
     # --- the compacted view ---------------------------------------------------------
 
     def projection(self, session_id: str) -> list[dict[str, Any]]:

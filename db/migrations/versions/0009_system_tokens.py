@@ -3,7 +3,8 @@
 An Anthropic record keeps its system prompt in ``system`` (with the metadata), not in a
 message; ``sessions.system_tokens`` holds its count, which the session's totals, the
 scan's trigger, the job's plan and every swap and rollback add, as they count a chat
-session's system message. Existing sessions get 0: the database cannot count tokens.
+session's system message. Existing sessions get 0 (the database cannot count tokens)
+until ``compactor db backfill`` counts their prompts.
 Adding a column with a constant default rewrites no rows on PostgreSQL 11 and later, nor
 on SQLite.
 
