@@ -67,7 +67,7 @@ from worker.compaction import (
 )
 from worker.job import pipeline
 from worker.job.values import JobRequest
-from worker.platform.formats import check_items, item_rows
+from worker.platform.formats import check_items, count_system_prompt, item_rows
 from worker.platform.ingest import count_messages
 from worker.runtime import Runtime, build_runtime
 from worker.settings.config import Settings
@@ -220,7 +220,9 @@ def _compact_rounds(session: PlantedSession, summarizer: str, database_url: str,
             history_tokens += sum(row.tokens for row in rows)
             if index == 0:
                 store.import_session(session_id, {"bench": "fidelity", **metadata}, rows, now,
-                                     session_format=session_format.value)
+                                     session_format=session_format.value,
+                                     system_tokens=count_system_prompt(session_format,
+                                                                       metadata, counter))
             else:
                 store.append_messages(session_id, rows, now=now)
             began = time.monotonic()

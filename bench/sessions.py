@@ -17,7 +17,7 @@ from tests.support.wire_convert import chat_to_anthropic, chat_to_responses
 from worker.compaction import IntakePolicy, SessionFormat
 from worker.compaction.messages import parse_message
 from worker.compaction.tokens import TokenCounter
-from worker.platform.formats import check_items, item_rows
+from worker.platform.formats import check_items, count_system_prompt, item_rows
 from worker.platform.ingest import count_messages
 from worker.tokenizer.offline import load_encoding
 
@@ -37,6 +37,7 @@ class BenchSession:
     rows: tuple[NewMessage, ...]
     session_format: SessionFormat = SessionFormat.CHAT
     metadata: dict[str, Any] | None = None  # an Anthropic session's system prompt
+    system_tokens: int = 0  # that prompt's tokens (sessions.system_tokens)
 
     @property
     def tokens(self) -> int:
@@ -108,7 +109,8 @@ def _rewritten_session(chat_tokens: int, counter: TokenCounter, seed: int, with_
     if checked.rejected:
         raise ValueError(f"the {session_format} rewrite was refused: {checked.problems[:3]}")
     return BenchSession(name, tuple(item_rows(session_format, checked, counter)),
-                        session_format, metadata)
+                        session_format, metadata,
+                        count_system_prompt(session_format, metadata or {}, counter))
 
 
 def largest_corpus_session(counter: TokenCounter, name: str = "dev_long") -> BenchSession | None:
@@ -137,7 +139,8 @@ def import_copies(store: Store, session: BenchSession, session_ids: Sequence[str
     metadata = {"bench": session.name, **(session.metadata or {})}
     for session_id in session_ids:
         store.import_session(session_id, metadata, list(session.rows), now,
-                             session_format=session.session_format.value)
+                             session_format=session.session_format.value,
+                             system_tokens=session.system_tokens)
 
 
 def append_rows(store: Store, session_id: str, rows: Sequence[NewMessage]) -> None:

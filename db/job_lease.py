@@ -120,9 +120,10 @@ def _leased_snapshot_statement(*, take_over: bool) -> CompoundSelect[Any]:
     ``head_seq`` and active revision as the one the lease returned; when it does not,
     the lease is taken but the statement returns no row (``take_lease_with_snapshot``
     then reads a fresh snapshot)."""
-    # One-letter names, as ``r``: the text stays within psycopg's cache (see ``db.job_rows.ZERO``).
+    # One-letter names (``l``, ``n``, ``r``): the text stays within psycopg's cache (see
+    # ``db.job_rows.ZERO``).
     lease = _lease_statement(take_over=take_over, asynchronous_commit=True).cte("l")
-    seen, revision = SESSIONS.alias("seen"), REVISIONS.alias("r")
+    seen, revision = SESSIONS.alias("n"), REVISIONS.alias("r")
     return snapshot_statement(
         lease, revision,
         lease.join(seen, seen.c.id == lease.c.id).outerjoin(

@@ -40,7 +40,8 @@ def session_state_of(m: Mapping[Any, Any]) -> SessionState:
     return SessionState(
         session_id=m["session_id"], metadata=m["metadata"], session_format=m["format"],
         head_seq=m["head_seq"],
-        active_revision_id=m["active_revision_id"], total_tokens=m["total_tokens"],
+        active_revision_id=m["active_revision_id"], system_tokens=m["system_tokens"],
+        total_tokens=m["total_tokens"],
         projection_tokens=m["projection_tokens"],
         tokens_since_compaction=m["tokens_since_compaction"], created_at=m["created_at"],
         last_appended_at=m["last_appended_at"], last_compacted_at=m["last_compacted_at"],

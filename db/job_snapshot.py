@@ -124,7 +124,7 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     head = (select(session.c.id, session.c.format, revision.c.through_seq).select_from(source)
             .where(found, breaker_admits(session.c, cooldown_start),
                    session.c.projection_tokens > bindparam("trigger_tokens"))
-            .cte("head"))
+            .cte("h"))
     message_columns = (MESSAGES.c.seq.label("message_seq"),
                        MESSAGES.c.body.cast(Text).label("message_body"),
                        MESSAGES.c.tokens.label("message_tokens"),

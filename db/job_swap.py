@@ -51,16 +51,18 @@ CLOSED = BreakerUpdate(state="closed", failures=0, opened_at=None)
 
 
 def _lock_for_swap(session_id_parameter: str) -> Select[Any]:
-    """The swap's lock: the session row with its parent's bounds, under FOR UPDATE."""
+    """The swap's lock: the session row with its parent's bounds, under FOR UPDATE (the
+    row as ``e``: a one-letter alias keeps the one-statement swap's text within psycopg's
+    cache, see ``db.job_rows.ZERO``)."""
+    row = SESSIONS.alias("e")
     return (
-        select(SESSIONS.c.id, SESSIONS.c.head_seq, SESSIONS.c.active_revision_id,
-               SESSIONS.c.lease_owner, SESSIONS.c.lease_expires_at,
-               SESSIONS.c.queued_job_id,
+        select(row.c.id, row.c.head_seq, row.c.active_revision_id, row.c.lease_owner,
+               row.c.lease_expires_at, row.c.queued_job_id, row.c.system_tokens,
                select(REVISIONS.c.through_seq)
-               .where(REVISIONS.c.id == SESSIONS.c.active_revision_id)
+               .where(REVISIONS.c.id == row.c.active_revision_id)
                .scalar_subquery().label("parent_through_seq"))
-        .where(SESSIONS.c.session_id == bindparam(session_id_parameter))
-        .with_for_update(of=SESSIONS)
+        .where(row.c.session_id == bindparam(session_id_parameter))
+        .with_for_update(of=row)
     )
 
 
@@ -74,9 +76,10 @@ _REVISION_VALUES = ("session_id", "parent_revision_id", "through_seq", "snapshot
 
 def _revision_insert(*, cast_artifacts: bool, session: CTE | None = None) -> Insert:
     """INSERT ... SELECT the revision with its projection size summed from the messages
-    in the same statement (under the row lock no append can commit meanwhile); with
-    ``session`` (a CTE of the session's ``id``), of that session, and nothing when the
-    CTE holds no row.
+    in the same statement (under the row lock no append can commit meanwhile), plus the
+    session's system prompt (bound as ``system_tokens``, read under the lock); with
+    ``session`` (a CTE of the session's ``id`` and ``system_tokens``), of that session,
+    and nothing when the CTE holds no row.
 
     The artifacts arrive as the JSON text the job encoded once (``artifacts_json``), bound
     as text so the column type does not serialize them again: cast to the column's type on
@@ -90,17 +93,18 @@ def _revision_insert(*, cast_artifacts: bool, session: CTE | None = None) -> Ins
     through_seq = values["through_seq"]
     covered_instructions = and_(MESSAGES.c.seq <= through_seq, IS_INSTRUCTION)
     kept = or_(covered_instructions, MESSAGES.c.seq > through_seq)
-    projection = values["block_tokens"] + func.coalesce(
-        func.sum(case((kept, MESSAGES.c.tokens), else_=ZERO)), ZERO)
+    messages_tokens = func.coalesce(func.sum(case((kept, MESSAGES.c.tokens), else_=ZERO)), ZERO)
     if session is None:
-        source = select(*values.values(), projection).where(
-            MESSAGES.c.session_id == values["session_id"])
+        system_tokens = bindparam("system_tokens", type_=SESSIONS.c.system_tokens.type)
+        source = select(*values.values(), values["block_tokens"] + system_tokens
+                        + messages_tokens).where(MESSAGES.c.session_id == values["session_id"])
     else:
         values["session_id"] = session.c.id
-        source = (select(*values.values(), projection)
+        source = (select(*values.values(), values["block_tokens"] + session.c.system_tokens
+                         + messages_tokens)
                   .select_from(session.outerjoin(MESSAGES,
                                                  MESSAGES.c.session_id == session.c.id))
-                  .group_by(session.c.id))
+                  .group_by(session.c.id, session.c.system_tokens))
     return (insert(REVISIONS).from_select([*values, "projection_tokens_after"], source)
             .returning(REVISIONS.c.id, REVISIONS.c.projection_tokens_after,
                        REVISIONS.c.session_id))
@@ -138,7 +142,7 @@ def _checked_swap() -> Select[Any]:
     # (see ``db.job_rows.ZERO``).
     locked = _lock_for_swap("locked_session_id").cte("k")
     seen = SESSIONS.alias("n")
-    checked = select(locked.c.id).select_from(
+    checked = select(locked.c.id, locked.c.system_tokens).select_from(
         locked.join(seen, seen.c.id == locked.c.id)).where(
         locked.c.lease_owner == bindparam("expected_lease_owner"),
         locked.c.lease_expires_at > bindparam("now", type_=SESSIONS.c.lease_expires_at.type),
@@ -231,8 +235,9 @@ def commit_swap(
         raise SessionNotFound(f"no session {session_id!r}")
     _check_swap(session_id, locked, lease_owner, expected_revision_id, revision, now)
     breaker = breaker or CLOSED
-    created = connection.execute(_INSERT_REVISION, _revision_parameters(
-        locked.id, expected_revision_id, revision, now)).one()
+    created = connection.execute(_INSERT_REVISION, {**_revision_parameters(
+        locked.id, expected_revision_id, revision, now),
+        "system_tokens": locked.system_tokens}).one()
     session_values: dict[str, Any] = {
         "last_compacted_at": now, "breaker_state": breaker.state,
         "breaker_failures": breaker.failures, "breaker_opened_at": breaker.opened_at,

@@ -93,6 +93,10 @@ class SessionRow(Base):
     active_revision_id: Mapped[int | None] = mapped_column(
         IdType, ForeignKey("revisions.id", use_alter=True)
     )
+    # The system prompt kept outside the messages (an Anthropic record's ``system``),
+    # counted once at creation (migration 0009); it never changes, and it is counted in
+    # total_tokens and projection_tokens, as a chat session's system message is.
+    system_tokens: Mapped[int] = mapped_column(server_default="0")
     total_tokens: Mapped[int] = mapped_column(default=0)
     projection_tokens: Mapped[int] = mapped_column(default=0)
     tokens_since_compaction: Mapped[int] = mapped_column(default=0)

@@ -68,14 +68,20 @@ def find_session(session: Session, session_id: str, *, lock: bool = False) -> Se
 
 def insert_session_if_absent(
     session: Session, session_id: str, metadata: dict[str, Any], now: datetime,
-    session_format: str = "chat",
+    session_format: str = "chat", system_tokens: int = 0,
 ) -> bool:
-    """Insert a fresh session row unless the id exists; return whether it was inserted."""
+    """Insert a fresh session row unless the id exists; return whether it was inserted.
+
+    Its system prompt's ``system_tokens`` start its totals, as a chat session's first
+    message, its system message, would (``tokens_since_compaction`` too: nothing is
+    compacted yet)."""
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     statement = (
         dialect.insert(SessionRow)
         .values(session_id=session_id, metadata_=metadata, created_at=now,
-                format=session_format)
+                format=session_format, system_tokens=system_tokens,
+                total_tokens=system_tokens, projection_tokens=system_tokens,
+                tokens_since_compaction=system_tokens)
         .on_conflict_do_nothing(index_elements=[SessionRow.session_id])
         .returning(SessionRow.id)
     )
@@ -232,11 +238,12 @@ def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | Non
 
 
 def measure_projection(
-    session: Session, session_pk: int, through_seq: int, snapshot_head_seq: int,
+    session: Session, row: SessionRow, through_seq: int, snapshot_head_seq: int,
     block_tokens: int,
 ) -> ProjectionFigures:
     """Compute the session's projection size with a revision of these bounds, in SQL
-    (no revision: all zeros, so everything counts)."""
+    (no revision: all zeros, so everything counts). The system prompt is always in the
+    projection, and unsummarized while no revision's snapshot has read anything."""
 
     def tokens_where(condition: Any) -> Any:
         return func.coalesce(func.sum(case((condition, MessageRow.tokens), else_=0)), 0)
@@ -249,11 +256,13 @@ def measure_projection(
             tokens_where(covered_instructions),
             tokens_where(MessageRow.seq > through_seq),
             tokens_where(MessageRow.seq > snapshot_head_seq),
-        ).where(MessageRow.session_id == session_pk)
+        ).where(MessageRow.session_id == row.id)
     ).one()
     return ProjectionFigures(
-        projection_tokens=int(instruction_tokens) + block_tokens + int(tail_tokens),
-        unsummarized_tokens=int(unsummarized_tokens),
+        projection_tokens=(row.system_tokens + int(instruction_tokens) + block_tokens
+                           + int(tail_tokens)),
+        unsummarized_tokens=int(unsummarized_tokens) + (
+            row.system_tokens if snapshot_head_seq == 0 else 0),
     )
 
 
@@ -286,7 +295,8 @@ def to_session_state(row: SessionRow) -> SessionState:
     return SessionState(
         session_id=row.session_id, metadata=row.metadata_, head_seq=row.head_seq,
         session_format=row.format,
-        active_revision_id=row.active_revision_id, total_tokens=row.total_tokens,
+        active_revision_id=row.active_revision_id, system_tokens=row.system_tokens,
+        total_tokens=row.total_tokens,
         projection_tokens=row.projection_tokens,
         tokens_since_compaction=row.tokens_since_compaction, created_at=row.created_at,
         last_appended_at=row.last_appended_at, last_compacted_at=row.last_compacted_at,

@@ -112,7 +112,8 @@ class SessionState:
     session_format: str  # chat, responses or anthropic: its messages' wire format
     head_seq: int
     active_revision_id: int | None
-    total_tokens: int
+    system_tokens: int  # its system prompt's, when kept outside the messages (Anthropic)
+    total_tokens: int  # every message's and the system prompt's
     projection_tokens: int
     tokens_since_compaction: int
     created_at: datetime

@@ -25,11 +25,11 @@ def roll_back(
         raise RevisionNotFound(f"session {session_id!r} has no active revision")
     target = _find_ancestor(session, active, to_revision_id)
     if target is None:
-        figures = q.measure_projection(session, row.id, 0, 0, 0)
+        figures = q.measure_projection(session, row, 0, 0, 0)
         _point_session(row, None, figures)
         return None
     figures = q.measure_projection(
-        session, row.id, target.through_seq, target.snapshot_head_seq, target.block_tokens
+        session, row, target.through_seq, target.snapshot_head_seq, target.block_tokens
     )
     _point_session(row, target.id, figures)
     return q.to_revision_record(target, session_id)
@@ -47,7 +47,7 @@ def roll_forward(session: Session, session_id: str, to_revision_id: int) -> Revi
         raise RevisionNotFound(f"revision {to_revision_id} is not a later revision of the "
                                f"active revision {row.active_revision_id}")
     figures = q.measure_projection(
-        session, row.id, target.through_seq, target.snapshot_head_seq, target.block_tokens
+        session, row, target.through_seq, target.snapshot_head_seq, target.block_tokens
     )
     _point_session(row, target.id, figures)
     return q.to_revision_record(target, session_id)

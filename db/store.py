@@ -85,21 +85,25 @@ class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
 
     def create_session(
         self, session_id: str, metadata: dict[str, Any], now: datetime, *,
-        session_format: str = "chat",
+        session_format: str = "chat", system_tokens: int = 0,
     ) -> SessionState:
-        """Create an empty session of ``session_format`` (chat, responses, anthropic);
-        raises SessionExists when the id is taken."""
+        """Create an empty session of ``session_format`` (chat, responses, anthropic)
+        whose system prompt outside its messages counts ``system_tokens``; raises
+        SessionExists when the id is taken."""
         with self._write() as session:
-            _insert_new_session(session, session_id, metadata, now, session_format)
+            _insert_new_session(session, session_id, metadata, now, session_format,
+                                system_tokens)
             return q.to_session_state(q.find_session(session, session_id))
 
     def import_session(
         self, session_id: str, metadata: dict[str, Any], messages: Sequence[NewMessage],
-        now: datetime, *, session_format: str = "chat",
+        now: datetime, *, session_format: str = "chat", system_tokens: int = 0,
     ) -> SessionState:
-        """Create a session with its whole history at once (SessionExists when present)."""
+        """Create a session with its whole history at once (SessionExists when present),
+        ``system_tokens`` as in ``create_session``."""
         with self._write() as session:
-            _insert_new_session(session, session_id, metadata, now, session_format)
+            _insert_new_session(session, session_id, metadata, now, session_format,
+                                system_tokens)
             if messages:
                 q.append_rows(session, session_id, messages, now)
             return q.to_session_state(q.find_session(session, session_id))
@@ -121,18 +125,20 @@ class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
     def append_checked(
         self, session_id: str, check: AppendCheck[T], *, now: datetime, create: bool = False,
         metadata: dict[str, Any] | None = None, session_format: str = "chat",
+        system_tokens: int = 0,
     ) -> tuple[list[int], T]:
         """Append the rows ``check`` returns; return their seqs and ``check``'s report.
 
         One transaction under the session's row lock: ``check`` gets the tool-call state
         read under it (the session's format with it), so two concurrent appends never
         both answer one open call; what ``check`` raises rolls everything back.
-        ``create`` as in ``append_messages``, of ``session_format``.
+        ``create`` as in ``append_messages``, of ``session_format`` and
+        ``system_tokens`` (as in ``create_session``).
         """
         with self._write() as session:
             if create:
                 q.insert_session_if_absent(session, session_id, metadata or {}, now,
-                                           session_format)
+                                           session_format, system_tokens)
             row = q.find_session(session, session_id, lock=True)
             messages, report = check(q.read_tool_call_state(session, row))
             if not messages:
@@ -196,6 +202,20 @@ class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
         with self._write() as session:
             row = q.find_session(session, session_id, lock=True)
             return write_index(session, row.id, indexed)
+
+    def set_system_tokens(self, session_id: str, system_tokens: int) -> int:
+        """Set the count of the session's system prompt kept outside its messages (0 in
+        sessions stored before migration 0009), moving its totals by the difference as
+        a count at creation would have, under its row lock; return the difference."""
+        with self._write() as session:
+            row = q.find_session(session, session_id, lock=True)
+            difference = system_tokens - row.system_tokens
+            row.system_tokens = system_tokens
+            row.total_tokens += difference
+            row.projection_tokens += difference
+            if row.active_revision_id is None:  # unsummarized until a revision reads on
+                row.tokens_since_compaction += difference
+            return difference
 
     # --- the compacted view ---------------------------------------------------------
 
@@ -328,8 +348,9 @@ class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
 
 def _insert_new_session(
     session: Session, session_id: str, metadata: dict[str, Any], now: datetime,
-    session_format: str,
+    session_format: str, system_tokens: int,
 ) -> None:
-    if not q.insert_session_if_absent(session, session_id, metadata, now, session_format):
+    if not q.insert_session_if_absent(session, session_id, metadata, now, session_format,
+                                      system_tokens):
         raise SessionExists(f"session {session_id!r} already exists")
 

@@ -149,10 +149,13 @@ def backfill_command(
     as_json: JsonOption = False,
 ) -> None:
     """Index messages stored before identifiers were computed at ingest (run once after
-    upgrading to schema 0003; idempotent, safe beside running workers).
+    upgrading to schema 0003), and count Anthropic system prompts stored before schema
+    0009; idempotent, safe beside running workers.
 
     Each message's identifiers and search text are computed and stored, and the
     session's artifact index updated, so jobs rank them and `compactor recall` finds them.
+    An Anthropic session's `system` is counted into its token totals, so the trigger
+    sees it.
     """
     from rich.progress import (
         BarColumn,
@@ -176,7 +179,9 @@ def backfill_command(
             report = backfill(store, counter, batch_messages=batch_messages,
                               on_batch=lambda count: progress.advance(task, count))
     if as_json:
-        print_json({"sessions": report.sessions, "messages": report.messages})
+        print_json({"sessions": report.sessions, "messages": report.messages,
+                    "system_prompts": report.system_prompts})
         return
     stdout_console().print(f"indexed {report.messages} messages in {report.sessions} "
-                           "sessions", highlight=False)
+                           f"sessions; counted {report.system_prompts} system prompts",
+                           highlight=False)

@@ -1,6 +1,7 @@
 """The backfill on PostgreSQL and SQLite: messages stored before identifiers were
-computed at ingest get the index ingest would have given them, once; and the two
-commands an operator runs, `compactor db backfill` and `compactor recall`."""
+computed at ingest get the index ingest would have given them, once, and Anthropic
+system prompts stored before they were counted their count; and the two commands an
+operator runs, `compactor db backfill` and `compactor recall`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 from db import Store
 from tests.integration.test_recall import NOW, PLANTED, imported, planted_session
 from tests.support.cli import compactor_for
+from tests.support.wire_sessions import system_prompt, text_twins
 from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
 from worker.platform.backfill import backfill
-from worker.platform.ingest import append_messages, check_record, count_messages
+from worker.platform.ingest import append_messages, check_record, count_messages, import_record
 
 pytestmark = pytest.mark.integration
 
@@ -68,8 +70,8 @@ def test_the_backfill_and_recall_commands(database_url: str, store: Store,
     compactor = compactor_for(database_url, tmp_path / "data")
 
     assert compactor.json("recall", "cli", "E3283-SCHEMA", "--json")["hits"] == []
-    assert compactor.json("db", "backfill", "--json") == {"sessions": 1,
-                                                          "messages": len(store.messages("cli"))}
+    assert compactor.json("db", "backfill", "--json") == {
+        "sessions": 1, "messages": len(store.messages("cli")), "system_prompts": 0}
     answer = compactor.json("recall", "cli", "e3283-schema", "--json")
     assert [hit["seq"] for hit in answer["hits"]] == [2]
     assert "E3283-SCHEMA" in answer["hits"][0]["excerpt"]
@@ -77,3 +79,24 @@ def test_the_backfill_and_recall_commands(database_url: str, store: Store,
     assert table.exit_code == 0 and "sqlalchemy==8.16.16" in table.stdout
     short = compactor("recall", "cli", "ab")
     assert short.exit_code == 1 and "3 characters" in short.stderr
+
+
+def test_backfill_counts_an_anthropic_system_prompt_stored_before_it_was_counted(
+    store: Store,
+) -> None:
+    anthropic, chat = text_twins("pre", 11, 6, system_prompt(11, 25))
+    for record in (anthropic, chat):
+        import_record(record, store=store, counter=shared_counter(), policy=IntakePolicy(),
+                      now=NOW)
+    twin = store.get_session("pre-chat")
+    # As a release before migration 0009 stored it: no count, none in its totals.
+    store.set_system_tokens("pre", 0)
+    assert store.get_session("pre").projection_tokens < twin.projection_tokens
+
+    assert backfill(store, shared_counter()).system_prompts == 1
+
+    counted = store.get_session("pre")
+    assert counted.system_tokens == store.messages("pre-chat")[0].tokens
+    assert (counted.total_tokens, counted.projection_tokens, counted.tokens_since_compaction) \
+        == (twin.total_tokens, twin.projection_tokens, twin.tokens_since_compaction)
+    assert backfill(store, shared_counter()).system_prompts == 0  # idempotent

@@ -31,7 +31,12 @@ from tests.support.job_harness import FakeClock
 from tests.support.openai_server import OpenAIServer
 from tests.support.provider_rules import anthropic_rejections, responses_rejections
 from tests.support.store_jobs import swap_in
-from tests.support.wire_sessions import anthropic_record, responses_record
+from tests.support.wire_sessions import (
+    anthropic_record,
+    responses_record,
+    system_prompt,
+    text_twins,
+)
 from worker.compaction.messages import parse_message
 from worker.compaction.prompts import render_prior_json
 from worker.compaction.schema import Summary
@@ -41,6 +46,8 @@ from worker.job import pipeline
 from worker.job.outcome import emit_job_event, event_field_docs
 from worker.job.values import JobDeps, JobPolicy, JobRequest, JobResult
 from worker.logging import JOB_EVENT, get_logger
+from worker.platform.export_views import ExportView
+from worker.platform.ingest import export_session
 from worker.runtime import build_summarizer, job_policy
 from worker.settings.config import Settings
 from worker.shared_state.keys import RedisKeys
@@ -429,3 +436,34 @@ def test_a_responses_or_anthropic_session_is_compacted_into_a_projection_of_its_
                 if b.get("type") in ("thinking", "redacted_thinking")]
     assert secrets and not any(secret in json.dumps(revision.summary) for secret in secrets)
     assert revision.summary["relevant_artifacts"]
+
+
+def test_an_anthropic_session_its_system_prompt_takes_over_the_trigger_compacts_as_its_twin(
+    make_harness: MakeHarness,
+) -> None:
+    """Its messages alone are under the trigger; with its ``system`` counted it is over it,
+    as its chat twin with the same text as a system message is, and both cut alike."""
+    harness = make_harness()
+    store = harness.store
+    anthropic, chat = text_twins("sys", 7, 40, system_prompt(7, 120))
+    outside_id, inside_id = import_records(store, [anthropic, chat])
+    before = store.get_session(outside_id)
+    assert before.projection_tokens - before.system_tokens <= harness.settings.trigger_tokens \
+        < before.projection_tokens == store.get_session(inside_id).projection_tokens
+
+    results = [harness.run(outside_id), harness.run(inside_id)]
+
+    assert [(r.outcome, r.reason) for r in results] == [(Outcome.COMPACTED, "over_trigger")] * 2
+    [revision], [twin_revision] = store.revisions(outside_id), store.revisions(inside_id)
+    assert twin_revision.through_seq == revision.through_seq + 1  # its system message is seq 1
+    assert revision.projection_tokens_before == before.projection_tokens \
+        == twin_revision.projection_tokens_before
+    after = store.get_session(outside_id)
+    tail_tokens = sum(m.tokens for m in store.messages(outside_id, after_seq=revision.through_seq))
+    assert after.projection_tokens == revision.projection_tokens_after \
+        == before.system_tokens + revision.block_tokens + tail_tokens
+    [run] = store.runs(session_id=outside_id)
+    assert run.figures["tokens_after"] == after.projection_tokens
+    exported = export_session(store, outside_id, ExportView.PROJECTION)
+    assert exported["system"] == anthropic["system"]
+    assert exported["messages"] == store.projection(outside_id)

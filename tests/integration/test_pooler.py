@@ -108,7 +108,7 @@ def test_the_job_snapshot_is_streamed_as_a_plain_statement_behind_the_pooler(
     finally:
         store.close()
 
-    assert len(seen) == 3 and all("WITH head AS" in statement for statement in seen), seen
+    assert len(seen) == 3 and all("WITH h AS" in statement for statement in seen), seen
 
 
 def test_the_statement_timeout_holds_in_each_transaction_and_nowhere_else(

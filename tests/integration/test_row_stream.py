@@ -49,7 +49,7 @@ def test_the_snapshot_is_prepared_once_per_connection_and_reads_every_active_mes
         event.remove(engine, "before_cursor_execute", on_statement)
 
     prepare, *executes = seen
-    assert prepare.startswith("PREPARE compactor_") and "WITH head AS" in prepare, seen
+    assert prepare.startswith("PREPARE compactor_") and "WITH h AS" in prepare, seen
     name = prepare.split()[1]
     assert executes == [f"EXECUTE {name}"] * 2
     state = store.get_session(SESSION)
@@ -76,7 +76,7 @@ def test_a_connection_that_lost_the_prepared_statement_streams_the_plain_one(
     assert [s.messages for s in snapshots] == [expected.messages] * 2
     # The lost one is tried once; then the plain statement, from then on.
     assert seen[0].startswith("EXECUTE compactor_")
-    assert [statement[:12] for statement in seen[1:]] == ["WITH head AS"] * 2, seen
+    assert [statement[:9] for statement in seen[1:]] == ["WITH h AS"] * 2, seen
 
 
 def test_rows_arrive_in_chunks_not_as_the_whole_result_set(

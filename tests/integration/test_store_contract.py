@@ -60,7 +60,10 @@ class ContractStore(JobLedgerPort, Protocol):
     def record_run(self, run: NewRun, *, breaker: BreakerUpdate | None = None) -> int: ...
 
     def import_session(self, session_id: str, metadata: dict[str, Any],
-                       messages: Sequence[NewMessage], now: datetime) -> object: ...
+                       messages: Sequence[NewMessage], now: datetime, *,
+                       session_format: str = "chat", system_tokens: int = 0) -> object: ...
+
+    def rollback(self, session_id: str) -> RevisionRecord | None: ...
 
     def runs(self, *, session_id: str | None = None, outcome: str | None = None,
              limit: int = 100) -> Sequence[RunRecord]: ...
@@ -436,3 +439,35 @@ def test_a_finished_job_records_its_run_and_breaker_and_releases_only_its_own_le
     assert [r.outcome for r in store.runs(limit=3)] == ["rejected", "failed", "failed"]
     with pytest.raises(ValueError):
         store.finish_job(a_run("failed"), lease_owner=None, breaker=BreakerUpdate("ajar", 0, None))
+
+
+def figures(state: SessionState) -> tuple[int, int, int]:
+    return state.total_tokens, state.projection_tokens, state.tokens_since_compaction
+
+
+def test_a_system_prompt_outside_the_messages_counts_in_every_figure_as_a_system_message(
+    store: ContractStore,
+) -> None:
+    """The fixture's session opens with a system message; its twin keeps the same tokens
+    as a system prompt outside its messages (an Anthropic ``system``), the rest alike."""
+    twin, [system, *rest] = "s-outside", store.messages(SESSION)
+    store.import_session(twin, {"system": "policy"}, [
+        NewMessage(m.body, m.role, None, m.tokens) for m in rest], T0,
+        session_format="anthropic", system_tokens=system.tokens)
+    assert store.get_session(twin).system_tokens == system.tokens
+    assert figures(store.get_session(twin)) == figures(store.get_session(SESSION))
+
+    # Each cuts after the same message (seq 4 of the session, seq 3 of its twin).
+    for session_id, through_seq, head_seq in ((SESSION, 4, 7), (twin, 3, 6)):
+        take_lease(store, session_id, "a", TTL_S, T0)
+        swap_in(store, session_id, expected_revision_id=None, owner="a",
+                revision=a_revision(through_seq, head_seq), run=a_run(session_id=session_id),
+                now=T0)
+    [compacted], [twin_compacted] = store.revisions(SESSION), store.revisions(twin)
+    assert twin_compacted.projection_tokens_after == compacted.projection_tokens_after
+    assert figures(store.get_session(twin)) == figures(store.get_session(SESSION))
+    assert read_snapshot(store, twin).session.system_tokens == system.tokens
+
+    store.rollback(SESSION)
+    store.rollback(twin)
+    assert figures(store.get_session(twin)) == figures(store.get_session(SESSION))

@@ -336,3 +336,31 @@ def test_sessions_stored_before_0006_are_chat_sessions_and_downgrade_drops_the_f
                 ("old",)]
     finally:
         engine.dispose()
+
+
+def test_sessions_stored_before_0009_count_no_system_prompt_and_downgrade_drops_the_count(
+    empty_database_url: str,
+) -> None:
+    upgrade_database(empty_database_url, "0008")
+    engine = create_db_engine(empty_database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO sessions (session_id, metadata, format, head_seq, total_tokens, "
+                "projection_tokens, tokens_since_compaction, created_at, breaker_state, "
+                "breaker_failures) VALUES ('old', '{\"system\": \"policy\"}', 'anthropic', "
+                "0, 0, 0, 0, :now, 'closed', 0)"), {"now": T0.replace(tzinfo=None)})
+        upgrade_database(empty_database_url)
+        with open_store(empty_database_url) as store:
+            assert store.get_session("old").system_tokens == 0
+            store.create_session("new", {}, T0, session_format="anthropic", system_tokens=7)
+            assert store.get_session("new").projection_tokens == 7
+        downgrade_database(empty_database_url, "0008")
+        with engine.connect() as connection:
+            assert "system_tokens" not in {c["name"] for c in inspect(connection).get_columns(
+                "sessions")}
+            assert connection.execute(text(
+                "SELECT session_id, projection_tokens FROM sessions ORDER BY session_id")
+            ).all() == [("new", 7), ("old", 0)]
+    finally:
+        engine.dispose()

@@ -6,22 +6,26 @@ from __future__ import annotations
 
 import copy
 import random
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from db import Store
+from db import DueCriteria, Store
 from tests.support.wire_sessions import (
     anthropic_messages,
     anthropic_record,
     responses_items,
     responses_record,
+    system_prompt,
+    text_twins,
 )
 from worker.compaction import IntakePolicy, ProblemKind, SessionFormat, TokenCounter
+from worker.compaction.messages import parse_message
 from worker.errors import MessagesRejected
 from worker.platform.export_views import ExportView
 from worker.platform.ingest import ImportStatus, append_checked, export_session, import_record
+from worker.platform.sessions import SessionsAPI
 from worker.tokenizer.offline import load_encoding
 
 pytestmark = pytest.mark.integration
@@ -208,3 +212,53 @@ def test_recall_and_the_artifact_index_read_every_format_and_never_an_opaque_par
         if opaque:
             assert store.recall("w", opaque[:24]) == []
             assert not any(opaque[:24] in a for a in artifacts)
+
+
+def due_ids(store: Store, trigger_tokens: int) -> set[str]:
+    """The sessions a scan an hour after import finds due with this trigger."""
+    criteria = DueCriteria(trigger_tokens=trigger_tokens, dirty_tokens=10**9,
+                           quiet_period_s=600, breaker_cooldown_s=600, marker_ttl_s=600)
+    return {row.session_id
+            for row in store.iter_due_sessions(criteria, NOW + timedelta(hours=1), page_size=10)}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_anthropic_system_prompt_is_counted_as_its_chat_twins_system_message(
+    store: Store, counter: TokenCounter, seed: int,
+) -> None:
+    anthropic, chat = text_twins(f"t{seed}", seed, 8, system_prompt(seed, 20 + 5 * seed))
+    for record in (anthropic, chat):
+        assert imported(store, counter, record) is ImportStatus.IMPORTED
+        assert export_session(store, record["session_id"], ExportView.FULL) == record
+
+    outside, inside = store.get_session(f"t{seed}"), store.get_session(f"t{seed}-chat")
+    system_message = store.messages(inside.session_id)[0]
+    assert outside.system_tokens == system_message.tokens > 0 and inside.system_tokens == 0
+    assert (outside.total_tokens, outside.projection_tokens, outside.tokens_since_compaction) \
+        == (inside.total_tokens, inside.projection_tokens, inside.tokens_since_compaction)
+    # Due exactly when its twin is, though its messages alone are under the trigger.
+    projection = outside.projection_tokens
+    assert sum(m.tokens for m in store.messages(outside.session_id)) < projection - 1
+    assert due_ids(store, projection - 1) == {outside.session_id, inside.session_id}
+    assert due_ids(store, projection) == set()
+
+
+def test_a_created_anthropic_session_counts_its_system_prompt_and_refuses_a_malformed_one(
+    store: Store, counter: TokenCounter,
+) -> None:
+    sessions, system = SessionsAPI(store, counter), system_prompt(5, 30)
+    blocks = [{"type": "text", "text": system}]
+
+    created = sessions.create("c1", {"system": system}, session_format=SessionFormat.ANTHROPIC)
+    append_checked(store, counter, POLICY, "c2", [], NOW, create=True,
+                   metadata={"system": blocks}, session_format=SessionFormat.ANTHROPIC)
+
+    chat = sessions.create("c3", {"system": system})  # metadata of a chat session: no prompt
+    expected = counter.count_message(parse_message({"role": "system", "content": system}))
+    assert created.system_tokens == created.projection_tokens == expected
+    assert store.get_session("c2").system_tokens == expected
+    assert chat.system_tokens == chat.projection_tokens == 0
+    with pytest.raises(MessagesRejected) as error:
+        sessions.create("c4", {"system": 5}, session_format=SessionFormat.ANTHROPIC)
+    assert rejection(error)[0] is ProblemKind.MALFORMED_SESSION
+    assert "system" in rejection(error)[1]

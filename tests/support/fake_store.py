@@ -69,11 +69,12 @@ class FakeStore:
 
     def import_session(self, session_id: str, metadata: dict[str, Any],
                        messages: Sequence[NewMessage], now: datetime, *,
-                       session_format: str = "chat") -> SessionState:
+                       session_format: str = "chat", system_tokens: int = 0) -> SessionState:
         self._check("import_session")
         if session_id in self._sessions:
             raise SessionExists(f"session {session_id!r} already exists")
-        self._sessions[session_id] = _new_session(session_id, metadata, now, session_format)
+        self._sessions[session_id] = _new_session(session_id, metadata, now, session_format,
+                                                  system_tokens)
         self._messages[session_id] = []
         if messages:
             self._append(session_id, messages, now)
@@ -92,12 +93,12 @@ class FakeStore:
     def append_checked(
         self, session_id: str, check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]],
         *, now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
-        session_format: str = "chat",
+        session_format: str = "chat", system_tokens: int = 0,
     ) -> tuple[list[int], T]:
         self._check("append_checked")
         if create and session_id not in self._sessions:
             self._sessions[session_id] = _new_session(session_id, metadata or {}, now,
-                                                      session_format)
+                                                      session_format, system_tokens)
             self._messages[session_id] = []
         self._find(session_id)
         messages, report = check(_tool_call_state(self._messages[session_id]))
@@ -340,7 +341,9 @@ class FakeStore:
                       if m.seq <= through_seq and m.role in INSTRUCTION_ROLES)
         tail = sum(m.tokens for m in messages if m.seq > through_seq)
         unsummarized = sum(m.tokens for m in messages if m.seq > snapshot_head_seq)
-        return covered + block_tokens + tail, unsummarized
+        system = self._sessions[session_id].system_tokens
+        return (system + covered + block_tokens + tail,
+                unsummarized + (system if snapshot_head_seq == 0 else 0))
 
     def _insert_run(self, run: NewRun, revision_id: int | None) -> int:
         fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(NewRun)}
@@ -350,12 +353,13 @@ class FakeStore:
 
 
 def _new_session(session_id: str, metadata: dict[str, Any], now: datetime,
-                 session_format: str = "chat") -> SessionState:
+                 session_format: str = "chat", system_tokens: int = 0) -> SessionState:
     return SessionState(
         session_id=session_id, metadata=dict(metadata), session_format=session_format,
         head_seq=0,
-        active_revision_id=None,
-        total_tokens=0, projection_tokens=0, tokens_since_compaction=0, created_at=now,
+        active_revision_id=None, system_tokens=system_tokens,
+        total_tokens=system_tokens, projection_tokens=system_tokens,
+        tokens_since_compaction=system_tokens, created_at=now,
         last_appended_at=None, last_compacted_at=None, lease_owner=None, lease_expires_at=None,
         breaker_state="closed", breaker_failures=0, breaker_opened_at=None, queued_at=None,
         queued_job_id=None)

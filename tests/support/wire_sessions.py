@@ -141,3 +141,37 @@ def anthropic_record(session_id: str, seed: int, turns: int) -> dict[str, Any]:
     return {"session_id": session_id, "format": "anthropic", "agent": "airline",
             "system": "You are an airline agent. Follow the policy.",
             "messages": anthropic_messages(seed, turns, tag=session_id)}
+
+
+# A system prompt's grammar: RULE := SUBJECT VERB OBJECT CONDITION.
+_SUBJECTS = ("The agent", "You", "Every reply", "A booking change")
+_VERBS = ("must verify", "never discloses", "always confirms", "may refund")
+_OBJECTS = ("the user id", "the reservation code", "the fare class", "the payment method")
+_CONDITIONS = ("before any change.", "unless the user is a gold member.",
+               "within 24 hours of booking.", "when the flight is cancelled.")
+
+
+def system_prompt(seed: int, rules: int) -> str:
+    """A policy of ``rules`` sentences drawn from a small grammar."""
+    rng = random.Random(seed)
+    return " ".join(" ".join(rng.choice(part) for part in
+                             (_SUBJECTS, _VERBS, _OBJECTS, _CONDITIONS))
+                    for _ in range(rules))
+
+
+def text_twins(session_id: str, seed: int, turns: int, system: str
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An Anthropic record with ``system`` and plain text turns, and its chat twin: the
+    same turns after a system message of the same text (``session_id`` + ``-chat``)."""
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": _ask(session_id, turn)})
+        messages.append({"role": "assistant", "content": " ".join(
+            f"Reservation {session_id}R{turn}x{k} is on HAT{rng.randint(100, 999)}."
+            for k in range(rng.randint(1, 4)))})
+    anthropic = {"session_id": session_id, "format": "anthropic", "system": system,
+                 "messages": messages}
+    chat = {"session_id": f"{session_id}-chat",
+            "messages": [{"role": "system", "content": system}, *messages]}
+    return anthropic, chat

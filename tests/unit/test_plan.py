@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from tests.support.chat_rules import find_chat_violations
-from tests.unit.session_strategies import sessions, shared_counter, to_stored
+from tests.unit.session_strategies import session_messages, sessions, shared_counter, to_stored
 from worker.compaction.grouping import Group, GroupKind, group_messages
 from worker.compaction.messages import ChatMessage, Role
 from worker.compaction.plan import (
@@ -302,3 +302,51 @@ def test_decision_reasons_are_stable_snake_case_strings() -> None:
 def test_an_inconsistent_policy_is_refused(overrides: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         policy(**overrides)
+
+
+POLICY_WORDS = ("the", "agent", "must", "never", "refund", "verify", "user", "id", "policy.")
+
+
+@st.composite
+def system_twins(draw: st.DrawFn) -> tuple[list[Group], TriggerPolicy, int]:
+    """A chat session's groups opening with a system message of its own, and its policy
+    and prior summary's size."""
+    words = draw(st.lists(st.sampled_from(POLICY_WORDS), min_size=1, max_size=600))
+    system = {"role": "system", "content": " ".join(words)}
+    stored = to_stored([system, *draw(session_messages(max_turns=8))], shared_counter())
+    groups = group_messages(stored)
+    assume(groups[0].messages == (stored[0],))  # the system message is a group alone
+    summary_tokens = draw(st.integers(0, 500))
+    # Thresholds within the session's own size, where the system prompt moves the cut.
+    total = summary_tokens + sum(group.tokens for group in groups)
+    trigger = draw(st.integers(1, 2 * total))
+    rule = TriggerPolicy(trigger_tokens=trigger, floor_tokens=draw(st.integers(1, trigger)),
+                         tail_budget_tokens=draw(st.integers(0, total)),
+                         min_tail_user_turns=draw(st.integers(0, 2)))
+    return groups, rule, summary_tokens
+
+
+@PROPERTY
+@given(system_twins())
+def test_a_system_prompt_outside_the_messages_cuts_where_the_same_system_message_would(
+    case: tuple[list[Group], TriggerPolicy, int],
+) -> None:
+    groups, rule, summary_tokens = case
+    system_group, rest = groups[0], groups[1:]
+
+    as_message = plan_boundary(groups, prior_through_seq=0, summary_tokens=summary_tokens,
+                               policy=rule)
+    outside = plan_boundary(rest, prior_through_seq=0, summary_tokens=summary_tokens,
+                            policy=rule, system_tokens=system_group.tokens)
+
+    if as_message is None:
+        assert outside is None
+        return
+    assert outside is not None
+    event("compacted")
+    assert (outside.through_seq, outside.span, outside.tail) == (
+        as_message.through_seq, as_message.span, as_message.tail)
+    assert outside.instructions == as_message.instructions[1:]
+    assert outside.instruction_tokens == as_message.instruction_tokens
+    assert (outside.projected_tokens(summary_tokens)
+            == as_message.projected_tokens(summary_tokens))

@@ -85,13 +85,16 @@ class Boundary:
 
     The new projection is ``instructions + summary + tail``; ``span`` is what the summary
     covers besides the prior summary. ``through_seq`` is the new revision's high mark:
-    every message with a higher seq is in ``tail``.
+    every message with a higher seq is in ``tail``. ``system_tokens``: the session's
+    system prompt kept outside its messages (an Anthropic ``system``), an instruction
+    too.
     """
 
     through_seq: int
     span: tuple[Group, ...]
     tail: tuple[Group, ...]
     instructions: tuple[Group, ...]
+    system_tokens: int = 0
 
     @property
     def span_tokens(self) -> int:
@@ -103,7 +106,7 @@ class Boundary:
 
     @property
     def instruction_tokens(self) -> int:
-        return sum(group.tokens for group in self.instructions)
+        return self.system_tokens + sum(group.tokens for group in self.instructions)
 
     def projected_tokens(self, summary_tokens: int) -> int:
         """Tokens of the projection once a summary of ``summary_tokens`` is in place."""
@@ -116,6 +119,7 @@ def plan_boundary(
     prior_through_seq: int,
     summary_tokens: int,
     policy: TriggerPolicy,
+    system_tokens: int = 0,
 ) -> Boundary | None:
     """Choose the boundary; None when there is nothing new to summarize.
 
@@ -132,13 +136,17 @@ def plan_boundary(
        stays within ``floor_tokens``; it stops at the first group that breaks either.
        Instruction groups cost nothing here (they are kept wherever they sit).
 
+    ``system_tokens`` (a system prompt kept outside the messages) is always in the
+    projection, like ``summary_tokens``: it counts in both the floor and the trigger.
+
     The span is every non-instruction group after ``prior_through_seq`` before the tail;
     a group straddling ``prior_through_seq`` (only possible with malformed history) is
     summarized whole rather than lost.
     """
     start = bisect_right(groups, prior_through_seq, key=lambda group: group.last_seq)
-    required = _required_tail_start(groups, start, summary_tokens, policy)
-    tail_start = _grow_tail(groups, start, required, summary_tokens, policy)
+    fixed_tokens = summary_tokens + system_tokens
+    required = _required_tail_start(groups, start, fixed_tokens, policy)
+    tail_start = _grow_tail(groups, start, required, fixed_tokens, policy)
     span = tuple(group for group in groups[start:tail_start] if not group.is_instruction)
     if not span:
         return None
@@ -147,28 +155,29 @@ def plan_boundary(
         span=span,
         tail=tuple(groups[tail_start:]),
         instructions=tuple(group for group in groups[:tail_start] if group.is_instruction),
+        system_tokens=system_tokens,
     )
 
 
 def _required_tail_start(
-    groups: Sequence[Group], start: int, summary_tokens: int, policy: TriggerPolicy
+    groups: Sequence[Group], start: int, fixed_tokens: int, policy: TriggerPolicy
 ) -> int:
     pending_at = next((i for i in range(start, len(groups)) if groups[i].pending), len(groups))
     index, users = pending_at, 0
     while users < policy.min_tail_user_turns and index > start:
         index -= 1
         users += groups[index].kind is GroupKind.USER
-    if _projected_tokens(groups, index, summary_tokens) > policy.trigger_tokens:
+    if _projected_tokens(groups, index, fixed_tokens) > policy.trigger_tokens:
         return pending_at
     return index
 
 
 def _grow_tail(
-    groups: Sequence[Group], start: int, tail_start: int, summary_tokens: int,
+    groups: Sequence[Group], start: int, tail_start: int, fixed_tokens: int,
     policy: TriggerPolicy,
 ) -> int:
     conversation_tokens = sum(g.tokens for g in groups[tail_start:] if not g.is_instruction)
-    projected = _projected_tokens(groups, tail_start, summary_tokens)
+    projected = _projected_tokens(groups, tail_start, fixed_tokens)
     while tail_start > start:
         group = groups[tail_start - 1]
         if not group.is_instruction:
@@ -181,7 +190,8 @@ def _grow_tail(
     return tail_start
 
 
-def _projected_tokens(groups: Sequence[Group], tail_start: int, summary_tokens: int) -> int:
-    """Instructions before the tail + summary + the whole tail."""
+def _projected_tokens(groups: Sequence[Group], tail_start: int, fixed_tokens: int) -> int:
+    """Instructions before the tail + the summary and system prompt (``fixed_tokens``) +
+    the whole tail."""
     kept_instructions = sum(g.tokens for g in groups[:tail_start] if g.is_instruction)
-    return kept_instructions + summary_tokens + sum(g.tokens for g in groups[tail_start:])
+    return kept_instructions + fixed_tokens + sum(g.tokens for g in groups[tail_start:])

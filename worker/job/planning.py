@@ -140,12 +140,12 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
              snapshot: JobSnapshot[SnapshotMessage]) -> JobPlan:
     """Decide whether to compact the snapshot, and where the span ends; Skip when not
     (``worker.job.preview`` runs it without the rest of the job)."""
-    revision = snapshot.revision
+    revision, session = snapshot.revision, snapshot.session
     prior_tokens = revision.summary_tokens if revision else 0
     # Under the trigger only the row was read: its projection is the same sum, kept by
     # every append, swap and rollback.
-    tokens_before = snapshot.session.projection_tokens if snapshot.under_trigger \
-        else sum(m.tokens for m in snapshot.messages) + prior_tokens
+    tokens_before = session.projection_tokens if snapshot.under_trigger \
+        else sum(m.tokens for m in snapshot.messages) + prior_tokens + session.system_tokens
     request = trace.request
     decision = decide_compaction(tokens_before, _recent_savings(snapshot),
                                  policy.trigger, request.force)
@@ -154,12 +154,13 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
         raise Skip(decision.reason.value)
     boundary = plan_boundary(group_snapshot(snapshot),
                              prior_through_seq=revision.through_seq if revision else 0,
-                             summary_tokens=prior_tokens, policy=policy.trigger)
+                             summary_tokens=prior_tokens, policy=policy.trigger,
+                             system_tokens=session.system_tokens)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
     span_mentions = {m.seq: m.mentions_json for m in snapshot.messages
                      if m.mentions_json and m.seq <= boundary.through_seq}
-    return JobPlan(snapshot.session, revision, boundary, decision.reason.value, span_mentions)
+    return JobPlan(session, revision, boundary, decision.reason.value, span_mentions)
 
 
 def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:

@@ -1,6 +1,8 @@
 """The backfill: identifiers and search text for messages stored before ingest computed
-them (migration 0003), so jobs rank them and recall finds them. Idempotent: only
-messages never indexed are read, and each is written once."""
+them (migration 0003), so jobs rank them and recall finds them; and the count of an
+Anthropic session's system prompt stored before sessions kept it (migration 0009), so
+its totals and the trigger include it. Idempotent: only messages never indexed and
+prompts never counted are read, and each is written once."""
 
 from __future__ import annotations
 
@@ -23,15 +25,19 @@ if TYPE_CHECKING:
 
         def index_messages(self, session_id: str, indexed: list[IndexedMessage]) -> int: ...
 
+        def set_system_tokens(self, session_id: str, system_tokens: int) -> int: ...
+
 DEFAULT_BATCH_MESSAGES = 500
 
 
 @dataclass(frozen=True)
 class BackfillReport:
-    """What one backfill wrote: sessions touched and messages indexed."""
+    """What one backfill wrote: sessions whose messages it indexed, messages indexed, and
+    system prompts counted."""
 
     sessions: int
     messages: int
+    system_prompts: int = 0
 
 
 def backfill(store: BackfillStore, counter: TokenCounter, *,
@@ -42,13 +48,28 @@ def backfill(store: BackfillStore, counter: TokenCounter, *,
     hears how many each batch wrote (a progress display)."""
     from worker.platform.ingest import iter_session_ids
 
-    sessions = messages = 0
+    sessions = messages = system_prompts = 0
     for session_id in iter_session_ids(store):
         written = sum(_report(count, on_batch) for count in
                       _backfill_session(store, counter, session_id, batch_messages))
         sessions += int(written > 0)
         messages += written
-    return BackfillReport(sessions, messages)
+        system_prompts += _count_system_prompt(store, counter, session_id)
+    return BackfillReport(sessions, messages, system_prompts)
+
+
+def _count_system_prompt(store: BackfillStore, counter: TokenCounter, session_id: str) -> int:
+    """Count a system prompt stored uncounted (1), else nothing (0); a prompt that is no
+    string nor text blocks (created before ``create`` checked it) stays uncounted."""
+    from worker.compaction import SessionFormat
+    from worker.platform.formats import count_system_prompt, system_prompt_problem
+
+    state = store.get_session(session_id)
+    session_format = SessionFormat(state.session_format)
+    if state.system_tokens or system_prompt_problem(session_format, state.metadata):
+        return 0
+    tokens = count_system_prompt(session_format, state.metadata, counter)
+    return int(tokens > 0 and store.set_system_tokens(session_id, tokens) != 0)
 
 
 def _backfill_session(store: BackfillStore, counter: TokenCounter, session_id: str,

@@ -6,7 +6,8 @@ into store rows, and the record a stored session is exported as.
     anthropic  {"session_id": ..., "format": "anthropic", "system": ..., "messages": [...]}
 
 Every other key is the session's metadata (an Anthropic record's ``system`` is kept
-with it, as given). A record of one format is never read as another: an unknown
+with it, as given, and counted once into ``sessions.system_tokens``: see
+:func:`count_system_prompt`). A record of one format is never read as another: an unknown
 ``format``, or the other formats' list key, is a ``format_mismatch`` naming the field
 (``items`` in a record without ``format`` too: it is never metadata).
 """
@@ -32,6 +33,7 @@ from worker.compaction import (
     count_view,
     identify_message,
     search_text,
+    view_item,
 )
 
 ITEMS_KEY = {SessionFormat.CHAT: "messages", SessionFormat.RESPONSES: "items",
@@ -56,18 +58,37 @@ def record_format(record: dict[str, Any]) -> SessionFormat | Problem:
     if other in record:
         return mismatch(f'{other}: a {session_format.value} record holds its items in '
                         f'"{key}"')
-    system = record.get("system")
+    return system_prompt_problem(session_format, record) or session_format
+
+
+def system_prompt_problem(session_format: SessionFormat, fields: dict[str, Any]
+                          ) -> Problem | None:
+    """The rejection of an Anthropic record's (or new session's metadata's) ``system``
+    that is neither a string nor a list of text blocks; None when it is one, or absent."""
+    system = fields.get("system")
     if session_format is SessionFormat.ANTHROPIC and system is not None \
             and not _is_system_prompt(system):
         return Problem(ProblemKind.MALFORMED_SESSION, None,
                        "system is not a string or a list of text blocks", Action.REJECT)
-    return session_format
+    return None
 
 
 def _is_system_prompt(system: object) -> bool:
     return isinstance(system, str) or (isinstance(system, list) and all(
         isinstance(block, dict) and block.get("type") == "text"
         and isinstance(block.get("text"), str) for block in system))
+
+
+def count_system_prompt(session_format: SessionFormat, metadata: dict[str, Any],
+                        counter: TokenCounter) -> int:
+    """The tokens of the session's system prompt kept outside its messages: an Anthropic
+    session's ``system`` (checked by :func:`system_prompt_problem`), counted as the chat
+    system message of the same text is, so both formats compact alike; 0 for the other
+    formats, whose instructions are messages."""
+    system = metadata.get("system")
+    if session_format is not SessionFormat.ANTHROPIC or system is None:
+        return 0
+    return count_view(view_item(session_format, {"role": "system", "content": system}), counter)
 
 
 def mismatch(detail: str, index: int | None = None) -> Problem:

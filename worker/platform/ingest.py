@@ -52,10 +52,12 @@ from worker.platform.export_views import ExportView
 from worker.platform.formats import (
     ITEMS_KEY,
     check_items,
+    count_system_prompt,
     item_rows,
     mismatch,
     record_format,
     session_record,
+    system_prompt_problem,
 )
 
 RECORD_KEYS = ("session_id", "format", "messages", "items")
@@ -67,14 +69,14 @@ class IngestStore(Protocol):
 
     def import_session(
         self, session_id: str, metadata: dict[str, Any], messages: list[NewMessage],
-        now: datetime, *, session_format: str = "chat",
+        now: datetime, *, session_format: str = "chat", system_tokens: int = 0,
     ) -> object: ...
 
     def append_checked(
         self, session_id: str,
         check: Callable[[ToolCallState], tuple[Sequence[NewMessage], T]], *,
         now: datetime, create: bool = False, metadata: dict[str, Any] | None = None,
-        session_format: str = "chat",
+        session_format: str = "chat", system_tokens: int = 0,
     ) -> tuple[list[int], T]: ...
 
     def get_session(self, session_id: str) -> SessionState: ...
@@ -146,7 +148,9 @@ def import_record(
     status = ImportStatus.REPAIRED if result.problems else ImportStatus.IMPORTED
     try:
         store.import_session(session_id, metadata, new_messages, now,
-                             session_format=session_format.value)
+                             session_format=session_format.value,
+                             system_tokens=count_system_prompt(session_format, metadata,
+                                                               counter))
     except SessionExists:
         status = ImportStatus.EXISTS
     except (SchemaMissing, StoreUnavailable):
@@ -275,6 +279,11 @@ def append_checked(
         db.SessionNotFound: no session has this id (and ``create`` is False).
     """
     check_session_id(session_id)
+    new_format = session_format or SessionFormat.CHAT
+    system_tokens = 0
+    if create:
+        system_tokens = count_checked_system_prompt(session_id, new_format, metadata or {},
+                                                    counter)
 
     def check(state: ToolCallState) -> tuple[list[NewMessage], tuple[Problem, ...]]:
         stored = SessionFormat(state.session_format)
@@ -301,8 +310,22 @@ def append_checked(
 
     seqs, problems = store.append_checked(
         session_id, check, now=now, create=create, metadata=metadata,
-        session_format=(session_format or SessionFormat.CHAT).value)
+        session_format=new_format.value, system_tokens=system_tokens)
     return AppendReport(tuple(seqs), problems)
+
+
+def count_checked_system_prompt(session_id: str, session_format: SessionFormat,
+                                metadata: dict[str, Any], counter: TokenCounter) -> int:
+    """The tokens of a new session's system prompt in ``metadata`` (an Anthropic
+    session's ``system``; 0 for the other formats).
+
+    Raises:
+        MessagesRejected: ``system`` is neither a string nor a list of text blocks.
+    """
+    problem = system_prompt_problem(session_format, metadata)
+    if problem is not None:
+        raise MessagesRejected(session_id, (problem,))
+    return count_system_prompt(session_format, metadata, counter)
 
 
 def check_session_id(session_id: str) -> None:

@@ -47,7 +47,12 @@ from worker.compaction import (
     TokenCounter,
 )
 from worker.errors import MessagesRejected
-from worker.platform.ingest import AppendReport, append_checked, check_session_id
+from worker.platform.ingest import (
+    AppendReport,
+    append_checked,
+    check_session_id,
+    count_checked_system_prompt,
+)
 from worker.tokenizer.offline import load_encoding
 
 if TYPE_CHECKING:
@@ -123,12 +128,17 @@ class SessionsAPI:
 
     def create(self, session_id: str, metadata: dict[str, Any] | None = None, *,
                session_format: SessionFormat = SessionFormat.CHAT) -> SessionState:
-        """Create an empty session of ``session_format`` (fixed from then on);
-        SessionExists when the id is taken, MessagesRejected when it holds a control
-        character."""
+        """Create an empty session of ``session_format`` (fixed from then on; an
+        Anthropic session's system prompt is its metadata's ``system``, counted in its
+        token totals); SessionExists when the id is taken, MessagesRejected when it holds
+        a control character or ``system`` is not a string or a list of text blocks."""
         check_session_id(session_id)
-        return self._store.create_session(session_id, metadata or {}, datetime.now(UTC),
-                                          session_format=SessionFormat(session_format).value)
+        metadata, new_format = metadata or {}, SessionFormat(session_format)
+        system_tokens = count_checked_system_prompt(session_id, new_format, metadata,
+                                                    self._counter)
+        return self._store.create_session(session_id, metadata, datetime.now(UTC),
+                                          session_format=new_format.value,
+                                          system_tokens=system_tokens)
 
     def append(
         self, session_id: str, messages: Sequence[dict[str, Any]], *, create: bool = False,
