@@ -146,3 +146,18 @@ def test_a_party_that_stated_nothing_yet_is_named_by_its_goal_in_the_next_update
     assert updated.key_decisions == ["[party 44] We'll go with the green option.",
                                      "[party 58, ana_li_77] We'll go with the blue option."]
     assert updated.goal == prior.goal
+
+
+def test_a_models_unlabelled_items_are_labelled_by_the_update_as_the_newest_partys() -> None:
+    prior = filled(goal="User request: refund order #W1", completed_actions=[
+        "Compacted seq 2 to 29: 14 user messages"], key_decisions=["Refund approved."],
+        remaining_work=["Send the refund receipt."])
+    new = filled(goal="User request: a seat change", key_decisions=["Aisle seat chosen."],
+                 resolved=["Answered: which seats are free"])
+    turn = PartyTurn((Party(30), Party(40, "bo_ru_12")), prior_ended=True)
+    updated = update_summary(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
+                             parties=turn).summary
+    assert updated.key_decisions == ["[party 2] Refund approved.",
+                                     "[party 40, bo_ru_12] Aisle seat chosen."]
+    assert updated.goal == "[party 40, bo_ru_12] User request: a seat change"
+    assert updated.remaining_work == [f"{LEFT_OPEN}[party 2]: Send the refund receipt."]

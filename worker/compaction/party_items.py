@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from worker.compaction.parties import Party
 from worker.compaction.requests import RequestLedger
@@ -64,25 +65,24 @@ def attribute_parties(prior: Summary | None, new: Summary, turn: PartyTurn,
     its label when it ended, its open items that ``new`` does not settle (``is_settled``)
     become ``left_open``; the span's unlabelled items take the label of the party they
     belong to (the prior's current one while it goes on, else the span's latest); each
-    goal names its party the same way (also with no prior, in a span of several)."""
+    goal names its party the same way."""
+    several = len(turn.parties) > 1
     if prior is None:
-        several = len(turn.parties) > 1
-        return None, _with_goal_label(new, turn.parties[-1].label()) if several else new
+        return None, _labelled(new, turn.parties[-1].label()) if several else new
     carried = current_label(prior)
-    if not (turn.prior_ended or any(label_of(i) for i in _party_items(prior))):
+    if not (turn.prior_ended or any(map(label_of, [prior.goal, *_party_items(prior)]))):
         return prior, new
     if turn.prior_ended:
         prior = _relabel(prior, carried, lambda item: not is_settled(item))
-    span_first = turn.parties[0].label() if turn.parties else ""
-    goes_on = not turn.prior_ended or len(turn.parties) > 1
+    if turn.parties and (several or not turn.prior_ended):
+        # The span's first party goes on with the prior's current one, under its label.
+        first = turn.parties[0].label()
+        new = new.model_copy(update={name: [carried + item.removeprefix(first)
+                                            if item.startswith(first) else item
+                                            for item in new.items_of(name)]
+                                     for name in PARTY_SECTIONS})
     newest = turn.parties[-1].label() if turn.prior_ended and turn.parties else carried
-    updates = {name: [_relabelled(item, span_first, carried) if goes_on else item
-                      for item in new.items_of(name)] for name in PARTY_SECTIONS}
-    new = new.model_copy(update={name: [item if label_of(item) else newest + item
-                                        for item in items] for name, items in updates.items()})
-    # The goal names the current party: the next update reads its label there, even while
-    # the party has stated no constraint or decision yet.
-    return _with_goal_label(prior, carried), _with_goal_label(new, newest)
+    return _labelled(prior, carried, goal_only=True), _labelled(new, newest)
 
 
 def current_label(prior: Summary) -> str:
@@ -100,10 +100,16 @@ def current_label(prior: Summary) -> str:
     return Party(min(starts, default=1)).label()
 
 
-def _with_goal_label(summary: Summary, label: str) -> Summary:
-    if not summary.goal or label_of(summary.goal):
-        return summary
-    return summary.model_copy(update={"goal": label + summary.goal})
+def _labelled(summary: Summary, label: str, *, goal_only: bool = False) -> Summary:
+    """``summary`` with ``label`` on its goal and, unless ``goal_only``, its unlabelled
+    party items: the goal names the current party, so the next update reads its label
+    there even while the party has stated no constraint or decision yet."""
+    update: dict[str, Any] = {} if goal_only else {
+        name: [item if label_of(item) else label + item for item in summary.items_of(name)]
+        for name in PARTY_SECTIONS}
+    if summary.goal and not label_of(summary.goal):
+        update["goal"] = label + summary.goal
+    return summary.model_copy(update=update)
 
 
 def _party_items(summary: Summary) -> list[str]:
@@ -118,13 +124,6 @@ def _relabel(prior: Summary, label: str, is_open: Callable[[str], bool]) -> Summ
                           else item for item in prior.items_of(name)]
                    for name in OPEN_SECTIONS})
     return prior.model_copy(update=update)
-
-
-def _relabelled(item: str, span_first: str, carried: str) -> str:
-    """An item the span's first party stated, under the label of the party it continues."""
-    return carried + item.removeprefix(span_first) if span_first and \
-        item.startswith(span_first) else item
-
 
 
 def without_party(item: str) -> str:
