@@ -27,9 +27,10 @@ from worker.compaction.truth import find_contradictions, read_record
 
 FIRST_SEQ = 1
 BUDGET_TOKENS = 4_096
-# A party a boundary marker starts: a greeting or a new identity at a span's first turn is
-# not told from the prior's party yet (the span does not see the prior's farewell or id).
-SEEDS = [seed for seed in range(120) if joined_session(seed, 2)[1][1].signal == "boundary"]
+# A party a boundary marker or a greeting starts: a new identity at a span's first turn is
+# not told from the prior's party yet (the span does not see the prior's identity).
+SEEDS = [seed for seed in range(80)
+         if joined_session(seed, 2)[1][1].signal in ("boundary", "greeting_after_closing")]
 _OPEN_ASKS = ("Could you also refund order {code}?", "Can you check invoice {code} too?",
               "Please move ticket {code} to next week.")
 
