@@ -12,8 +12,7 @@ import pytest
 
 from tests.support.generated import PARTY_SIGNALS, joined_session
 from tests.unit.session_strategies import shared_counter, to_stored
-from tests.unit.test_schema import filled
-from worker.compaction.fallback import UNANSWERED, fallback_summary
+from worker.compaction.fallback import fallback_summary
 from worker.compaction.grouping import group_messages
 from worker.compaction.identifiers import extract_identifiers
 from worker.compaction.messages import INSTRUCTION_ROLES
@@ -77,15 +76,6 @@ def test_a_span_of_one_party_labels_nothing() -> None:
     assert summary.constraints_and_preferences and summary.key_decisions
     assert not any("[party" in item for item in
                    [*summary.constraints_and_preferences, *summary.key_decisions])
-
-
-def test_a_new_conversation_settles_the_earlier_partys_open_items() -> None:
-    prior = filled(goal="User request: I need help with order #W1234567.",
-                   pending=[f"{UNANSWERED}Could you also refund #W1234567?",
-                            "Open error: update_account failed: Error: account locked"])
-    messages, _ = joined_session(11, 1)
-    summary = summarize(messages, prior=prior)
-    assert summary.resolved[:2] == prior.pending
 
 
 @pytest.mark.parametrize("back", [

@@ -15,6 +15,7 @@ from tests.support.job_harness import JobHarness
 from tests.support.shaped_sessions import Planted, coding_turns, joined, service_turns
 from tests.unit.session_strategies import shared_counter
 from worker.compaction.intake import IntakePolicy
+from worker.compaction.party_items import without_party
 from worker.compaction.plan import TriggerPolicy
 from worker.compaction.schema import Summary
 from worker.errors import Outcome
@@ -84,7 +85,8 @@ def test_in_joined_conversations_the_goal_is_the_newest_customers_request() -> N
         _, summary, _ = compact(harness)
         newest = newest_summarized(harness)
         assert newest > 0  # not the first customer: the span holds many conversations
-        assert summary.goal.startswith(f"User request: Hello! Customer {newest} ")
+        assert summary.goal.startswith("[party ")  # the goal says whose it is
+        assert without_party(summary.goal).startswith(f"User request: Hello! Customer {newest} ")
         append_messages(harness.store, harness.counter, IntakePolicy(), SESSION,
                         joined(more, 3, Planted()), harness.clock())
 

@@ -70,6 +70,7 @@ from .outcomes import CallStatus as CallStatus
 from .outcomes import Failure as Failure
 from .outcomes import classify_calls as classify_calls
 from .outcomes import find_failures as find_failures
+from .party_items import read_party_turn as read_party_turn
 from .plan import Boundary as Boundary
 from .plan import TriggerPolicy as TriggerPolicy
 from .plan import decide_compaction as decide_compaction

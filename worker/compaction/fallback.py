@@ -133,8 +133,9 @@ def fallback_summary(
                            *_draft_actions(messages, artifacts, counter, by_call),
                            *_draft_completions(ledger.agent_texts, counter, sentences)],
         key_decisions=decisions,
-        resolved=[*_settled_pending(prior, messages, succeeded,
-                                    new_party=bool(prior and prior.goal and ledger.goal)),
+        resolved=[*_settled_pending(prior, messages, succeeded, until_seq=ledger.parties[-1]
+                                    .first_seq if prior and prior.goal and ledger.goal
+                                    else math.inf),
                   *_superseded(prior, decisions),
                   *(f"{ANSWERED}{_clip(t, SENTENCE_TOKENS, counter)}" for t in ledger.answered
                     if t not in ledger.open_requests),
@@ -357,21 +358,22 @@ def _succeeded_tools(outcomes: Sequence[CallOutcome]) -> dict[str, int]:
 
 
 def _settled_pending(prior: Summary | None, messages: Sequence[StoredMessage],
-                     succeeded: Mapping[str, int], *, new_party: bool) -> list[str]:
+                     succeeded: Mapping[str, int], *, until_seq: float) -> list[str]:
     """The prior's pending items this span settles, copied verbatim: a request the agent
     answered, a call whose result arrived, an error whose tool has since succeeded
-    (``succeeded``: ``_succeeded_tools`` of the span); with ``new_party`` (the span starts
-    another conversation), every open request and error, which were the earlier party's."""
+    (``succeeded``: ``_succeeded_tools`` of the span). Only before ``until_seq`` (where the
+    span starts another conversation): the next party's exchange settles nothing of the
+    earlier party's, whose open items stay open (``party_items.left_open``)."""
     if prior is None:
         return []
-    answered = new_party or any(m.message.role is Role.ASSISTANT and m.message.text.strip()
-                                for m in messages)
+    answered = any(m.message.role is Role.ASSISTANT and m.message.text.strip()
+                   for m in messages if m.seq < until_seq)
     result_ids = {m.message.tool_call_id for m in messages if m.message.role is Role.TOOL}
     return [item for item in prior.pending
             if (item.startswith(UNANSWERED) and answered)
             or any(f"({call_id})" in item for call_id in result_ids if call_id)
-            or (item.startswith(OPEN_ERROR)
-                and (new_party or item.removeprefix(OPEN_ERROR).split(" ", 1)[0] in succeeded))]
+            or (item.startswith(OPEN_ERROR) and succeeded.get(
+                item.removeprefix(OPEN_ERROR).split(" ", 1)[0], until_seq) < until_seq)]
 
 
 def _superseded(prior: Summary | None, decisions: Sequence[str]) -> list[str]:

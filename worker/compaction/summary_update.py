@@ -17,6 +17,7 @@ from typing import Any
 from worker.compaction.budget import FittedSummary, fit_summary, item_line_texts
 from worker.compaction.history import fold_history
 from worker.compaction.identifiers import Artifact
+from worker.compaction.party_items import PartyTurn, attribute_parties
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
 from worker.compaction.tokens import TokenCounter
@@ -46,7 +47,8 @@ class UpdatedSummary:
 def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
                    counter: TokenCounter, identifiers: Sequence[str] = (),
                    labels: Mapping[str, str] | None = None,
-                   tool_numbers: Collection[str] = ()) -> UpdatedSummary:
+                   tool_numbers: Collection[str] = (),
+                   parties: PartyTurn | None = None) -> UpdatedSummary:
     """Update ``prior`` with ``new`` section by section, then fit ``budget_tokens``.
 
     Prior items come first, de-duplicated; prior items of ``CLOSABLE_SECTIONS`` that a
@@ -63,9 +65,16 @@ def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
     items are first folded into grouped count lines (``history.fold_history``).
     ``tool_numbers``: the span's bare numbers only a tool returned (a catalogue's item
     ids), listed after the prior's values: they say nothing of what they are, so they
-    age out before any earlier value that does.
+    age out before any earlier value that does. ``parties``: the span's party turn
+    (``party_items.read_party_turn``): once the summary holds several parties, every
+    constraint and decision keeps its party's label, and an earlier party's open items the
+    span does not settle stay open under its name (``party_items.attribute_parties``).
     """
     keys = _ItemKeys()
+    if parties is not None:
+        resolved_keys = [keys[done] for done in new.resolved]
+        prior, new = attribute_parties(prior, new, parties,
+                                       lambda item: _is_settled_by(keys[item], resolved_keys))
     updated = new if prior is None else _update_sections(prior, new, keys)
     wanted = _wanted(identifiers)
     known = TextGrams("\n".join([updated.goal, *(item for name in LIST_SECTIONS

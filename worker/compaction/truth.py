@@ -18,6 +18,7 @@ from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
+from worker.compaction.party_items import without_party
 from worker.compaction.requests import RequestLedger, read_span_requests
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
@@ -68,7 +69,7 @@ class SpanRecord:
     known_values: frozenset[str]
     messages: tuple[StoredMessage, ...]  # the span's, read only for values the index lacks
     prior_texts: tuple[str, ...] = ()  # the prior summary's goal and items
-    prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized
+    prior_items: frozenset[str] = field(default_factory=frozenset)  # normalized, unlabelled
     # Quotes of the requests held open (the open one, the continued goal) that no request
     # answered or acted on shares: a done item quoting one can mean nothing settled.
     unsettled_quotes: tuple[str, ...] = ()
@@ -117,16 +118,18 @@ def read_record(span: Sequence[Group], *, outcomes: Sequence[CallOutcome],
         known_values=frozenset(a.value for a in artifacts),
         messages=tuple(messages),
         prior_texts=tuple(prior_items),
-        prior_items=frozenset(normalize_item(item) for item in prior_items),
+        prior_items=frozenset(normalize_item(without_party(item)) for item in prior_items),
         unsettled_quotes=_unsettled_quotes([a.text for a in ledger.held_open],
                                            [a.text for a in ledger.settled]))
 
 
 def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradiction]:
     """Return what ``summary`` (of the span alone) says against ``record``; the prior's
-    items it copies verbatim (the update contract) are the prior's, not checked again."""
+    items it copies verbatim (the update contract), with or without their party's label
+    (``party_items.attribute_parties``), are the prior's, not checked again."""
     keys = {i: normalize_item(i) for name in LIST_SECTIONS for i in summary.items_of(name)}
-    items = {name: [i for i in summary.items_of(name) if keys[i] not in record.prior_items]
+    items = {name: [i for i in summary.items_of(name)
+                    if normalize_item(without_party(i)) not in record.prior_items]
              for name in LIST_SECTIONS}
     # Each open or done item's key without its label, read once for the checks below.
     bodies = {i: _body(keys[i]) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)

@@ -32,6 +32,7 @@ from worker.compaction import (
     featured_values,
     is_bare_number,
     parse_message,
+    read_party_turn,
     read_record,
     rerank_featured,
     summary_block_message,
@@ -254,7 +255,8 @@ def _update_and_validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: Su
         updated = update_summary(work.prior, draft.summary, counter=deps.counter,
                                  budget_tokens=work.budget_tokens,
                                  identifiers=_ranked_identifiers(work, draft),
-                                 labels=work.number_labels, tool_numbers=_tool_numbers(work))
+                                 labels=work.number_labels, tool_numbers=_tool_numbers(work),
+                                 parties=read_party_turn(work.prior, work.requests))
     with trace.step("validate"):
         return _validate(trace, deps, plan, work, draft, updated)
 
