@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from scheduler.cli.demo_sessions import generate_sessions
 from tests.support.corpus import load_corpus, skip_without_corpus
+from worker.compaction import identifier_rules
 from worker.compaction.identifiers import (
     Mention,
     collect_artifacts,
@@ -167,3 +168,23 @@ def test_corpus_payment_ids_named_in_tool_calls_are_all_extracted() -> None:
         assert named <= values, session["session_id"]
         checked += len(named)
     assert checked > 50
+
+
+# Labels, separators, values and near misses, in cases and characters that fold oddly.
+LABEL_PIECES = ("Order", "order", "ORDER", "reorder", "user", "User ID", "booking", "case",
+                "Reservation Number", "flight no.", "locator", "member", "account", "ticket",
+                " ", "  ", "\n", ":", "=", " is ", "#", "ABC123", "K12345", "XYZ99", "12345678",
+                "abcde", "ABCDEFGHIJKLMN", ",", ".", "(", ")", "\u212a", "\u017f", "\u0130",
+                "\u0131", "\u03a3", "\u00d7", "user\u017f")
+
+
+@settings(max_examples=3000)
+@given(st.lists(st.sampled_from(LABEL_PIECES), max_size=12).map("".join))
+def test_labelled_values_are_found_where_a_label_opens_as_by_searching_every_position(
+    text: str,
+) -> None:
+    # The shortcut tries the pattern only where a label word opens; the definition is the
+    # pattern searched everywhere.
+    found = [(m.span(), m.group("v")) for m in identifier_rules._labelled_matches(text)]
+    assert found == [(m.span(), m.group("v"))
+                     for m in identifier_rules._LABELLED.finditer(text)]

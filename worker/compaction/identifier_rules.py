@@ -9,6 +9,7 @@ identifier, kept whole, unless the shape says number, date, time, measure or cod
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from itertools import accumulate, repeat
 
@@ -112,9 +113,13 @@ _PHONE_GROUPED = re.compile(r"\+\d{1,3}(?:[ .-]\d{2,5}){1,5}\b"
                             r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}\b")
 _PHONE_DIGITS = 7
 _SPACED = re.compile(r"\S+")
+_LABEL_WORDS = ("reservation", "booking", "confirmation", "order", "ticket", "account", "user",
+                "customer", "member", "transaction", "invoice", "case", "flight", "record",
+                "locator")
+# Every match opens with one of ``_LABEL_WORDS``, in any case (``(?i)`` also takes dotless
+# i and long s for i and s, which lowercasing leaves).
 _LABELLED = re.compile(
-    r"(?i:\b(?:reservation|booking|confirmation|order|ticket|account|user|customer|member"
-    r"|transaction|invoice|case|flight|record|locator)(?:\s+(?:id|number|code|no\.?))?"
+    rf"(?i:\b(?:{'|'.join(_LABEL_WORDS)})(?:\s+(?:id|number|code|no\.?))?"
     r"\s*(?:is|:|=)?\s*)(?P<v>#?[A-Z0-9]{5,12})"
     rf"(?=[{_TRAILING}]*(?:[{_DELIMITERS}]|$))"
 )
@@ -162,7 +167,7 @@ def _find_labelled(text: str, found: list[tuple[int, str, str]], said: bool) -> 
     if said and text.lstrip()[:1] not in ("{", "["):
         rules.append(_LABELLED)
     for rule in rules:
-        for match in rule.finditer(text):
+        for match in _labelled_matches(text) if rule is _LABELLED else rule.finditer(text):
             group: str | int = 0
             if "v" in rule.groupindex:
                 group = "v" if match.group("v") is not None else "n"
@@ -177,6 +182,30 @@ def _find_labelled(text: str, found: list[tuple[int, str, str]], said: bool) -> 
             found.append((start, value, kind))
             covered.update(start + word.start() for word in _SPACED.finditer(value))
     return covered
+
+
+def _labelled_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_LABELLED.finditer(text)``'s matches, the engine started only where a label word
+    opens, found by ``str.find`` in the lowercased text: the case-insensitive alternation
+    is slow to try at every position. When lowercasing moves offsets, every one is tried."""
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        yield from _LABELLED.finditer(text)
+        return
+    if not text.isascii():
+        lowered = lowered.replace("\u0131", "i").replace("\u017f", "s")
+    opens: set[int] = set()
+    for word in _LABEL_WORDS:
+        at = lowered.find(word)
+        while at >= 0:
+            opens.add(at)
+            at = lowered.find(word, at + 1)
+    end = 0
+    for at in sorted(opens):
+        match = _LABELLED.match(text, at) if at >= end else None
+        if match:
+            yield match
+            end = match.end()
 
 
 def _labelled_kind(rule: re.Pattern[str]) -> str:

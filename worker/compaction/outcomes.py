@@ -105,13 +105,35 @@ class CallOutcome:
 Failure = CallOutcome
 
 
+class _LineSignals:
+    """Whether a line holds a failure or a success signal, each distinct line searched
+    once: a span's results repeat their lines (a test run's assertion, its summary)."""
+
+    def __init__(self) -> None:
+        self._failed: dict[str, bool] = {}
+        self._succeeded: dict[str, bool] = {}
+
+    def failed(self, line: str) -> bool:
+        found = self._failed.get(line)
+        if found is None:
+            found = self._failed[line] = _FAILED.search(line) is not None
+        return found
+
+    def succeeded(self, line: str) -> bool:
+        found = self._succeeded.get(line)
+        if found is None:
+            found = self._succeeded[line] = _SUCCEEDED.search(line) is not None
+        return found
+
+
 def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
     """Classify one tool result from its full text; a failure comes with the lines that
     say so, an unknown outcome with what the result last said."""
-    return _classify_text(text, None)
+    return _classify_text(text, None, _LineSignals())
 
 
-def _classify_text(text: str, lines: list[str] | None) -> tuple[CallStatus, tuple[str, ...]]:
+def _classify_text(text: str, lines: list[str] | None, signals: _LineSignals
+                   ) -> tuple[CallStatus, tuple[str, ...]]:
     """``classify_result``, given the text's candidate lines when they are known."""
     stripped = text.strip()
     if not stripped:
@@ -122,10 +144,10 @@ def _classify_text(text: str, lines: list[str] | None) -> tuple[CallStatus, tupl
             return _classify_record(record)
     if lines is None:
         [lines] = _candidate_lines([text])
-    failing = _failing_lines(lines)
+    failing = _failing_lines(lines, signals)
     if failing:
         return CallStatus.FAILED, failing
-    if any(_SUCCEEDED.search(line) for line in lines) or _SHORT_SUCCESS.match(stripped):
+    if any(map(signals.succeeded, lines)) or _SHORT_SUCCESS.match(stripped):
         return CallStatus.SUCCEEDED, ()
     if stripped[0] in "[{":  # a JSON value's last line is a fragment of it
         return CallStatus.UNKNOWN, ()
@@ -148,6 +170,7 @@ def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
     texts = [stored.message.text for stored, _ in results]
     outcomes: list[CallOutcome] = []
     targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
+    signals = _LineSignals()
     for (stored, function), text, lines in zip(results, texts, _candidate_lines(texts),
                                                strict=True):
         call_id = stored.message.tool_call_id or ""
@@ -155,7 +178,7 @@ def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
         arguments = function.arguments if function else ""
         if arguments not in targets:
             targets[arguments] = _target(arguments)
-        status, found = _classify_text(text, lines)
+        status, found = _classify_text(text, lines, signals)
         outcomes.append(CallOutcome(call_id, tool, stored.seq, status, found,
                                     targets[arguments]))
     return outcomes
@@ -209,9 +232,9 @@ def _classify_record(record: dict[str, Any]) -> tuple[CallStatus, tuple[str, ...
     return CallStatus.UNKNOWN, (_clip(f"status: {status}"),) if isinstance(status, str) else ()
 
 
-def _failing_lines(lines: list[str]) -> tuple[str, ...]:
+def _failing_lines(lines: list[str], signals: _LineSignals) -> tuple[str, ...]:
     """The lines a failure signal is on: the first ones and the last (a run's summary)."""
-    matched = list(dict.fromkeys(line.strip() for line in lines if _FAILED.search(line)))
+    matched = list(dict.fromkeys(line.strip() for line in lines if signals.failed(line)))
     if not matched:
         return ()
     shown = matched if len(matched) <= MAX_LINES else [*matched[:MAX_LINES - 1], matched[-1]]

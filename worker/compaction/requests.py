@@ -6,7 +6,6 @@ their message: the same words asked twice are two requests.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -14,12 +13,13 @@ from worker.compaction.grouping import Group
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.outcomes import CallOutcome, CallStatus
 from worker.compaction.parties import BOUNDARY, GREETING, STOP, Party, find_parties
+from worker.compaction.sentences import Cue
 
 MAX_ANSWERED = 4
 
-REQUEST = re.compile(
-    r"\?|(?i:\b(?:i want|i'd like|i would like|i need|i'm looking|i am looking|looking to|"
-    r"trying to|help me|can you|could you|please)\b)"
+REQUEST = Cue(
+    r"\?|\b(?:i want|i'd like|i would like|i need|i'm looking|i am looking|looking to|"
+    r"trying to|help me|can you|could you|please)\b"
 )
 
 
@@ -63,20 +63,27 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
     users = [m for m in messages if m.message.role is Role.USER]
     user_texts = tuple(m.message.text for m in users)
     agent_texts = tuple(m.message.text for m in messages if m.message.role is Role.ASSISTANT)
+    # Each user text is searched once for the cues the loop and the goal both read.
+    asks = [REQUEST.search(text) for text in user_texts]
+    boundaries = [BOUNDARY.search(text) for text in user_texts]
     settled: list[tuple[Ask, bool]] = []  # (request, acted on rather than answered)
     current: Ask | None = None
     parties = find_parties(messages)
     # An earlier party's request left open is not the current party's to answer.
     starts = {party.first_seq for party in parties[1:]}
+    user_at = -1
     for stored in messages:
-        message, text = stored.message, stored.message.text
+        message = stored.message
         if stored.seq in starts:
             current = None
-        if message.role is Role.USER and REQUEST.search(text) and not BOUNDARY.search(text):
-            current = Ask(stored.seq, text)
-        elif message.role is not Role.ASSISTANT or current is None:
+        if message.role is Role.USER:
+            user_at += 1
+            if asks[user_at] and not boundaries[user_at]:
+                current = Ask(stored.seq, user_texts[user_at])
             continue
-        elif text.strip():
+        if message.role is not Role.ASSISTANT or current is None:
+            continue
+        if message.text.strip():
             settled.append((current, False))  # the agent answered
             current = None
         elif any((outcomes or {}).get(call.id) is CallStatus.SUCCEEDED
@@ -86,7 +93,7 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
     # A party starts at a user's message: its index among the user texts.
     user_seqs = [m.seq for m in users]
     latest = user_seqs.index(parties[-1].first_seq) if len(parties) > 1 else None
-    at = _find_goal(user_texts, has_prior_goal, latest)
+    at = _find_goal(user_texts, has_prior_goal, latest, asks, boundaries)
     goal = Ask(user_seqs[at], _goal_words(user_texts[at])) if at is not None else None
     continued = goal if tail_continues and goal and goal.text else None
     if continued:
@@ -129,14 +136,15 @@ def continues_conversation(span: Sequence[StoredMessage], tail: Sequence[StoredM
     return first is None or not (BOUNDARY.search(first) or GREETING.match(first))
 
 
-def _find_goal(user_texts: Sequence[str], has_prior_goal: bool, latest_party: int | None
-               ) -> int | None:
+def _find_goal(user_texts: Sequence[str], has_prior_goal: bool, latest_party: int | None,
+               asks: Sequence[bool], boundaries: Sequence[bool]) -> int | None:
     """The index of the first request of the latest conversation the span starts (None if
     none starts); ``latest_party``: the index of the latest party's first user text, when
-    one starts."""
+    one starts; ``asks`` and ``boundaries``: whether each user text holds a request or a
+    boundary."""
     start: int | None = None if has_prior_goal else 0
     for index, text in enumerate(user_texts):
-        if BOUNDARY.search(text):
+        if boundaries[index]:
             start = index + 1
         elif GREETING.match(text) or (index and STOP in user_texts[index - 1]) \
                 or index == latest_party:
@@ -144,9 +152,9 @@ def _find_goal(user_texts: Sequence[str], has_prior_goal: bool, latest_party: in
     if start is None:
         return None
     conversation = [i for i in range(start, len(user_texts))
-                    if user_texts[i].strip() and not BOUNDARY.search(user_texts[i])]
+                    if user_texts[i].strip() and not boundaries[i]]
     substantive = [i for i in conversation if len(user_texts[i].split()) >= 3]
-    requests = [i for i in substantive if REQUEST.search(user_texts[i])]
+    requests = [i for i in substantive if asks[i]]
     first = requests or substantive or conversation
     return first[0] if first else None
 
