@@ -60,7 +60,7 @@ def job_policy(settings: Settings) -> JobPolicy:
         breaker_cooldown_s=settings.breaker_cooldown_s,
         fallback_when_open=settings.breaker_open_policy is BreakerOpenPolicy.FALLBACK,
         summary_budget_span_ratio=settings.summary_budget_span_ratio,
-        summary_budget_max_tokens=settings.summary_budget_max_tokens,
+        summary_budget_max_tokens=settings.effective_summary_budget_max_tokens,
     )
 
 

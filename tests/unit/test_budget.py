@@ -31,6 +31,7 @@ from worker.compaction.schema import (
     render_summary_block,
 )
 from worker.compaction.tokens import TokenCounter
+from worker.settings.config import Settings
 from worker.tokenizer.offline import load_encoding
 
 
@@ -230,6 +231,19 @@ def test_the_budget_grows_with_what_the_summary_covers_between_its_floor_and_cei
     assert SummaryBudget(4_096).for_span(1_000_000, 4_000) == 4_096  # no ratio: fixed
     with pytest.raises(ValueError, match="max_tokens"):
         SummaryBudget(4_096, 0.06, max_tokens=1_000)
+
+
+@given(context=st.integers(4_000, 2_000_000), ceiling=st.integers(4_096, 200_000))
+@settings(max_examples=200, deadline=None)
+def test_a_jobs_ceiling_leaves_the_floor_room_for_instructions_and_tail(
+    context: int, ceiling: int,
+) -> None:
+    config = Settings(model_context_tokens=context, summary_budget_max_tokens=ceiling)
+    effective = config.effective_summary_budget_max_tokens
+    assert config.summary_budget_tokens <= effective <= ceiling
+    assert effective == config.summary_budget_tokens or effective <= config.floor_tokens * 3 / 4
+    assert effective == ceiling or effective == config.summary_budget_tokens \
+        or effective == config.floor_tokens * 3 // 4  # the window lowered it, no more
 
 
 def test_artifacts_share_lines_so_a_value_costs_about_its_own_tokens() -> None:

@@ -370,6 +370,14 @@ class Settings(CoreSettings):
     def floor_tokens(self) -> int:
         return int(self.trigger_tokens * self.floor_ratio)
 
+    @property
+    def effective_summary_budget_max_tokens(self) -> int:
+        """The block's ceiling for this model's window: a block past three quarters of the
+        floor would leave the compacted projection no room for its instructions and tail,
+        so a small window lowers the ceiling (never below summary_budget_tokens)."""
+        return max(self.summary_budget_tokens,
+                   min(self.summary_budget_max_tokens, self.floor_tokens * 3 // 4))
+
 
 @functools.cache
 def get_settings() -> Settings:

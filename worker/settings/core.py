@@ -161,8 +161,9 @@ class CoreSettings(BaseSettings):
         "span it takes in, above summary_budget_tokens (ratio; 0 = a fixed budget)."
     )
     summary_budget_max_tokens: int = Field(
-        16_384, gt=0, description="Largest rendered summary block, however much it covers "
-        "(tokens; at least summary_budget_tokens)."
+        32_768, gt=0, description="Largest rendered summary block, however much it covers "
+        "(tokens; at least summary_budget_tokens; a job uses at most three quarters of "
+        "the floor, model_context_tokens x trigger_ratio x floor_ratio)."
     )
     audit_mode: bool = Field(
         False, description="Keep tool outputs whole in what the summarizer reads (flag)."
