@@ -66,6 +66,17 @@ def with_items(summary: Summary, **items: list[str]) -> Summary:
                                       for name, added in items.items()})
 
 
+def validation_rejection(summary: Summary, record: SpanRecord, *, span_tokens: int
+                         ) -> SummaryInvalid:
+    """What validation raises for ``summary`` (drafted for a span of ``span_tokens``)
+    against ``record``; fails the test when it accepts it."""
+    updated = update_summary(None, summary, budget_tokens=2_000, counter=shared_counter())
+    with pytest.raises(SummaryInvalid) as raised:
+        validate_summary(summary, updated, span_tokens=span_tokens, budget_tokens=2_000,
+                         replaced_tokens=10_000, counter=shared_counter(), record=record)
+    return raised.value
+
+
 def test_the_extractive_summary_of_the_span_contradicts_nothing() -> None:
     record, summary = record_and_extractive(SPAN)
     assert find_contradictions(summary, record) == []
@@ -131,12 +142,9 @@ def test_the_description_names_kinds_counts_and_ids_only() -> None:
 def test_validation_rejects_a_contradicting_summary_with_its_reason() -> None:
     record, summary = record_and_extractive(SPAN)
     lying = with_items(summary, completed_actions=["called run_tests(tests/test_sync.py) → ok"])
-    updated = update_summary(None, lying, budget_tokens=2_000, counter=shared_counter())
-    with pytest.raises(SummaryInvalid) as raised:
-        validate_summary(lying, updated, span_tokens=10_000, budget_tokens=2_000,
-                         replaced_tokens=10_000, counter=shared_counter(), record=record)
-    assert raised.value.reason == "summary_contradicts_history"
-    assert "false_outcome 1 (c2)" in raised.value.message
+    rejected = validation_rejection(lying, record, span_tokens=10_000)
+    assert rejected.reason == "summary_contradicts_history"
+    assert "false_outcome 1 (c2)" in rejected.message
 
 
 def test_a_request_a_succeeded_call_acted_on_is_not_open() -> None:
@@ -312,14 +320,11 @@ def test_the_open_request_or_continued_goal_filed_as_done_is_rejected_and_named(
     label = rng.choice(["Answered: ", "Done: ", "completed actions: ", ""])
     section = rng.choice(["completed_actions", "resolved"])
     filed = with_items(summary, **{section: [label + request]})
-    updated = update_summary(None, filed, budget_tokens=2_000, counter=shared_counter())
 
     assert find_contradictions(summary, record) == []
-    with pytest.raises(SummaryInvalid) as raised:
-        validate_summary(filed, updated, span_tokens=100, budget_tokens=2_000,
-                         replaced_tokens=10_000, counter=shared_counter(), record=record)
-    assert raised.value.reason == "summary_contradicts_history"
-    assert "done_while_open 1" in raised.value.message
+    rejected = validation_rejection(filed, record, span_tokens=100)
+    assert rejected.reason == "summary_contradicts_history"
+    assert "done_while_open 1" in rejected.message
 
 
 def test_the_ledger_tells_a_repeated_request_from_the_open_one_by_seq() -> None:
