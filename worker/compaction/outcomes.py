@@ -105,25 +105,25 @@ class CallOutcome:
 Failure = CallOutcome
 
 
+class _LineMemo:
+    """Whether a line holds ``pattern``, each distinct line searched once."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self._pattern, self._found = pattern, dict[str, bool]()
+
+    def __call__(self, line: str) -> bool:
+        found = self._found.get(line)
+        if found is None:
+            found = self._found[line] = self._pattern.search(line) is not None
+        return found
+
+
 class _LineSignals:
     """Whether a line holds a failure or a success signal, each distinct line searched
     once: a span's results repeat their lines (a test run's assertion, its summary)."""
 
     def __init__(self) -> None:
-        self._failed: dict[str, bool] = {}
-        self._succeeded: dict[str, bool] = {}
-
-    def failed(self, line: str) -> bool:
-        found = self._failed.get(line)
-        if found is None:
-            found = self._failed[line] = _FAILED.search(line) is not None
-        return found
-
-    def succeeded(self, line: str) -> bool:
-        found = self._succeeded.get(line)
-        if found is None:
-            found = self._succeeded[line] = _SUCCEEDED.search(line) is not None
-        return found
+        self.failed, self.succeeded = _LineMemo(_FAILED), _LineMemo(_SUCCEEDED)
 
 
 def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
