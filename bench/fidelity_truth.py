@@ -26,6 +26,7 @@ from worker.compaction import (
     read_record,
 )
 from worker.compaction.messages import INSTRUCTION_ROLES
+from worker.compaction.number_labels import BARE_NUMBER
 from worker.compaction.requests import continues_conversation, read_requests
 from worker.compaction.schema import LIST_SECTIONS
 from worker.compaction.summary_update import normalize_item
@@ -34,8 +35,6 @@ DONE_SECTIONS = ("completed_actions", "resolved")
 # The goal is quoted by its first words; fewer characters than this quote nothing.
 QUOTE_WORDS = 8
 MIN_QUOTE_CHARS = 20
-# A number of 9-12 digits standing alone: an order, item, account or phone number.
-_BARE_NUMBER = re.compile(r"(?<![\w.#/+-])\d{9,12}(?![\w.-]*\w)")
 # Its label: a word right before it ("order 1234567890", "item_id: 1234567890",
 # "get_order(1234567890") or a name in brackets right after ("1234567890 (laptop)").
 _LABEL_BEFORE = re.compile(r"[A-Za-z][\w-]*[\s\"':=#(]{0,4}\Z")
@@ -104,7 +103,7 @@ def count_bare_numbers(summary: Summary) -> tuple[int, int]:
     occurrence labels (a word right before, a bracketed name right after)."""
     labelled: dict[str, bool] = {}
     for item in [summary.goal, *(i for name in LIST_SECTIONS for i in summary.items_of(name))]:
-        for match in _BARE_NUMBER.finditer(item):
+        for match in BARE_NUMBER.finditer(item):
             has_label = bool(_LABEL_BEFORE.search(item, 0, match.start())
                              or _LABEL_AFTER.match(item, match.end()))
             labelled[match.group()] = labelled.get(match.group(), False) or has_label

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from worker.compaction.fallback import ARROW, TIMES
 from worker.compaction.identifier_rules import find_identifiers
-from worker.compaction.number_labels import is_bare_number, label_number
+from worker.compaction.number_labels import BARE_NUMBER, is_bare_number, label_number
 from worker.compaction.schema import LIST_SECTIONS, Summary
 from worker.compaction.substrings import TextGrams
 from worker.compaction.tokens import TokenCounter
@@ -41,7 +41,6 @@ _CALL_LINE = re.compile(rf"\Acalled (?P<tool>[\w.-]+)\((?P<args>[^()]*)\){ARROW}
                         r"(?P<said>ok|failed|unknown|no result yet)(?P<rest>.*)\Z", re.DOTALL)
 _LOOKUP_LINE = re.compile(rf"\Alooked up with (?P<tool>[\w.-]+) {TIMES}(?P<count>\d+)"
                           r"(?: \((?P<values>.*)\))?\Z")
-_BARE_NUMBER = re.compile(r"(?<![\w.#/+-])\d{9,12}(?![\w.-]*\w)")
 # Resolved items by the prefix the summarizers give them.
 _RESOLVED_HEADS = (("Answered: ", "requests answered"), ("Acted on: ", "requests acted on"),
                    ("Fixed: ", "errors fixed"), ("Superseded: ", "decisions superseded"))
@@ -134,7 +133,7 @@ def _quoted_values(text: str) -> list[str]:
     take for ids only beside some words), a number only with the label the text gives it:
     on a grouped line no word stands before it, and a bare number says nothing."""
     found = [value for value, _ in find_identifiers(text)]
-    found += [number.group() for number in _BARE_NUMBER.finditer(text)]
+    found += [number.group() for number in BARE_NUMBER.finditer(text)]
     quoted = (label_number(value, (text,)) if is_bare_number(value) else value
               for value in found)
     return list(dict.fromkeys(value for value in quoted if not is_bare_number(value)))

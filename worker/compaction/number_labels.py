@@ -11,6 +11,9 @@ from collections.abc import Iterable, Mapping
 from worker.compaction.grouping import Group
 
 MIN_DIGITS, MAX_DIGITS = 9, 12
+# Such a number standing alone in a text: no word character, dot, sign or slash glued to
+# it (an order, item, account or phone number, not a piece of a longer code).
+BARE_NUMBER = re.compile(rf"(?<![\w.#/+-])\d{{{MIN_DIGITS},{MAX_DIGITS}}}(?![\w.-]*\w)")
 # A bare number as a stored mention list names it: ``["1536995876", "id", ...``.
 _NUMBER_MENTION = re.compile(rf'\["(\d{{{MIN_DIGITS},{MAX_DIGITS}}})"')
 # Looked for this far before the value: a key, a word, "order number is", "#".
