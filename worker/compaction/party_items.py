@@ -104,12 +104,16 @@ def _labelled(summary: Summary, label: str, *, goal_only: bool = False) -> Summa
     """``summary`` with ``label`` on its goal and, unless ``goal_only``, its unlabelled
     party items: the goal names the current party, so the next update reads its label
     there even while the party has stated no constraint or decision yet."""
-    update: dict[str, Any] = {} if goal_only else {
-        name: [item if label_of(item) else label + item for item in summary.items_of(name)]
-        for name in PARTY_SECTIONS}
+    update: dict[str, Any] = {} if goal_only else _labelled_items(summary, label)
     if summary.goal and not label_of(summary.goal):
         update["goal"] = label + summary.goal
     return summary.model_copy(update=update)
+
+
+def _labelled_items(summary: Summary, label: str) -> dict[str, list[str]]:
+    """``summary``'s party sections with ``label`` on each item that has none."""
+    return {name: [item if label_of(item) else label + item for item in summary.items_of(name)]
+            for name in PARTY_SECTIONS}
 
 
 def _party_items(summary: Summary) -> list[str]:
@@ -118,8 +122,7 @@ def _party_items(summary: Summary) -> list[str]:
 
 def _relabel(prior: Summary, label: str, is_open: Callable[[str], bool]) -> Summary:
     """The prior's unlabelled party items with ``label``; its open items ``left_open``."""
-    update = {name: [item if label_of(item) else label + item for item in prior.items_of(name)]
-              for name in PARTY_SECTIONS}
+    update = _labelled_items(prior, label)
     update.update({name: [left_open(item, label) if is_open(item) and not is_left_open(item)
                           else item for item in prior.items_of(name)]
                    for name in OPEN_SECTIONS})
