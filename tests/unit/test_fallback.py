@@ -22,11 +22,16 @@ from worker.compaction.fallback import (
     _DONE,
     MAX_ARTIFACTS,
     NO_WORDS_GOAL,
-    _PassedValues,
     fallback_summary,
 )
 from worker.compaction.grouping import Group, group_messages
-from worker.compaction.identifiers import Artifact, extract_identifiers
+from worker.compaction.identifiers import (
+    Artifact,
+    collect_artifacts,
+    extract_identifiers,
+    identify_message,
+    noting_passed_values,
+)
 from worker.compaction.messages import INSTRUCTION_ROLES, StoredMessage, parse_message
 from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
@@ -241,17 +246,22 @@ def test_only_a_result_that_leads_or_ends_with_an_error_counts_as_a_failed_call(
     assert bool(failures) is is_failure
 
 
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=25),
-       st.lists(st.integers(0, 32), max_size=25))
-def test_the_passed_values_sweep_returns_the_values_covering_each_call_in_any_order(
-    ranges: list[tuple[int, int]], seqs: list[int],
+@settings(max_examples=60, deadline=None)
+@given(sessions(max_turns=6, allow_huge=False), st.integers(0, 2))
+def test_calls_show_the_same_values_from_their_stored_index_as_from_their_arguments(
+    stored: list[StoredMessage], unindexed_every: int,
 ) -> None:
-    artifacts = [Artifact(f"v{i}", "id", 1, min(a, b), max(a, b), frozenset({"tool_argument"}))
-                 for i, (a, b) in enumerate(ranges)]
-    passed = _PassedValues(artifacts)
-    for seq in [*sorted(seqs), *seqs]:  # in seq order, then as drawn (restarts)
-        covering = set(passed.covering(seq))
-        assert covering == {a.value for a in artifacts if a.first_seq <= seq <= a.last_seq}
+    """A job reads what each call passed from its message's stored mentions; a message
+    stored before indexing (or a caller without the index) has its arguments read."""
+    passed: dict[int, tuple[str, ...]] = {}
+    mentions = [(m.seq, identify_message(m.message)) for m in stored
+                if unindexed_every == 0 or m.seq % (unindexed_every + 1)]
+    artifacts = collect_artifacts(noting_passed_values(mentions, passed))
+    drafts = [fallback_summary(group_messages(stored), artifacts=artifacts,
+                               budget_tokens=4_000, counter=shared_counter(),
+                               passed_values=values)
+              for values in (passed, None)]
+    assert drafts[0] == drafts[1]
 
 
 # Cue words in any case, with the letters Unicode folds onto ASCII ones (long s, dotless

@@ -40,6 +40,7 @@ from .identifiers import collect_artifacts as collect_artifacts
 from .identifiers import dump_artifacts_json as dump_artifacts_json
 from .identifiers import extract_identifiers as extract_identifiers
 from .identifiers import identify_message as identify_message
+from .identifiers import noting_passed_values as noting_passed_values
 from .identifiers import search_text as search_text
 from .intake import Action as Action
 from .intake import IntakePolicy as IntakePolicy

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.compaction.budget import fit_summary, truncate_text
 from worker.compaction.facts import find_facts
 from worker.compaction.grouping import Group
+from worker.compaction.identifier_rules import find_identifiers
 from worker.compaction.identifiers import Artifact
 from worker.compaction.messages import INSTRUCTION_ROLES, Role, StoredMessage
 from worker.compaction.number_labels import is_bare_number, label_number
@@ -89,6 +90,7 @@ def fallback_summary(
     ranked: Sequence[Artifact] | None = None,
     tail_continues: bool = False,
     ledger: RequestLedger | None = None,
+    passed_values: Mapping[int, Sequence[str]] | None = None,
 ) -> Summary:
     """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
 
@@ -107,7 +109,9 @@ def fallback_summary(
     the error codes that ended the failures featured (``failure_values``), when the caller
     already has them. ``tail_continues``: the verbatim tail goes on with the span's latest
     conversation (its goal is not answered yet). ``ledger``: the span's requests, when
-    the caller has read them (``read_span_requests``).
+    the caller has read them (``read_span_requests``). ``passed_values``: per indexed
+    message, the values its calls passed (``noting_passed_values``); the arguments of a
+    message it lacks are read for them.
     """
     messages = [m for g in span for m in g.messages if m.message.role not in INSTRUCTION_ROLES]
     outcomes = classify_calls(span) if outcomes is None else outcomes
@@ -130,7 +134,7 @@ def fallback_summary(
         goal=_draft_goal(ledger, has_prior_goal=bool(prior and prior.goal), counter=counter),
         constraints_and_preferences=_draft_facts(messages, counter, sentences, whose),
         completed_actions=[*_describe_span(messages),
-                           *_draft_actions(messages, artifacts, counter, by_call),
+                           *_draft_actions(messages, counter, by_call, passed_values or {}),
                            *_draft_completions(ledger.agent_texts, counter, sentences)],
         key_decisions=decisions,
         resolved=[*_settled_pending(prior, messages, succeeded, until_seq=ledger.parties[-1]
@@ -257,17 +261,23 @@ class _Lookups:
     values: dict[str, None]  # distinct, in first-seen order
 
 
-def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifact],
-                   counter: TokenCounter, outcomes: Mapping[str, CallOutcome]) -> list[str]:
+def _draft_actions(messages: Sequence[StoredMessage], counter: TokenCounter,
+                   outcomes: Mapping[str, CallOutcome],
+                   passed_values: Mapping[int, Sequence[str]]) -> list[str]:
     """Each call that changed something, with its outcome; look-ups tallied per tool."""
-    passed = _PassedValues(a for a in artifacts
-                           if a.kind != "tool" and "tool_argument" in a.sources)
     lookups: dict[str, _Lookups] = {}
     actions: list[str] = []
     for stored in messages:
-        for call in stored.message.tool_calls or ():
+        calls = stored.message.tool_calls
+        if not calls:
+            continue
+        passed = passed_values.get(stored.seq)
+        if passed is None:  # a message stored before its identifiers were indexed
+            passed = list(dict.fromkeys(value for call in calls for value, _ in
+                                        find_identifiers(call.function.arguments)))
+        for call in calls:
             name = call.function.name
-            values = _call_values(call.function.arguments, passed.covering(stored.seq))
+            values = _call_values(call.function.arguments, passed)
             if _LOOKUP.match(name):
                 tally = lookups.setdefault(name, _Lookups(0, {}))
                 tally.calls += 1
@@ -284,49 +294,11 @@ def _draft_actions(messages: Sequence[StoredMessage], artifacts: Sequence[Artifa
 
 
 def _call_values(arguments: str, passed: Sequence[str]) -> list[str]:
-    """The identifiers a call passed, in argument order, from the span's stored index (the
-    arguments are not scanned for identifiers again); a bare number with the argument's
-    name (``order_id 1536995876``)."""
+    """The identifiers a call passed, in argument order, of those its message ``passed``;
+    a bare number with the argument's name (``order_id 1536995876``)."""
     found = [(arguments.find(value), value) for value in passed if value in arguments]
     return [label_number(value, (arguments,)) if is_bare_number(value) else value
             for _, value in sorted(found)]
-
-
-class _PassedValues:
-    """The span's values passed to tools, asked for those whose seq range covers a call.
-
-    Calls come in seq order, so one sweep keeps the covering values: a 1M-token span
-    has ~2.5k calls and thousands of values, and trying every value on every call cost
-    ~0.25 s. The covering values are filtered again only when one starts or ends (a few
-    hundred times, not at each call); a call earlier than the last one asked restarts
-    the sweep.
-    """
-
-    def __init__(self, artifacts: Iterable[Artifact]) -> None:
-        self._by_first = sorted(artifacts, key=lambda a: a.first_seq)
-        self._restart()
-
-    def _restart(self) -> None:
-        self._next, self._seq = 0, -1
-        self._active: list[Artifact] = []
-        self._values: list[str] = []
-        self._first_end = math.inf  # the earliest last_seq among the active values
-
-    def covering(self, seq: int) -> list[str]:
-        """The values with ``first_seq <= seq <= last_seq``."""
-        if seq < self._seq:
-            self._restart()
-        self._seq = seq
-        by_first, start = self._by_first, self._next
-        while self._next < len(by_first) and by_first[self._next].first_seq <= seq:
-            self._next += 1
-        if start == self._next and seq <= self._first_end:
-            return self._values  # none started or ended since the last call
-        self._active = [a for a in (*self._active, *by_first[start:self._next])
-                        if a.last_seq >= seq]
-        self._first_end = min((a.last_seq for a in self._active), default=math.inf)
-        self._values = [a.value for a in self._active]
-        return self._values
 
 
 def _say_outcome(outcome: CallOutcome, counter: TokenCounter) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
@@ -30,6 +30,7 @@ __all__ = [
     "extract_identifiers",
     "find_identifiers",
     "identify_message",
+    "noting_passed_values",
     "search_text",
 ]
 
@@ -187,6 +188,20 @@ def collect_artifacts(mentions: Iterable[tuple[int, Sequence[Sequence[Any]]]]
     return [Artifact(value, kinds.get(kind, kind), count, first_seq, last_seq, sources,
                      line_tokens)
             for value, kind, count, _, first_seq, last_seq, sources, line_tokens in ranked]
+
+
+def noting_passed_values(mentions: Iterable[tuple[int, Sequence[Sequence[Any]]]],
+                         passed: dict[int, tuple[str, ...]]
+                         ) -> Iterator[tuple[int, Sequence[Sequence[Any]]]]:
+    """Hand ``mentions`` on as they come (to ``collect_artifacts``), noting in ``passed``
+    each indexed message's values found in its tool calls' arguments (none where it made
+    no call): what a call passed is read from its own message's index, not tried against
+    every value of the span."""
+    for seq, found in mentions:
+        passed[seq] = tuple(dict.fromkeys(
+            mention[0] for mention in found
+            if mention[2] == "tool_argument" and mention[1] != "tool"))
+        yield seq, found
 
 
 class _SharedSources:

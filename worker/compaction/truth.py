@@ -129,7 +129,7 @@ def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradict
     (``party_items.attribute_parties``), are the prior's, not checked again."""
     keys = {i: normalize_item(i) for name in LIST_SECTIONS for i in summary.items_of(name)}
     items = {name: [i for i in summary.items_of(name)
-                    if normalize_item(without_party(i)) not in record.prior_items]
+                    if _unlabelled_key(i, keys) not in record.prior_items]
              for name in LIST_SECTIONS}
     # Each open or done item's key without its label, read once for the checks below.
     bodies = {i: _body(keys[i]) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)
@@ -254,6 +254,12 @@ def _invented(summary: Summary, items: dict[str, list[str]], record: SpanRecord
     invented = record.unknown(list(dict.fromkeys(v for v, _ in find_identifiers(text))))
     if invented:
         yield Contradiction("invented_identifier", tuple(invented))
+
+
+def _unlabelled_key(item: str, keys: Mapping[str, str]) -> str:
+    """``item``'s key without its party label: its own key when it has none."""
+    unlabelled = without_party(item)
+    return keys[item] if unlabelled is item else normalize_item(unlabelled)
 
 
 def _body(key: str) -> str:

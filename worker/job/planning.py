@@ -35,6 +35,7 @@ from worker.compaction import (
     group_items,
     group_messages,
     label_numbers,
+    noting_passed_values,
     parse_message_json,
     plan_boundary,
     prune_groups,
@@ -206,16 +207,19 @@ def summary_work(trace: JobTrace, deps: JobDeps, policy: JobPolicy, plan: JobPla
     prior = plan.revision
     indexed = [seq for seq in span.seqs if seq in mentions]
     found = decode_mention_lists([mentions[seq] for seq in indexed])
+    passed: dict[int, tuple[str, ...]] = {}
     work = SummaryWork(
         span=span.groups,
         prior=Summary.model_validate(prior.summary) if prior else None,
-        artifacts=tuple(collect_artifacts(zip(indexed, found, strict=True))),
+        artifacts=tuple(collect_artifacts(
+            noting_passed_values(zip(indexed, found, strict=True), passed))),
         outcomes=span.outcomes,
         span_tokens=span.tokens,
         budget_tokens=policy.summary_budget.for_span(span.tokens, plan.prior_summary_tokens),
         counter=deps.counter,
         tail_continues=span.tail_continues,
         number_labels=span.number_labels,
+        passed_values=passed,
     )
     work.use_stored_line_counts()
     trace.record_figures(span_tokens=work.span_tokens, span_messages=len(span.seqs),

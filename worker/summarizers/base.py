@@ -50,6 +50,9 @@ class SummaryWork:
     tail_continues: bool = False
     # The span's bare numbers as the merge lists them, with the labels the text gave them.
     number_labels: Mapping[str, str] = field(default_factory=dict)
+    # Per indexed message of the span, the values its tool calls passed, from its stored
+    # index (``noting_passed_values``).
+    passed_values: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     @functools.cached_property
     def failures(self) -> tuple[Failure, ...]:

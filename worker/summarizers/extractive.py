@@ -31,6 +31,7 @@ class ExtractiveSummarizer:
             prior=work.prior,
             tail_continues=work.tail_continues,
             ledger=work.requests,
+            passed_values=work.passed_values,
         )
         return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
                             prompt_version=EXTRACTIVE_VERSION)
