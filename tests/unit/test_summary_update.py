@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import SUMMARIES
 from worker.compaction.schema import Summary, count_summary_tokens, empty_summary
-from worker.compaction.summary_update import update_summary
+from worker.compaction.summary_update import normalize_item, update_summary
 
 BUDGET_TOKENS = 4_096
 
@@ -129,3 +129,8 @@ def test_indexed_values_lead_whatever_order_the_summarizer_listed_them_in() -> N
     assert updated.fitted.tokens <= budget_tokens
     assert kept == ranked[:len(kept)]  # the model's names and order gave way to salience
     assert updated.reattached == tuple(value for value in ranked[30:] if value in kept)
+
+
+@given(st.text(st.characters(codec="utf-8")) | st.text(" \t\n\x1f\x85\xa0\u2003\u2028.;:!Aa1"))
+def test_an_items_key_is_its_words_case_folded_without_end_dots(text: str) -> None:
+    assert normalize_item(text) == " ".join(text.split()).rstrip(".;:!").casefold()

@@ -160,7 +160,11 @@ def _in_order(first: Sequence[str], second: Sequence[str], order: Sequence[str])
 
 
 def normalize_item(text: str) -> str:
-    """Return the comparison key of an item: case-folded, spaces collapsed, no end dots."""
+    """Return the comparison key of an item: case-folded, spaces collapsed, no end dots.
+    A text without whitespace (an identifier: most keys a job compares) is not split: no
+    printable character but the space is whitespace."""
+    if " " not in text and text.isprintable():
+        return text.rstrip(".;:!").casefold()
     return " ".join(text.split()).rstrip(".;:!").casefold()
 
 
