@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from worker.compaction.grouping import Group
@@ -127,12 +128,10 @@ def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradict
     """Return what ``summary`` (of the span alone) says against ``record``; the prior's
     items it copies verbatim (the update contract), with or without their party's label
     (``party_items.attribute_parties``), are the prior's, not checked again."""
-    keys = {i: normalize_item(i) for name in LIST_SECTIONS for i in summary.items_of(name)}
-    items = {name: [i for i in summary.items_of(name)
-                    if _unlabelled_key(i, keys) not in record.prior_items]
+    items = {name: _new_items(summary.items_of(name), record.prior_items)
              for name in LIST_SECTIONS}
     # Each open or done item's key without its label, read once for the checks below.
-    bodies = {i: _body(keys[i]) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)
+    bodies = {i: _body(normalize_item(i)) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)
               for i in items[name]}
     return [*_false_outcomes(items, record), *_reopened(items, bodies, record),
             *_done_while_open(items, bodies, record), *_open_and_done(items, bodies, record),
@@ -256,10 +255,11 @@ def _invented(summary: Summary, items: dict[str, list[str]], record: SpanRecord
         yield Contradiction("invented_identifier", tuple(invented))
 
 
-def _unlabelled_key(item: str, keys: Mapping[str, str]) -> str:
-    """``item``'s key without its party label: its own key when it has none."""
-    unlabelled = without_party(item)
-    return keys[item] if unlabelled is item else normalize_item(unlabelled)
+def _new_items(items: Sequence[str], prior_items: AbstractSet[str]) -> list[str]:
+    """``items`` less those whose key, without a party label, is one of ``prior_items``."""
+    if not prior_items:
+        return list(items)
+    return [item for item in items if normalize_item(without_party(item)) not in prior_items]
 
 
 def _body(key: str) -> str:
