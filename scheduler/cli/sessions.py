@@ -82,6 +82,8 @@ def show_command(
     """
     from scheduler.beat import scan_policy  # the scan's modules, only for this command
     from scheduler.selection import due_why
+    from worker.compaction import SessionFormat
+    from worker.platform.formats import session_record
 
     settings = get_settings()
     with open_store(settings) as store:
@@ -91,8 +93,10 @@ def show_command(
     due = due_why(state.projection_tokens, state.tokens_since_compaction,
                   compacted=state.last_compacted_at is not None, policy=scan_policy(settings))
     if as_json:
-        print_json({"session": state, "revisions": revisions, "projection": projection,
-                    "due": due})
+        # The projection as `projection --json` prints it: the record of the session's format.
+        print_json({"session": state, "revisions": revisions, "due": due,
+                    "projection": session_record(SessionFormat(state.session_format),
+                                                 session_id, state.metadata, projection)})
         return
     console = stdout_console()
     console.print(

@@ -156,8 +156,8 @@ def test_show_json_gives_the_projection_and_revision_history(
     assert shown["revisions"] == []
     assert shown["session"]["session_id"] == "s-dup"
     assert shown["due"] is None  # a few tokens, never compacted
-    assert shown["projection"] == [USER, calling("a"), result("a"), calling("a_dup1"),
-                                   result("a_dup1"), REPLY]
+    assert shown["projection"]["messages"] == [USER, calling("a"), result("a"), calling("a_dup1"),
+                                               result("a_dup1"), REPLY]
 
 
 def test_show_prints_the_projection_as_a_table(compactor: Compactor, mixed_file: Path) -> None:
@@ -307,5 +307,5 @@ def test_bytes_that_are_not_utf8_are_repaired_not_fatal(
 
     assert result.exit_code == 0
     assert json.loads(result.stdout.splitlines()[0])["status"] == "repaired"
-    assert compactor.json("show", "s-latin1")["projection"] == [
+    assert compactor.json("show", "s-latin1")["projection"]["messages"] == [
         {"role": "user", "content": "caf\ufffd"}]

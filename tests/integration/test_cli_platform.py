@@ -137,3 +137,4 @@ def test_projection_json_of_an_uncompacted_session_is_the_record_imported_in_its
     assert imported.exit_code == 0, imported.output
     for record in records:
         assert compactor.json("projection", record["session_id"]) == record
+        assert compactor.json("show", record["session_id"])["projection"] == record
