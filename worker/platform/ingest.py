@@ -40,6 +40,7 @@ from worker.compaction import (
     SessionFormat,
     TokenCounter,
     check_session,
+    classify_results,
     clean_text,
     dump_message,
     find_foreign_chat_fields,
@@ -352,9 +353,9 @@ def append_messages(
 
 
 def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> list[NewMessage]:
-    """Turn checked messages into store rows, each counted and identified once, with its
-    identifiers' summary lines counted (stored messages never change, so no job scans or
-    counts them again)."""
+    """Turn checked messages into store rows, each counted, identified and (a tool result)
+    classified once, with its identifiers' summary lines counted (stored messages never
+    change, so no job scans, counts or classifies them again)."""
     # The identifiers' lines through a counter that remembers them: a session's values
     # recur from message to message.
     line_counter = counter.for_job()
@@ -362,7 +363,8 @@ def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> li
         NewMessage(body=dump_message(message), role=message.role.value,
                    tool_call_id=message.tool_call_id, tokens=counter.count_message(message),
                    identifiers=tuple(identify_message(message, line_counter)),
-                   search_text=search_text(message))
+                   search_text=search_text(message),
+                   outcomes=tuple(classify_results((message,))))
         for message in messages
     ]
 
