@@ -232,7 +232,7 @@ def test_appended_tool_results_carry_the_outcome_their_text_gives(
                        session_format=session_format if index == 0 else None)
 
     stored = store.messages("s1")
-    expected = [tuple(classify_results(view_item(session_format, m.body).chat_messages()))
+    expected = [classify_results([view_item(session_format, m.body).chat_messages()])[0]
                 for m in stored]
     assert [m.outcomes for m in stored] == expected
     statuses = {status for outcomes in expected for _, status, _ in outcomes}

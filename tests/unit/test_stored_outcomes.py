@@ -82,7 +82,7 @@ def test_a_stored_outcome_is_taken_without_reading_the_text() -> None:
     """The stored outcome decides (a job never reads such a result's text again); one
     that answers another call, or names no status, is classified from the text."""
     result = parse_message({"role": "tool", "tool_call_id": "c1", "content": "exit code 2"})
-    [(call_id, status, lines)] = classify_results([result])
+    [[(call_id, status, lines)]] = classify_results([[result]])
     assert (call_id, status, lines) == ("c1", CallStatus.FAILED, ("exit code 2",))
     call = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]}

@@ -167,11 +167,17 @@ def failing_lines(text: str) -> tuple[str, ...]:
     return lines if status is CallStatus.FAILED else ()
 
 
-def classify_results(messages: Iterable[ChatMessage]) -> list[ResultOutcome]:
-    """Classify each tool result among ``messages`` (one stored item's chat messages) from
-    its full text, in order: what ingest stores with the item."""
-    return [(message.tool_call_id or "", *classify_result(message.text))
-            for message in messages if message.role is Role.TOOL]
+def classify_results(items: Iterable[Sequence[ChatMessage]]
+                     ) -> list[tuple[ResultOutcome, ...]]:
+    """Classify the tool results of each item (its chat messages) from their full texts,
+    in order: what ingest stores with each item. The results of all the items are
+    scanned together, as a job's span was, each classified as it would be alone."""
+    results = [[message for message in messages if message.role is Role.TOOL]
+               for messages in items]
+    classified = iter(_classify_texts([message.text for found in results
+                                       for message in found]))
+    return [tuple([(message.tool_call_id or "", *next(classified)) for message in found])
+            for found in results]
 
 
 def classify_calls(span: Sequence[Group],

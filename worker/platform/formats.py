@@ -123,7 +123,8 @@ def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: Tok
     """
     line_counter = counter.for_job()
     rows = []
-    for item, view in zip(checked.items, checked.views, strict=True):
+    classified = classify_results([view.chat_messages() for view in checked.views])
+    for item, view, outcomes in zip(checked.items, checked.views, classified, strict=True):
         call_id = None
         if session_format is SessionFormat.RESPONSES:
             call_id = next((c.call_id for c in view.calls), None) or next(
@@ -132,8 +133,7 @@ def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: Tok
             body=item, role=view.role.value, tool_call_id=call_id,
             tokens=count_view(view, counter),
             identifiers=identify_view(view, line_counter),
-            search_text=view_search_text(view),
-            outcomes=tuple(classify_results(view.chat_messages()))))
+            search_text=view_search_text(view), outcomes=outcomes))
     return rows
 
 
@@ -157,11 +157,11 @@ def index_stored_body(session_format: SessionFormat, body: dict[str, Any],
         message = parse_message(body)
         identifiers = tuple(identify_message(message, counter)) if with_identifiers else None
         return (identifiers, search_text(message) if with_identifiers else None,
-                tuple(classify_results((message,))) if with_outcomes else None)
+                classify_results([(message,)])[0] if with_outcomes else None)
     view = view_item(session_format, body)
     return (identify_view(view, counter) if with_identifiers else None,
             view_search_text(view) if with_identifiers else None,
-            tuple(classify_results(view.chat_messages())) if with_outcomes else None)
+            classify_results([view.chat_messages()])[0] if with_outcomes else None)
 
 
 def identify_view(view: ItemView, counter: TokenCounter) -> tuple[Mention, ...]:
