@@ -45,8 +45,12 @@ from .records import RunRecord as RunRecord
 from .records import SessionState as SessionState
 from .records import SnapshotSkipRule as SnapshotSkipRule
 from .records import StoredMention as StoredMention
+from .records import StoredOutcome as StoredOutcome
 from .records import ToolCallState as ToolCallState
+from .records import UnindexedMessage as UnindexedMessage
 from .records import decode_mention_lists as decode_mention_lists
+from .records import decode_outcome_lists as decode_outcome_lists
+from .records import encode_outcomes as encode_outcomes
 from .scan import DueCriteria as DueCriteria
 from .scan import DueCursor as DueCursor
 from .scan import DuePage as DuePage

@@ -1,19 +1,25 @@
 """The per-session artifact index: one row per identifier, upserted in the transaction
 that stores (or backfills) the messages mentioning it, recounted in the one that erases a
 message, and read back as ``ArtifactRecord`` values; and the backfill's reads and writes
-of unindexed messages."""
+of messages unindexed or unclassified."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, case, delete, func, select, update
+from sqlalchemy import Table, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from db.models import SOURCE_BITS, ArtifactRow, MessageRow
-from db.records import ArtifactRecord, IndexedMessage, StoredMention
+from db.records import (
+    ArtifactRecord,
+    IndexedMessage,
+    StoredMention,
+    UnindexedMessage,
+    encode_outcomes,
+)
 
 
 def upsert_artifacts(
@@ -111,39 +117,57 @@ def select_artifacts(session: Session, session_pk: int, *, limit: int) -> list[A
             for row in rows]
 
 
-def select_unindexed(session: Session, session_pk: int, *, limit: int) -> list[tuple[int, Any]]:
-    """Return ``(seq, body)`` of the session's first ``limit`` messages never indexed."""
+def select_unindexed(session: Session, session_pk: int, *, limit: int
+                     ) -> list[UnindexedMessage]:
+    """Return the session's first ``limit`` messages never indexed or never classified."""
     rows = session.execute(
-        select(MessageRow.seq, MessageRow.body)
-        .where(MessageRow.session_id == session_pk, MessageRow.identifiers.is_(None))
+        select(MessageRow.seq, MessageRow.body, MessageRow.identifiers.is_(None),
+               MessageRow.outcomes.is_(None))
+        .where(MessageRow.session_id == session_pk, _UNINDEXED)
         .order_by(MessageRow.seq).limit(limit)
     )
-    return [(seq, body) for seq, body in rows]
+    return [UnindexedMessage(seq, body, bool(no_identifiers), bool(no_outcomes))
+            for seq, body, no_identifiers, no_outcomes in rows]
 
 
 def count_unindexed(session: Session) -> int:
-    """Count the messages of every session that were never indexed."""
+    """Count the messages of every session that were never indexed or classified."""
     return int(session.scalar(
-        select(func.count()).select_from(MessageRow).where(MessageRow.identifiers.is_(None))
+        select(func.count()).select_from(MessageRow).where(_UNINDEXED)
     ) or 0)
 
 
+# A message stored before ingest computed its identifiers (0003) or its outcomes (0010).
+_UNINDEXED = or_(MessageRow.identifiers.is_(None), MessageRow.outcomes.is_(None))
+
+
 def write_index(session: Session, session_pk: int, indexed: Sequence[IndexedMessage]) -> int:
-    """Store the identifiers and search text of messages never indexed, and fold them
-    into the artifact index; return how many were still unindexed (a concurrent backfill
-    may have written the others)."""
+    """Store what was computed of messages never indexed or classified (their
+    identifiers and search text, their outcomes), each where it is still missing, and
+    fold the identifiers into the artifact index; return how many messages were written
+    (a concurrent backfill may have written the others)."""
     written: list[IndexedMessage] = []
     for item in indexed:
+        values: dict[str, Any] = {}
+        missing = []
+        if item.identifiers is not None:
+            values.update(identifiers=[list(m) for m in item.identifiers],
+                          search_text=item.search_text)
+            missing.append(MessageRow.identifiers.is_(None))
+        if item.outcomes is not None:
+            values["outcomes"] = encode_outcomes(item.outcomes)
+            missing.append(MessageRow.outcomes.is_(None))
+        if not values:
+            continue
         changed = session.execute(
             update(MessageRow)
-            .where(MessageRow.session_id == session_pk, MessageRow.seq == item.seq,
-                   MessageRow.identifiers.is_(None))
-            .values(identifiers=[list(m) for m in item.identifiers],
-                    search_text=item.search_text)
+            .where(MessageRow.session_id == session_pk, MessageRow.seq == item.seq, *missing)
+            .values(**values)
             .returning(MessageRow.id),
             execution_options={"synchronize_session": False},
         ).first()
         if changed is not None:
             written.append(item)
-    upsert_artifacts(session, session_pk, [(i.seq, i.identifiers) for i in written])
+    upsert_artifacts(session, session_pk, [(i.seq, i.identifiers) for i in written
+                                           if i.identifiers is not None])
     return len(written)

@@ -20,8 +20,11 @@ REVISIONS: Table = RevisionRow.__table__  # type: ignore[assignment]
 MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
 RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 SESSION_COLUMNS = tuple(SESSIONS.c)
-# The active revision's columns in the snapshot's join, prefixed apart from the session's.
-REVISION_LABELS = tuple(column.label(f"revision_{column.name}") for column in REVISIONS.c)
+# The active revision's columns in the snapshot's join, prefixed apart from the session's;
+# a short prefix keeps the snapshot's statements within psycopg's cache (see ``ZERO``).
+REVISION_PREFIX = "r_"
+REVISION_LABELS = tuple(column.label(f"{REVISION_PREFIX}{column.name}")
+                        for column in REVISIONS.c)
 # Constants written into the statements' text, not bound: psycopg caches its conversion of
 # a statement's placeholders only for a text of at most 4,096 characters and 50
 # parameters (``psycopg._queries``), and re-parses a longer one on every execution.
@@ -54,11 +57,12 @@ def session_state_of(m: Mapping[Any, Any]) -> SessionState:
 
 def revision_of(session_id: str, mapping: Mapping[Any, Any]) -> RevisionRecord | None:
     """The active revision from its ``REVISION_LABELS`` columns; None when it has none."""
-    if mapping["revision_id"] is None:
+    if mapping[f"{REVISION_PREFIX}id"] is None:
         return None
     return RevisionRecord(
         session_id=session_id,
-        **{c.name: mapping[f"revision_{c.name}"] for c in REVISIONS.c if c.name != "session_id"},
+        **{c.name: mapping[f"{REVISION_PREFIX}{c.name}"] for c in REVISIONS.c
+           if c.name != "session_id"},
     )
 
 

@@ -35,6 +35,7 @@ from db.job_rows import (
     IS_INSTRUCTION,
     MESSAGES,
     REVISION_LABELS,
+    REVISION_PREFIX,
     REVISIONS,
     SESSION_COLUMNS,
     SESSIONS,
@@ -125,13 +126,16 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
             .where(found, breaker_admits(session.c, cooldown_start),
                    session.c.projection_tokens > bindparam("trigger_tokens"))
             .cte("h"))
-    message_columns = (MESSAGES.c.seq.label("message_seq"),
-                       MESSAGES.c.body.cast(Text).label("message_body"),
-                       MESSAGES.c.tokens.label("message_tokens"),
-                       MESSAGES.c.identifiers.cast(Text).label("message_identifiers"))
-    size_columns = (REVISIONS.c.id.label("size_revision_id"),
-                    REVISIONS.c.projection_tokens_before.label("size_before"),
-                    REVISIONS.c.projection_tokens_after.label("size_after"))
+    # Short labels (``m_``: a message's, ``s_``: a revision's sizes) keep the text within
+    # psycopg's cache.
+    message_columns = (MESSAGES.c.seq.label("m_seq"),
+                       MESSAGES.c.body.cast(Text).label("m_body"),
+                       MESSAGES.c.tokens.label("m_tokens"),
+                       MESSAGES.c.identifiers.cast(Text).label("m_identifiers"),
+                       MESSAGES.c.outcomes.label("m_outcomes"))
+    size_columns = (REVISIONS.c.id.label("s_id"),
+                    REVISIONS.c.projection_tokens_before.label("s_before"),
+                    REVISIONS.c.projection_tokens_after.label("s_after"))
 
     def nulls(columns: tuple[Any, ...]) -> list[Any]:
         return [cast(null(), column.type).label(column.name) for column in columns]
@@ -143,7 +147,7 @@ def snapshot_statement(session: Any, revision: Any, source: FromClause,
     def bare_nulls(count: int) -> list[Any]:
         return [literal_column("NULL") for _ in range(count)]
 
-    head_columns = (*session.c, *(c.label(f"revision_{c.name}") for c in revision.c))
+    head_columns = (*session.c, *(c.label(f"{REVISION_PREFIX}{c.name}") for c in revision.c))
     session_part = (select(part(HEAD_PART), *head_columns, *nulls(message_columns),
                            *nulls(size_columns)).select_from(source).where(found))
     through_seq = func.coalesce(head.c.through_seq, ZERO)
@@ -173,13 +177,13 @@ SNAPSHOT_STATEMENT = snapshot_statement(
     SESSIONS.outerjoin(REVISIONS, REVISIONS.c.id == SESSIONS.c.active_revision_id),
     SESSIONS.c.session_id == bindparam("session_id"))
 # Where the message and size columns sit in its rows (read by position, not by name:
-# a Row's attribute lookup costs ~10x a tuple index, and a message row has four).
+# a Row's attribute lookup costs ~10x a tuple index, and a message row has six).
 SNAPSHOT_KEYS = tuple(str(column.key) for column in SNAPSHOT_STATEMENT.selected_columns)
 SNAPSHOT_POSITIONS = {key: position for position, key in enumerate(SNAPSHOT_KEYS)}
-_SEQ, _BODY, _TOKENS, _IDENTIFIERS, _FORMAT, _SIZE_ID, _SIZE_BEFORE, _SIZE_AFTER = (
-    SNAPSHOT_POSITIONS[key] for key in (
-        "message_seq", "message_body", "message_tokens", "message_identifiers",
-        "format", "size_revision_id", "size_before", "size_after"))
+(_SEQ, _BODY, _TOKENS, _IDENTIFIERS, _OUTCOMES, _FORMAT, _SIZE_ID, _SIZE_BEFORE,
+ _SIZE_AFTER) = (SNAPSHOT_POSITIONS[key] for key in (
+    "m_seq", "m_body", "m_tokens", "m_identifiers", "m_outcomes", "format", "s_id",
+    "s_before", "s_after"))
 
 
 # What a skip rule without a check binds: every opening is before the first, every projection
@@ -230,7 +234,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]], session_id: str, *,
         if part == MESSAGE_PART:
             seqs.append(row[_SEQ])
             messages.append(to_message(MessageText(
-                row[_SEQ], row[_BODY], row[_TOKENS], row[_IDENTIFIERS], row[_FORMAT])))
+                row[_SEQ], row[_BODY], row[_TOKENS], row[_IDENTIFIERS], row[_OUTCOMES],
+                row[_FORMAT])))
         elif part == HEAD_PART:
             head = {key: process(value) if process and value is not None else value
                     for key, process, value in zip(SNAPSHOT_KEYS, head_processors, row,

@@ -137,6 +137,9 @@ class MessageRow(Base):
     # Computed by the worker at ingest (NULL: stored before migration 0003, not backfilled).
     identifiers: Mapped[list[list[Any]] | None] = mapped_column(NullableJsonData)
     search_text: Mapped[str | None] = mapped_column(Text)
+    # Its tool results' outcomes as JSON text, classified by the worker at ingest (NULL:
+    # stored before migration 0010, not backfilled).
+    outcomes: Mapped[str | None] = mapped_column(Text)
 
 
 class ArtifactRow(Base):

@@ -39,6 +39,8 @@ from db.records import (
     SessionState,
     StoredMention,
     ToolCallState,
+    decode_outcomes,
+    encode_outcomes,
 )
 
 _RUNS: Table = RunRow.__table__  # type: ignore[assignment]
@@ -132,6 +134,7 @@ def append_rows(
                 "identifiers": None if message.identifiers is None else
                 [list(mention) for mention in message.identifiers],
                 "search_text": message.search_text,
+                "outcomes": encode_outcomes(message.outcomes),
             }
             for seq, message in zip(seqs, messages, strict=True)
         ],
@@ -157,12 +160,13 @@ def iterate_active_texts(connection: Connection, session_pk: int, through_seq: i
     never all coexist."""
     rows = connection.execute(
         select(MessageRow.seq, MessageRow.body.cast(Text), MessageRow.tokens,
-               MessageRow.identifiers.cast(Text))
+               MessageRow.identifiers.cast(Text), MessageRow.outcomes)
         .where(MessageRow.session_id == session_pk, _is_active(through_seq))
         .order_by(MessageRow.seq)
     )
-    for seq, body_json, tokens, identifiers_json in rows:
-        yield MessageText(seq, body_json, tokens, identifiers_json, session_format)
+    for seq, body_json, tokens, identifiers_json, outcomes_json in rows:
+        yield MessageText(seq, body_json, tokens, identifiers_json, outcomes_json,
+                          session_format)
 
 
 def _is_active(through_seq: int) -> Any:
@@ -217,13 +221,14 @@ def _select_messages(session: Session, session_pk: int, condition: Any
     rows = session.execute(
         select(
             MessageRow.seq, MessageRow.body, MessageRow.role, MessageRow.tool_call_id,
-            MessageRow.tokens, MessageRow.identifiers,
+            MessageRow.tokens, MessageRow.identifiers, MessageRow.outcomes,
         )
         .where(MessageRow.session_id == session_pk, condition)
         .order_by(MessageRow.seq)
     )
-    return [MessageRecord(seq, body, role, tool_call_id, tokens, _mentions(identifiers))
-            for seq, body, role, tool_call_id, tokens, identifiers in rows]
+    return [MessageRecord(seq, body, role, tool_call_id, tokens, _mentions(identifiers),
+                          decode_outcomes(outcomes))
+            for seq, body, role, tool_call_id, tokens, identifiers, outcomes in rows]
 
 
 def _mentions(stored: list[list[Any]] | None) -> tuple[StoredMention, ...] | None:

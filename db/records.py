@@ -11,14 +11,17 @@ from typing import Any, Generic, TypeVar
 # One identifier's occurrences in a message from one source: value, kind, source, count,
 # and the tokens of its summary line (None where ingest did not count it).
 StoredMention = tuple[str, str, str, int, int | None]
+# One tool result's outcome: the call id it answers, its status, and the lines that say so.
+StoredOutcome = tuple[str, str, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
 class NewMessage:
     """A message to append: the dict verbatim, plus what queries need from it.
 
-    ``identifiers`` and ``search_text`` are computed by the worker at ingest; None leaves
-    the message unindexed (``compactor db backfill`` indexes it later).
+    ``identifiers``, ``search_text`` and ``outcomes`` (each of its tool results', in
+    order; empty when it holds none) are computed by the worker at ingest; None leaves
+    the message unindexed or unclassified (``compactor db backfill`` does it later).
     """
 
     body: dict[str, Any]
@@ -27,6 +30,7 @@ class NewMessage:
     tokens: int
     identifiers: tuple[StoredMention, ...] | None = None
     search_text: str | None = None
+    outcomes: tuple[StoredOutcome, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,7 @@ class MessageRecord:
     tool_call_id: str | None
     tokens: int
     identifiers: tuple[StoredMention, ...] | None = None  # None: not indexed yet
+    outcomes: tuple[StoredOutcome, ...] | None = None  # None: not classified yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +52,15 @@ class MessageText:
     decoded into dicts, so the job parses it straight into its own model; and its
     identifiers as their JSON text too, decoded (``decode_mention_lists``) only for the
     messages a job summarizes, as it tallies them (decoded into tuples and strings, a
-    long session's mentions take much more memory than their text). The session's
-    format comes with each, so the body is parsed as what it is, once."""
+    long session's mentions take much more memory than their text); so are its tool
+    results' outcomes, decoded only for the span's results. The session's format comes
+    with each, so the body is parsed as what it is, once."""
 
     seq: int
     body_json: str
     tokens: int
     identifiers_json: str | None  # None: not indexed yet
+    outcomes_json: str | None  # None: not classified yet
     session_format: str  # the session's: chat, responses or anthropic
 
 
@@ -67,19 +74,60 @@ def decode_mention_lists(identifiers_json: Sequence[str]) -> Iterator[list[list[
     count, line_tokens]`` each, without ``line_tokens`` where stored before it was kept),
     decoded a batch of texts at a time: one call's overhead spread over many messages
     instead of paid per message, and no tuples."""
-    for start in range(0, len(identifiers_json), MENTION_TEXTS_PER_DECODE):
-        batch = identifiers_json[start:start + MENTION_TEXTS_PER_DECODE]
+    return _decode_lists(identifiers_json)
+
+
+def decode_outcome_lists(outcomes_json: Sequence[str]) -> Iterator[list[list[Any]]]:
+    """Each text's tool result outcomes as the JSON decodes them (a list ``[call_id,
+    status, lines]`` each), a batch of texts at a time, as ``decode_mention_lists``."""
+    return _decode_lists(outcomes_json)
+
+
+def _decode_lists(texts: Sequence[str]) -> Iterator[list[list[Any]]]:
+    for start in range(0, len(texts), MENTION_TEXTS_PER_DECODE):
+        batch = texts[start:start + MENTION_TEXTS_PER_DECODE]
         yield from json.loads(f"[{','.join(batch)}]")
+
+
+# One encoder for every message's outcomes (``json.dumps`` with options builds one per
+# call); its text is what a job decodes.
+_OUTCOMES_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_outcomes(outcomes: Sequence[StoredOutcome] | None) -> str | None:
+    """The JSON text ``messages.outcomes`` holds of a message's outcomes (None: NULL)."""
+    return None if outcomes is None else _OUTCOMES_ENCODER.encode(outcomes)
+
+
+def decode_outcomes(outcomes_json: str | None) -> tuple[StoredOutcome, ...] | None:
+    """A message's outcomes from ``messages.outcomes`` (None: not classified)."""
+    if outcomes_json is None:
+        return None
+    return tuple((call_id, status, tuple(lines))
+                 for call_id, status, lines in json.loads(outcomes_json))
+
+
+@dataclass(frozen=True, slots=True)
+class UnindexedMessage:
+    """A stored message the backfill reads: its body, and which of what ingest computes
+    it was stored without (identifiers and search text: before migration 0003; tool
+    outcomes: before 0010)."""
+
+    seq: int
+    body: dict[str, Any]
+    needs_identifiers: bool
+    needs_outcomes: bool
 
 
 @dataclass(frozen=True, slots=True)
 class IndexedMessage:
-    """What the worker computed for a message stored before identifiers were: the
-    backfill writes it once."""
+    """What the worker computed for a message stored before identifiers or outcomes
+    were: the backfill writes each once (None: already stored, not computed again)."""
 
     seq: int
-    identifiers: tuple[StoredMention, ...]
-    search_text: str
+    identifiers: tuple[StoredMention, ...] | None
+    search_text: str | None
+    outcomes: tuple[StoredOutcome, ...] | None
 
 
 @dataclass(frozen=True, slots=True)

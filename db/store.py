@@ -46,6 +46,7 @@ from db.records import (
     RunRecord,
     SessionState,
     ToolCallState,
+    UnindexedMessage,
 )
 from db.revisions import roll_back, roll_forward
 from db.store_batches import BatchStoreMethods
@@ -183,22 +184,23 @@ class Store(JobStoreMethods, SchedulingStoreMethods, BatchStoreMethods):
             row = q.find_session(session, session_id)
             return search_messages(session, row.id, checked, limit=limit)
 
-    # --- the backfill of messages stored before identifiers were ---------------------
+    # --- the backfill of messages stored before identifiers or outcomes were ---------
 
     def count_unindexed_messages(self) -> int:
-        """Count the messages of every session that were never indexed."""
+        """Count the messages of every session never indexed or never classified."""
         with self._read() as session:
             return count_unindexed(session)
 
-    def unindexed_messages(self, session_id: str, *, limit: int) -> list[tuple[int, Any]]:
-        """Return ``(seq, body)`` of the session's first ``limit`` unindexed messages."""
+    def unindexed_messages(self, session_id: str, *, limit: int) -> list[UnindexedMessage]:
+        """Return the session's first ``limit`` messages never indexed or classified."""
         with self._read() as session:
             return select_unindexed(session, q.find_session(session, session_id).id,
                                     limit=limit)
 
     def index_messages(self, session_id: str, indexed: Sequence[IndexedMessage]) -> int:
-        """Write the index of unindexed messages and fold it into the artifact index, in
-        one transaction under the session's row lock; return how many were written."""
+        """Write what was missing of messages' index and outcomes and fold their
+        identifiers into the artifact index, in one transaction under the session's row
+        lock; return how many were written."""
         with self._write() as session:
             row = q.find_session(session, session_id, lock=True)
             return write_index(session, row.id, indexed)

@@ -1,7 +1,9 @@
 """The backfill on PostgreSQL and SQLite: messages stored before identifiers were
-computed at ingest get the index ingest would have given them, once, and Anthropic
-system prompts stored before they were counted their count; and the two commands an
-operator runs, `compactor db backfill` and `compactor recall`."""
+computed at ingest get the index ingest would have given them, once, messages stored
+before tool outcomes were classified at ingest their outcomes (a job on them meanwhile
+classifies from the text, to the same summary), and Anthropic system prompts stored
+before they were counted their count; and the two commands an operator runs,
+`compactor db backfill` and `compactor recall`."""
 
 from __future__ import annotations
 
@@ -9,17 +11,27 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine, select, update
 
-from db import Store
+from db import RevisionRecord, Store, encode_outcomes
+from db.models import MessageRow, SessionRow
 from tests.integration.test_recall import NOW, PLANTED, imported, planted_session
 from tests.support.cli import compactor_for
+from tests.support.tool_results import tool_record
 from tests.support.wire_sessions import system_prompt, text_twins
 from tests.unit.session_strategies import shared_counter
+from worker.compaction import CallStatus, SessionFormat
 from worker.compaction.intake import IntakePolicy
+from worker.errors import Outcome
+from worker.job import pipeline
+from worker.job.values import JobRequest
 from worker.platform.backfill import backfill
 from worker.platform.ingest import append_messages, check_record, count_messages, import_record
+from worker.runtime import build_runtime
+from worker.settings.config import Settings
 
 pytestmark = pytest.mark.integration
+FORMATS = [session_format.value for session_format in SessionFormat]
 
 
 def import_unindexed(store: Store, session_id: str) -> None:
@@ -100,3 +112,78 @@ def test_backfill_counts_an_anthropic_system_prompt_stored_before_it_was_counted
     assert (counted.total_tokens, counted.projection_tokens, counted.tokens_since_compaction) \
         == (twin.total_tokens, twin.projection_tokens, twin.tokens_since_compaction)
     assert backfill(store, shared_counter()).system_prompts == 0  # idempotent
+
+
+def import_tool_session(store: Store, session_id: str, session_format: str) -> None:
+    report = import_record(tool_record(session_id, session_format, seed=11, turns=30),
+                           store=store, counter=shared_counter(), policy=IntakePolicy(),
+                           now=NOW)
+    assert report.problems == (), report.problems
+
+
+def unclassify(engine: Engine, session_id: str) -> None:
+    """Leave the session's messages as a release before migration 0010 stored them."""
+    session_pk = select(SessionRow.id).where(SessionRow.session_id == session_id)
+    with engine.begin() as connection:
+        connection.execute(update(MessageRow).where(
+            MessageRow.session_id == session_pk.scalar_subquery()).values(outcomes=None))
+
+
+@pytest.mark.parametrize("session_format", FORMATS)
+def test_backfill_classifies_the_tool_results_of_messages_stored_before_ingest_did(
+    store: Store, engine: Engine, session_format: str,
+) -> None:
+    for session_id in ("old", "new"):
+        import_tool_session(store, session_id, session_format)
+    unclassify(engine, "old")
+    assert all(m.outcomes is None for m in store.messages("old"))
+    assert store.count_unindexed_messages() == len(store.messages("old"))
+
+    report = backfill(store, shared_counter(), batch_messages=7)
+
+    assert (report.sessions, report.messages) == (1, len(store.messages("old")))
+    assert store.count_unindexed_messages() == 0
+    assert [m.outcomes for m in store.messages("old")] == \
+        [m.outcomes for m in store.messages("new")]
+    assert [m.identifiers for m in store.messages("old")] == \
+        [m.identifiers for m in store.messages("new")]  # left as they were
+    assert backfill(store, shared_counter()).messages == 0  # idempotent
+
+
+def compact(database_url: str, session_ids: list[str]) -> dict[str, RevisionRecord]:
+    """Run one extractive job on each session; return the revision each swapped in."""
+    settings = Settings(database_url=database_url, summarizer="extractive",
+                        model_context_tokens=4_000, tail_budget_tokens=400)
+    runtime = build_runtime(settings, use_redis=False)
+    try:
+        for session_id in session_ids:
+            result = pipeline.run(JobRequest(session_id, "test"), runtime.deps, runtime.policy)
+            assert result.outcome is Outcome.COMPACTED, result
+        return {session_id: runtime.store.revisions(session_id)[0]
+                for session_id in session_ids}
+    finally:
+        runtime.close()
+
+
+@pytest.mark.parametrize("session_format", FORMATS)
+def test_a_job_takes_the_stored_outcomes_and_classifies_unclassified_results_alike(
+    database_url: str, store: Store, engine: Engine, session_format: str,
+) -> None:
+    for session_id in ("new", "old", "tampered"):
+        import_tool_session(store, session_id, session_format)
+    unclassify(engine, "old")
+    # Every stored failure turned into a success: a job that reads the column says so.
+    with engine.begin() as connection:
+        for message in store.messages("tampered"):
+            succeeded = tuple((call_id, CallStatus.SUCCEEDED.value, ())
+                              for call_id, _, _ in message.outcomes or ())
+            connection.execute(update(MessageRow).where(
+                MessageRow.seq == message.seq, MessageRow.session_id == select(
+                    SessionRow.id).where(SessionRow.session_id == "tampered")
+                .scalar_subquery()).values(outcomes=encode_outcomes(succeeded)))
+
+    revisions = compact(database_url, ["new", "old", "tampered"])
+
+    new, old, tampered = (revisions[key] for key in ("new", "old", "tampered"))
+    assert (old.summary, old.block) == (new.summary, new.block)
+    assert tampered.summary != new.summary

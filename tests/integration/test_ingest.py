@@ -1,8 +1,11 @@
 """Import and append through the real store: appends are checked against the stored
-session's open tool calls and used ids; bad records never stop the others."""
+session's open tool calls and used ids; bad records never stop the others; each tool
+result is stored with its outcome."""
 
 from __future__ import annotations
 
+import itertools
+import random
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,6 +14,8 @@ from sqlalchemy import Engine, update
 
 from db import Store, decode_mention_lists
 from db.models import MessageRow
+from tests.support.tool_results import tool_record
+from worker.compaction import CallStatus, SessionFormat, classify_results, view_item
 from worker.compaction.identifiers import collect_artifacts
 from worker.compaction.intake import IntakePolicy, ProblemKind
 from worker.compaction.messages import parse_message
@@ -211,3 +216,24 @@ def test_a_rejected_append_stores_nothing(store: Store, counter: TokenCounter) -
 
     assert raised.value.problems[0].index == 0
     assert store.get_session("s1").head_seq == 2
+
+
+@pytest.mark.parametrize("session_format", list(SessionFormat))
+def test_appended_tool_results_carry_the_outcome_their_text_gives(
+    store: Store, counter: TokenCounter, session_format: SessionFormat,
+) -> None:
+    record = tool_record("s1", session_format.value, seed=7, turns=12)
+    items = record.get("items") or record["messages"]
+    cuts = [0, *sorted(random.Random(7).sample(range(1, len(items)), 6)), len(items)]
+    metadata = {"system": record["system"]} if "system" in record else None
+    for index, (start, end) in enumerate(itertools.pairwise(cuts)):
+        append_checked(store, counter, POLICY, "s1", items[start:end], NOW,
+                       create=index == 0, metadata=metadata if index == 0 else None,
+                       session_format=session_format if index == 0 else None)
+
+    stored = store.messages("s1")
+    expected = [classify_results([view_item(session_format, m.body).chat_messages()])[0]
+                for m in stored]
+    assert [m.outcomes for m in stored] == expected
+    statuses = {status for outcomes in expected for _, status, _ in outcomes}
+    assert statuses == set(CallStatus)  # the session's results end in every way

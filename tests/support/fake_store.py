@@ -34,6 +34,7 @@ from db import (
     SessionState,
     SnapshotSkipRule,
     ToolCallState,
+    encode_outcomes,
 )
 from worker.compaction import find_open_tool_calls, parse_message
 
@@ -154,7 +155,7 @@ class FakeStore:
         messages = [to_message(MessageText(
             m.seq, json.dumps(m.body), m.tokens,
             None if m.identifiers is None else json.dumps([list(i) for i in m.identifiers]),
-            state.session_format))
+            encode_outcomes(m.outcomes), state.session_format))
             for m in active]
         return JobSnapshot(state, revision, messages, recent)
 
@@ -324,7 +325,8 @@ class FakeStore:
         state = self._find(session_id)
         seqs = list(range(state.head_seq + 1, state.head_seq + len(messages) + 1))
         self._messages[session_id] += [
-            MessageRecord(seq, m.body, m.role, m.tool_call_id, m.tokens, m.identifiers)
+            MessageRecord(seq, m.body, m.role, m.tool_call_id, m.tokens, m.identifiers,
+                          m.outcomes)
             for seq, m in zip(seqs, messages, strict=True)]
         added = sum(m.tokens for m in messages)
         self._put(state, head_seq=seqs[-1], total_tokens=state.total_tokens + added,

@@ -23,8 +23,8 @@ NO_PROCESSORS = (None,) * len(KEYS)
 
 
 def message(seq: int, session_format: str = "chat") -> tuple[Any, ...]:
-    return row(job.MESSAGE_PART, message_seq=seq, message_body="{}", message_tokens=seq,
-               message_identifiers=None, format=session_format)
+    return row(job.MESSAGE_PART, m_seq=seq, m_body="{}", m_tokens=seq, m_identifiers=None,
+               m_outcomes=f'[["c{seq}","failed",["exit code {seq}"]]]', format=session_format)
 
 
 def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest_first(
@@ -33,8 +33,8 @@ def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest
                total_tokens=6, projection_tokens=6, tokens_since_compaction=6,
                created_at=T0, last_appended_at=T0, breaker_state="closed",
                breaker_failures=0)
-    sizes = [row(job.SIZE_PART, size_revision_id=revision_id, size_before=before,
-                 size_after=after) for revision_id, before, after in ((5, 50, 5), (7, 70, 7))]
+    sizes = [row(job.SIZE_PART, s_id=revision_id, s_before=before,
+                 s_after=after) for revision_id, before, after in ((5, 50, 5), (7, 70, 7))]
     rows = [message(3), sizes[0], message(1), head, sizes[1], message(2)]
 
     snapshot = job.snapshot_from_rows(rows, "s", to_message=lambda text: text,
@@ -42,6 +42,8 @@ def test_rows_out_of_order_still_give_the_messages_in_seq_order_and_sizes_newest
 
     assert [m.seq for m in snapshot.messages] == [1, 2, 3]
     assert all(isinstance(m, MessageText) for m in snapshot.messages)
+    assert [m.outcomes_json for m in snapshot.messages] == [
+        f'[["c{seq}","failed",["exit code {seq}"]]]' for seq in (1, 2, 3)]
     assert snapshot.recent_revisions == (RevisionSizes(70, 7), RevisionSizes(50, 5))
     assert (snapshot.session.session_id, snapshot.session.head_seq, snapshot.revision) == \
         ("s", 3, None)

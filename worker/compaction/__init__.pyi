@@ -69,7 +69,9 @@ from .number_labels import label_numbers as label_numbers
 from .outcomes import CallOutcome as CallOutcome
 from .outcomes import CallStatus as CallStatus
 from .outcomes import Failure as Failure
+from .outcomes import ResultOutcome as ResultOutcome
 from .outcomes import classify_calls as classify_calls
+from .outcomes import classify_results as classify_results
 from .outcomes import find_failures as find_failures
 from .party_items import read_party_turn as read_party_turn
 from .plan import Boundary as Boundary

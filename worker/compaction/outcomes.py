@@ -1,6 +1,8 @@
 """Each tool call's outcome, classified once from its result's full original text:
-succeeded, failed (with the lines that say so) or unknown. The extractive summary reports
-these and validation holds every summary to them; salience features the failures' codes.
+succeeded, failed (with the lines that say so) or unknown. Ingest classifies each result
+as it stores it (:func:`classify_results`); a job takes that outcome, and classifies from
+the text only a result stored before ingest did. The extractive summary reports these and
+validation holds every summary to them; salience features the failures' codes.
 """
 
 from __future__ import annotations
@@ -8,14 +10,14 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import accumulate
 from typing import Any
 
 from worker.compaction.grouping import Group
-from worker.compaction.messages import FunctionCall, Role, StoredMessage
+from worker.compaction.messages import ChatMessage, FunctionCall, Role, StoredMessage
 
 MAX_LINES = 3
 LINE_CHARS = 200
@@ -103,6 +105,11 @@ class CallOutcome:
 
 # A failed call: what salience and the summaries name ``failures``.
 Failure = CallOutcome
+# A tool result's outcome as ingest stores it with its item: the call id it answers, how
+# it ended and its lines; a job reads it back as the JSON list ``[call_id, status, lines]``.
+ResultOutcome = tuple[str, CallStatus, tuple[str, ...]]
+# A status by its stored value (a stored value of no status is classified again).
+_STATUSES = {status.value: status for status in CallStatus}
 
 
 class _LineMemo:
@@ -160,28 +167,71 @@ def failing_lines(text: str) -> tuple[str, ...]:
     return lines if status is CallStatus.FAILED else ()
 
 
-def classify_calls(span: Sequence[Group]) -> list[CallOutcome]:
-    """Return the outcome of every tool result of ``span``, in order."""
+def classify_results(items: Iterable[Sequence[ChatMessage]]
+                     ) -> list[tuple[ResultOutcome, ...]]:
+    """Classify the tool results of each item (its chat messages) from their full texts,
+    in order: what ingest stores with each item. The results of all the items are
+    scanned together, as a job's span was, each classified as it would be alone."""
+    results = [[message for message in messages if message.role is Role.TOOL]
+               for messages in items]
+    classified = iter(_classify_texts([message.text for found in results
+                                       for message in found]))
+    return [tuple([(message.tool_call_id or "", *next(classified)) for message in found])
+            for found in results]
+
+
+def classify_calls(span: Sequence[Group],
+                   stored: Mapping[int, Sequence[Sequence[Any]]] | None = None
+                   ) -> list[CallOutcome]:
+    """Return the outcome of every tool result of ``span``, in order: as ``stored`` holds
+    it (by seq, the ``[call_id, status, lines]`` ingest stored of the item's results, in
+    order), else classified from its text (a result stored before ingest classified)."""
     results: list[tuple[StoredMessage, FunctionCall | None]] = []
     for group in span:
         calls = {c.id: c.function for m in group.messages for c in m.message.tool_calls or ()}
-        results.extend((stored, calls.get(stored.message.tool_call_id or ""))
-                       for stored in group.messages if stored.message.role is Role.TOOL)
-    texts = [stored.message.text for stored, _ in results]
+        results.extend((message, calls.get(message.message.tool_call_id or ""))
+                       for message in group.messages if message.message.role is Role.TOOL)
+    known = _stored_outcomes(results, stored or {})
+    texts = [message.message.text for (message, _), outcome in zip(results, known, strict=True)
+             if outcome is None]
+    classified = iter(_classify_texts(texts))
     outcomes: list[CallOutcome] = []
     targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
-    signals = _LineSignals()
-    for (stored, function), text, lines in zip(results, texts, _candidate_lines(texts),
-                                               strict=True):
-        call_id = stored.message.tool_call_id or ""
-        tool = stored.message.name or (function.name if function else "a tool")
+    for (message, function), outcome in zip(results, known, strict=True):
+        status, found = next(classified) if outcome is None else outcome
+        tool = message.message.name or (function.name if function else "a tool")
         arguments = function.arguments if function else ""
         if arguments not in targets:
             targets[arguments] = _target(arguments)
-        status, found = _classify_text(text, lines, signals)
-        outcomes.append(CallOutcome(call_id, tool, stored.seq, status, found,
-                                    targets[arguments]))
+        outcomes.append(CallOutcome(message.message.tool_call_id or "", tool, message.seq,
+                                    status, found, targets[arguments]))
     return outcomes
+
+
+def _stored_outcomes(results: Sequence[tuple[StoredMessage, FunctionCall | None]],
+                     stored: Mapping[int, Sequence[Sequence[Any]]]
+                     ) -> list[tuple[CallStatus, tuple[str, ...]] | None]:
+    """Each result's stored outcome: the one at its position among its item's results
+    when it answers the same call; None where there is none (classified from the text)."""
+    known: list[tuple[CallStatus, tuple[str, ...]] | None] = []
+    position, last_seq = 0, None
+    for message, _ in results:
+        position = position + 1 if message.seq == last_seq else 0
+        last_seq = message.seq
+        entries = stored.get(message.seq, ())
+        entry = entries[position] if position < len(entries) else None
+        status = None
+        if entry is not None and entry[0] == (message.message.tool_call_id or ""):
+            status = _STATUSES.get(entry[1])
+        known.append(None if status is None or entry is None else (status, tuple(entry[2])))
+    return known
+
+
+def _classify_texts(texts: list[str]) -> list[tuple[CallStatus, tuple[str, ...]]]:
+    """``classify_result`` of each text, their lines found in one scan of them all."""
+    signals = _LineSignals()
+    return [_classify_text(text, lines, signals)
+            for text, lines in zip(texts, _candidate_lines(texts), strict=True)]
 
 
 def find_failures(span: Sequence[Group]) -> list[CallOutcome]:

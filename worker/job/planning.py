@@ -18,6 +18,7 @@ from db import (
     RevisionRecord,
     SessionState,
     decode_mention_lists,
+    decode_outcome_lists,
 )
 from worker.compaction import (
     Boundary,
@@ -52,17 +53,20 @@ RECENT_HISTORY = 2
 # A row's format by its stored value, without the enum's call per row (Python 3.11).
 _FORMATS = {session_format.value: session_format for session_format in SessionFormat}
 _CHAT = SessionFormat.CHAT
+_NO_RESULTS = "[]"
 
 
 class SnapshotMessage(NamedTuple):
-    """A snapshot's message as the job reads it, with the identifiers ingest stored (as
-    their JSON text: only the span's are decoded, as they are tallied). A named tuple: one
-    is made per row, and a frozen dataclass's guarded setattr per field costs more."""
+    """A snapshot's message as the job reads it, with the identifiers and the tool
+    results' outcomes ingest stored (as their JSON text: only the span's are decoded). A
+    named tuple: one is made per row, and a frozen dataclass's guarded setattr per field
+    costs more."""
 
     seq: int
     tokens: int
     stored: StoredMessage | None  # a chat message; None: invalid, or another format's item
     mentions_json: str | None  # None: not indexed yet
+    outcomes_json: str | None  # None: not classified yet
     item: StoredItem | None = None  # a Responses or Anthropic item, read through its view
     errors: int = 0  # what the chat model found wrong with it
 
@@ -71,13 +75,16 @@ class SnapshotMessage(NamedTuple):
 class JobPlan:
     """Where the snapshot's span ends: what the rest of the job works on. The snapshot's
     message list is not kept: the boundary's groups hold every message the job uses,
-    ``span_mentions`` the identifiers stored for the span's (by seq)."""
+    ``span_mentions`` the identifiers stored for the span's (by seq), ``span_outcomes``
+    the outcomes stored for the span's tool results (by seq; a seq without one is
+    classified from its text)."""
 
     session: SessionState
     revision: RevisionRecord | None
     boundary: Boundary
     decision: str
     span_mentions: dict[int, str]
+    span_outcomes: dict[int, str]
 
     @property
     def prior_summary_tokens(self) -> int:
@@ -86,9 +93,9 @@ class JobPlan:
     def without_span(self) -> JobPlan:
         """The plan once its span is pruned (:func:`prune_span`): the stored span (every
         old tool output in full) can be freed before the artifacts are tallied and the
-        summarizer runs, and so can its stored mentions, once tallied."""
+        summarizer runs, and so can its stored mentions, once tallied, and its outcomes."""
         return dataclasses.replace(self, boundary=dataclasses.replace(self.boundary, span=()),
-                                   span_mentions={})
+                                   span_mentions={}, span_outcomes={})
 
 
 def read_job_snapshot(session_id: str, deps: JobDeps) -> JobSnapshot[SnapshotMessage]:
@@ -106,14 +113,15 @@ def to_snapshot_message(text: MessageText) -> SnapshotMessage:
     if session_format is not _CHAT:
         body = cast("dict[str, Any]", from_json(text.body_json))
         return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
+                               text.outcomes_json,
                                read_item(session_format, text.seq, text.tokens, body))
     try:
         message = parse_message_json(text.body_json)
     except ValidationError as exc:
         return SnapshotMessage(text.seq, text.tokens, None, text.identifiers_json,
-                               errors=exc.error_count())
+                               text.outcomes_json, errors=exc.error_count())
     return SnapshotMessage(text.seq, text.tokens, StoredMessage(text.seq, message, text.tokens),
-                           text.identifiers_json)
+                           text.identifiers_json, text.outcomes_json)
 
 
 def group_snapshot(snapshot: JobSnapshot[SnapshotMessage]) -> list[Group]:
@@ -159,9 +167,15 @@ def plan_job(trace: JobTrace, deps: JobDeps, policy: JobPolicy,
                              system_tokens=session.system_tokens)
     if boundary is None or not boundary.span:
         raise Skip("nothing_to_summarize")
+    through_seq = boundary.through_seq
     span_mentions = {m.seq: m.mentions_json for m in snapshot.messages
-                     if m.mentions_json and m.seq <= boundary.through_seq}
-    return JobPlan(session, revision, boundary, decision.reason.value, span_mentions)
+                     if m.mentions_json and m.seq <= through_seq}
+    # A message that holds no tool result stored "[]": nothing to look up.
+    span_outcomes = {m.seq: m.outcomes_json for m in snapshot.messages
+                     if m.outcomes_json and m.outcomes_json != _NO_RESULTS
+                     and m.seq <= through_seq}
+    return JobPlan(session, revision, boundary, decision.reason.value, span_mentions,
+                   span_outcomes)
 
 
 def _recent_savings(snapshot: JobSnapshot[SnapshotMessage]) -> list[float]:
@@ -186,14 +200,17 @@ class PrunedSpan:
 
 
 def prune_span(deps: JobDeps, policy: JobPolicy, plan: JobPlan) -> PrunedSpan:
-    """Prune the plan's span; the stored span is not needed after this."""
+    """Prune the plan's span; the stored span is not needed after this. Its calls'
+    outcomes are those ingest stored, each classified from its text where none is."""
     stored = plan.boundary.span
+    outcomes = dict(zip(plan.span_outcomes, decode_outcome_lists(list(
+        plan.span_outcomes.values())), strict=True))
     groups = prune_groups(stored, audit_mode=policy.audit_mode, counter=deps.counter)
     if policy.span_strategy is not None:
         groups = apply_strategy(groups, policy.span_strategy, deps.counter)
     messages = [m for group in stored for m in group.messages]
     tail = [m for group in plan.boundary.tail for m in group.messages]
-    return PrunedSpan(tuple(groups), tuple(classify_calls(stored)),
+    return PrunedSpan(tuple(groups), tuple(classify_calls(stored, outcomes)),
                       tuple(m.seq for m in messages), sum(m.tokens for m in messages),
                       continues_conversation(messages, tail),
                       label_numbers(stored, plan.span_mentions))

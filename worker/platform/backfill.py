@@ -1,27 +1,29 @@
 """The backfill: identifiers and search text for messages stored before ingest computed
-them (migration 0003), so jobs rank them and recall finds them; and the count of an
-Anthropic session's system prompt stored before sessions kept it (migration 0009), so
-its totals and the trigger include it. Idempotent: only messages never indexed and
-prompts never counted are read, and each is written once."""
+them (migration 0003), so jobs rank them and recall finds them; their tool results'
+outcomes for messages stored before ingest classified them (migration 0010), so no job
+classifies them again; and the count of an Anthropic session's system prompt stored
+before sessions kept it (migration 0009), so its totals and the trigger include it.
+Idempotent: only messages never indexed or classified and prompts never counted are
+read, and each is written once."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 # Intake and the core load when a backfill runs: `compactor db --help` shows the
 # default below without them.
 if TYPE_CHECKING:
-    from db import IndexedMessage
-    from worker.compaction import TokenCounter
+    from db import IndexedMessage, UnindexedMessage
+    from worker.compaction import SessionFormat, TokenCounter
     from worker.platform.ingest import IngestStore
 
     class BackfillStore(IngestStore, Protocol):
         """The store as the backfill uses it (``db.Store``)."""
 
         def unindexed_messages(self, session_id: str, *, limit: int
-                               ) -> list[tuple[int, Any]]: ...
+                               ) -> list[UnindexedMessage]: ...
 
         def index_messages(self, session_id: str, indexed: list[IndexedMessage]) -> int: ...
 
@@ -32,8 +34,8 @@ DEFAULT_BATCH_MESSAGES = 500
 
 @dataclass(frozen=True)
 class BackfillReport:
-    """What one backfill wrote: sessions whose messages it indexed, messages indexed, and
-    system prompts counted."""
+    """What one backfill wrote: sessions whose messages it indexed or classified,
+    messages indexed or classified, and system prompts counted."""
 
     sessions: int
     messages: int
@@ -43,9 +45,9 @@ class BackfillReport:
 def backfill(store: BackfillStore, counter: TokenCounter, *,
              batch_messages: int = DEFAULT_BATCH_MESSAGES,
              on_batch: Callable[[int], None] | None = None) -> BackfillReport:
-    """Index every unindexed message of every session, one batch per transaction, with
-    ``counter`` counting its identifiers' summary lines as ingest does; ``on_batch``
-    hears how many each batch wrote (a progress display)."""
+    """Index and classify every message of every session stored before ingest did, one
+    batch per transaction, with ``counter`` counting its identifiers' summary lines as
+    ingest does; ``on_batch`` hears how many each batch wrote (a progress display)."""
     from worker.platform.ingest import iter_session_ids
 
     sessions = messages = system_prompts = 0
@@ -74,22 +76,27 @@ def _count_system_prompt(store: BackfillStore, counter: TokenCounter, session_id
 
 def _backfill_session(store: BackfillStore, counter: TokenCounter, session_id: str,
                       batch_messages: int) -> Iterator[int]:
+    from worker.compaction import SessionFormat
+
+    session_format = SessionFormat(store.get_session(session_id).session_format)
     while batch := store.unindexed_messages(session_id, limit=batch_messages):
         line_counter = counter.for_job()  # a batch's messages share many values
-        indexed = [index_body(seq, body, line_counter) for seq, body in batch]
+        indexed = [index_message(session_format, message, line_counter) for message in batch]
         yield store.index_messages(session_id, indexed)
         if len(batch) < batch_messages:
             return
 
 
-def index_body(seq: int, body: dict[str, Any], counter: TokenCounter) -> IndexedMessage:
-    """Compute a stored message's index as ingest would have."""
+def index_message(session_format: SessionFormat, message: UnindexedMessage,
+                  counter: TokenCounter) -> IndexedMessage:
+    """Compute what a stored message lacks of what ingest computes, as ingest would have."""
     from db import IndexedMessage
-    from worker.compaction import identify_message, parse_message, search_text
+    from worker.platform.formats import index_stored_body
 
-    message = parse_message(body)
-    return IndexedMessage(seq, tuple(identify_message(message, counter)),
-                          search_text(message))
+    identifiers, text, outcomes = index_stored_body(
+        session_format, message.body, counter, with_identifiers=message.needs_identifiers,
+        with_outcomes=message.needs_outcomes)
+    return IndexedMessage(message.seq, identifiers, text, outcomes)
 
 
 def _report(count: int, on_batch: Callable[[int], None] | None) -> int:

@@ -26,12 +26,15 @@ from worker.compaction import (
     Mention,
     Problem,
     ProblemKind,
+    ResultOutcome,
     SessionFormat,
     TokenCounter,
     check_anthropic_messages,
     check_responses_items,
+    classify_results,
     count_view,
     identify_message,
+    parse_message,
     search_text,
     view_item,
 )
@@ -109,8 +112,9 @@ def check_items(
 
 def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: TokenCounter
               ) -> list[NewMessage]:
-    """Turn checked items into store rows, each body verbatim, counted and identified once
-    through its view (opaque parts counted, never searched nor identified).
+    """Turn checked items into store rows, each body verbatim, counted, identified and its
+    tool results classified once through its view (opaque parts counted, never searched,
+    identified nor classified).
 
     The ``role`` column is the view's (a Responses call or reasoning item: assistant; an
     output: tool), and ``tool_call_id`` the call a Responses call or output item is
@@ -119,18 +123,45 @@ def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: Tok
     """
     line_counter = counter.for_job()
     rows = []
-    for item, view in zip(checked.items, checked.views, strict=True):
+    classified = classify_results([view.chat_messages() for view in checked.views])
+    for item, view, outcomes in zip(checked.items, checked.views, classified, strict=True):
         call_id = None
         if session_format is SessionFormat.RESPONSES:
             call_id = next((c.call_id for c in view.calls), None) or next(
                 (o.call_id for o in view.outputs), None)
-        chat = view.chat_messages()
         rows.append(NewMessage(
             body=item, role=view.role.value, tool_call_id=call_id,
             tokens=count_view(view, counter),
             identifiers=identify_view(view, line_counter),
-            search_text="\n".join(search_text(message) for message in chat)))
+            search_text=view_search_text(view), outcomes=outcomes))
     return rows
+
+
+def view_search_text(view: ItemView) -> str:
+    """What recall searches of an item: its chat messages' search texts, one a line."""
+    return "\n".join(search_text(message) for message in view.chat_messages())
+
+
+# What ingest derives of a stored body besides its count: its identifiers and search text,
+# and its tool results' outcomes (None where not asked for).
+BodyIndex = tuple[tuple[Mention, ...] | None, str | None, tuple[ResultOutcome, ...] | None]
+
+
+def index_stored_body(session_format: SessionFormat, body: dict[str, Any],
+                      counter: TokenCounter, *, with_identifiers: bool,
+                      with_outcomes: bool) -> BodyIndex:
+    """What ingest would have derived of a stored body of ``session_format`` (the
+    backfill's): its identifiers and search text ``with_identifiers``, its outcomes
+    ``with_outcomes``."""
+    if session_format is SessionFormat.CHAT:
+        message = parse_message(body)
+        identifiers = tuple(identify_message(message, counter)) if with_identifiers else None
+        return (identifiers, search_text(message) if with_identifiers else None,
+                classify_results([(message,)])[0] if with_outcomes else None)
+    view = view_item(session_format, body)
+    return (identify_view(view, counter) if with_identifiers else None,
+            view_search_text(view) if with_identifiers else None,
+            classify_results([view.chat_messages()])[0] if with_outcomes else None)
 
 
 def identify_view(view: ItemView, counter: TokenCounter) -> tuple[Mention, ...]:

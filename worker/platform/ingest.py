@@ -40,6 +40,7 @@ from worker.compaction import (
     SessionFormat,
     TokenCounter,
     check_session,
+    classify_results,
     clean_text,
     dump_message,
     find_foreign_chat_fields,
@@ -351,10 +352,10 @@ def append_messages(
     return list(append_checked(store, counter, policy, session_id, raw_messages, now).seqs)
 
 
-def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> list[NewMessage]:
-    """Turn checked messages into store rows, each counted and identified once, with its
-    identifiers' summary lines counted (stored messages never change, so no job scans or
-    counts them again)."""
+def count_messages(messages: Sequence[ChatMessage], counter: TokenCounter) -> list[NewMessage]:
+    """Turn checked messages into store rows, each counted, identified and (a tool result)
+    classified once, with its identifiers' summary lines counted (stored messages never
+    change, so no job scans, counts or classifies them again)."""
     # The identifiers' lines through a counter that remembers them: a session's values
     # recur from message to message.
     line_counter = counter.for_job()
@@ -362,8 +363,9 @@ def count_messages(messages: Iterable[ChatMessage], counter: TokenCounter) -> li
         NewMessage(body=dump_message(message), role=message.role.value,
                    tool_call_id=message.tool_call_id, tokens=counter.count_message(message),
                    identifiers=tuple(identify_message(message, line_counter)),
-                   search_text=search_text(message))
-        for message in messages
+                   search_text=search_text(message), outcomes=outcomes)
+        for message, outcomes in zip(
+            messages, classify_results([(message,) for message in messages]), strict=True)
     ]
 
 
