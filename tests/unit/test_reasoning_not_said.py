@@ -1,6 +1,8 @@
-"""Ingest identifies what an item says, calls and gets back, never its reasoning or
-thinking text: a value the agent only thought of, stored as said, outranked the values
-the tools returned in every extractive summary. Recall still finds it."""
+"""An item's reasoning or thinking text is not what the agent said: ingest identifies
+what an item says, calls and gets back, never its reasoning (a value the agent only
+thought of, stored as said, outranked the values the tools returned in every extractive
+summary; recall still finds it), and the extractive summary drafts no decision or
+report of work from it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from hypothesis import strategies as st
 
 from tests.unit.session_strategies import shared_counter
 from worker.compaction import IntakePolicy, SessionFormat
+from worker.compaction.fallback import fallback_summary
+from worker.compaction.item_groups import group_items, read_item
 from worker.platform.formats import check_items, item_rows
 
 Items = list[dict[str, Any]]
@@ -74,3 +78,27 @@ def test_a_value_only_the_reasoning_names_is_searched_but_not_identified(seed: i
         assert (called, "tool_argument") in found
         assert thought not in {value for value, _ in found}
         assert any(thought in (row.search_text or "") for row in rows)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_the_extractive_summary_drafts_no_decision_from_reasoning(seed: int) -> None:
+    rng = random.Random(seed)
+    for session_format, build in ((SessionFormat.ANTHROPIC, _anthropic_reply),
+                                  (SessionFormat.RESPONSES, _responses_reply)):
+        thought, said, called = _value(rng), _value(rng), _value(rng)
+        items = build(f"{thought}; confirmed: the refund goes to {thought}", said, called,
+                      rng)
+        for item in items:  # the reply's text states a decision too
+            for part in item.get("content") or ():
+                if isinstance(part, dict) and part.get("text", "").startswith("Checking"):
+                    part["text"] += f" Confirmed: the refund goes to {said}."
+        groups = group_items(session_format, [
+            read_item(session_format, seq, 1, item) for seq, item in enumerate(items, 1)])
+        summary = fallback_summary(groups, artifacts=[], budget_tokens=2_000,
+                                   counter=shared_counter())
+
+        drafted = "\n".join(item for name in ("key_decisions", "completed_actions")
+                            for item in summary.items_of(name))
+        assert said in drafted
+        assert thought not in drafted
