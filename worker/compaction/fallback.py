@@ -236,7 +236,7 @@ def _draft_decisions(messages: Sequence[StoredMessage], counter: TokenCounter,
     decisions: list[str] = []
     asked = ""
     for stored in messages:
-        message, text = stored.message, stored.message.text
+        message, text = stored.message, stored.said_text
         if message.role not in (Role.USER, Role.ASSISTANT):
             continue
         said, label = sentences[text], whose(stored.seq)

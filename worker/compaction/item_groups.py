@@ -48,7 +48,8 @@ def read_item(session_format: SessionFormat, seq: int, tokens: int, body: dict[s
     """Read one stored body of ``session_format`` as the core's messages."""
     view = view_item(session_format, body)
     return StoredItem(seq, view, tuple([
-        StoredMessage(seq, message, tokens if position == 0 else 0)
+        StoredMessage(seq, message, tokens if position == 0 else 0,
+                      "" if message.role is Role.TOOL else view.reasoning)
         for position, message in enumerate(view.chat_messages())]))
 
 

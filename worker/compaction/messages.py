@@ -144,8 +144,21 @@ def dump_message(message: ChatMessage) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A message at its position in a session, with its token count cached at append."""
+    """A message at its position in a session, with its token count cached at append.
+
+    ``reasoning``: the reasoning or thinking text the message's text ends with (an item's
+    view reads it after the reply): summarized, but never what the agent said.
+    """
 
     seq: int
     message: ChatMessage
     tokens: int
+    reasoning: str = ""
+
+    @property
+    def said_text(self) -> str:
+        """The message's text without its reasoning: what its author said."""
+        text = self.message.text
+        if not self.reasoning:
+            return text
+        return text[:len(text) - len(self.reasoning)].removesuffix("\n")

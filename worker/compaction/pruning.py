@@ -116,8 +116,8 @@ class _DigestMessage(StoredMessage):
     _tokens: int | None
 
     def __init__(self, seq: int, message: ChatMessage, counter: TokenCounter) -> None:
-        for name, value in (("seq", seq), ("message", message), ("_counter", counter),
-                            ("_tokens", None)):
+        for name, value in (("seq", seq), ("message", message), ("reasoning", ""),
+                            ("_counter", counter), ("_tokens", None)):
             object.__setattr__(self, name, value)
 
     @property  # read-only, as the frozen field it stands for
@@ -132,10 +132,11 @@ class _DigestMessage(StoredMessage):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StoredMessage):
             return NotImplemented
-        return (self.seq, self.message, self.tokens) == (other.seq, other.message, other.tokens)
+        return ((self.seq, self.message, self.tokens, self.reasoning)
+                == (other.seq, other.message, other.tokens, other.reasoning))
 
     def __hash__(self) -> int:
-        return hash((self.seq, self.message, self.tokens))
+        return hash((self.seq, self.message, self.tokens, self.reasoning))
 
     def __reduce__(self) -> tuple[type[StoredMessage], tuple[int, ChatMessage, int]]:
         return StoredMessage, (self.seq, self.message, self.tokens)

@@ -62,7 +62,7 @@ def read_requests(messages: Sequence[StoredMessage], *, has_prior_goal: bool,
     with the latest conversation, so its goal is not answered yet."""
     users = [m for m in messages if m.message.role is Role.USER]
     user_texts = tuple(m.message.text for m in users)
-    agent_texts = tuple(m.message.text for m in messages if m.message.role is Role.ASSISTANT)
+    agent_texts = tuple(m.said_text for m in messages if m.message.role is Role.ASSISTANT)
     # Each user text is searched once for the cues the loop and the goal both read.
     asks = [REQUEST.search(text) for text in user_texts]
     boundaries = [BOUNDARY.search(text) for text in user_texts]

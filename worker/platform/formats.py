@@ -114,7 +114,7 @@ def item_rows(session_format: SessionFormat, checked: CheckedItems, counter: Tok
               ) -> list[NewMessage]:
     """Turn checked items into store rows, each body verbatim, counted, identified and its
     tool results classified once through its view (opaque parts counted, never searched,
-    identified nor classified).
+    identified nor classified; reasoning searched, not identified).
 
     The ``role`` column is the view's (a Responses call or reasoning item: assistant; an
     output: tool), and ``tool_call_id`` the call a Responses call or output item is
@@ -165,9 +165,12 @@ def index_stored_body(session_format: SessionFormat, body: dict[str, Any],
 
 
 def identify_view(view: ItemView, counter: TokenCounter) -> tuple[Mention, ...]:
-    """The identifiers of an item's chat messages, once per value, kind and source."""
+    """The identifiers of an item's chat messages, once per value, kind and source, its
+    reasoning or thinking text left out: a value the agent only thought of was never said,
+    and stored as said it would outrank the values the tools returned in every summary
+    (recall still finds it: the search text keeps the reasoning)."""
     merged: dict[tuple[str, str, str], Mention] = {}
-    for message in view.chat_messages():
+    for message in view._replace(reasoning="").chat_messages():
         for mention in identify_message(message, counter):
             key = (mention.value, mention.kind, mention.source)
             prior = merged.get(key)
