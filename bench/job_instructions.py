@@ -1,0 +1,111 @@
+"""Instructions executed per compaction job, counted by valgrind's callgrind: where a
+machine's speed shifts between runs (cores shared, clocks stepping), CPU times of two
+trees taken minutes apart cannot tell 10% apart, and a count of instructions can.
+
+Each size runs ``bench.job_cpu`` (extractive, PostgreSQL) in its own process under
+callgrind, with instrumentation switched on only while a job runs (``callgrind_control``
+around ``run_inline``): the session's generation and import are not counted, and neither
+is the database server (another process). ``--baseline DIR`` does the same in a checkout
+of another commit (``git archive REV | tar -x -C DIR``; its ``bench.job_cpu`` is the one
+run) and prints each size's ratio. Instructions are not time (a cache miss costs more
+than an add), so this ratio stands beside ``bench.job_cpu``'s, not for it.
+
+No library counts a Python process's instructions between two points in the program:
+callgrind counts, ``callgrind_control`` switches it on and off from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.report import REPO_ROOT, bench_parser, print_header, print_load, print_table
+
+QUICK_SIZES = (2_000,)
+DEFAULT_SIZES = (5_000, 100_000)
+_COLLECTED = re.compile(r"Collected : (\d+)")
+# The job_cpu run under callgrind: this file, started with ``--inside``.
+_INSIDE = "--inside"
+
+
+def main() -> None:
+    if _INSIDE in sys.argv:
+        _run_jobs_counted(sys.argv[sys.argv.index(_INSIDE) + 1:])
+        return
+    parser = bench_parser(__doc__ or "")
+    parser.add_argument("--session-tokens", default=None,
+                        help="comma-separated sizes (default 5000,100000)")
+    parser.add_argument("--jobs", type=int, default=3, help="counted jobs per size")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of another commit to count the same jobs in")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    sizes = (QUICK_SIZES if args.quick else DEFAULT_SIZES) if args.session_tokens is None \
+        else tuple(int(size) for size in args.session_tokens.split(","))
+    jobs = 1 if args.quick else args.jobs
+    print_header("instructions per compaction job (callgrind), extractive, in-process")
+    trees = {"this tree": REPO_ROOT}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline.resolve()
+    rows: list[list[Any]] = []
+    for size in sizes:
+        counts = {}
+        for name, tree in trees.items():
+            print(f"{name} ({tree}), {size:,} tokens: {jobs} jobs and a warm-up under "
+                  "callgrind ...", flush=True)
+            counts[name] = _count(tree, size, jobs) / (jobs + 1)
+        ratio = counts["this tree"] / counts["baseline"] if "baseline" in counts else None
+        rows.append([f"{size:,}", f"{counts['this tree'] / 1e6:,.1f}",
+                     f"{counts['baseline'] / 1e6:,.1f}" if "baseline" in counts else "-",
+                     f"{ratio:.3f}" if ratio is not None else "-"])
+    print_table(["session tokens", "M instructions per job", "baseline M per job",
+                 "this / baseline"], rows)
+    print_load()
+
+
+def _count(tree: Path, size: int, jobs: int) -> int:
+    """Instructions of ``jobs`` jobs and the warm-up one in ``tree``'s ``bench.job_cpu``."""
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               "--callgrind-out-file=/dev/null", sys.executable, str(Path(__file__).resolve()),
+               _INSIDE, "--session-tokens", str(size), "--jobs", str(jobs)]
+    done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          capture_output=True, text=True, check=False)
+    found = _COLLECTED.search(done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"bench.job_cpu under callgrind in {tree} exited "
+                         f"{done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return int(found.group(1))
+
+
+def _run_jobs_counted(job_cpu_args: list[str]) -> None:
+    """Run ``bench.job_cpu`` of the tree on ``PYTHONPATH`` with callgrind counting inside
+    its jobs only."""
+    from bench import job_cpu  # the tree's own, not necessarily this file's
+
+    pid = str(os.getpid())
+    # job_cpu's own name for it (imported by name from bench.common): the one its jobs call.
+    namespace = vars(job_cpu)
+    run_inline = namespace["run_inline"]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        subprocess.run(["callgrind_control", "--instr=on", pid], check=True,
+                       capture_output=True)
+        try:
+            return run_inline(*args, **kwargs)
+        finally:
+            subprocess.run(["callgrind_control", "--instr=off", pid], check=True,
+                           capture_output=True)
+
+    namespace["run_inline"] = counted
+    sys.argv = ["bench.job_cpu", *job_cpu_args]
+    job_cpu.main()
+
+
+if __name__ == "__main__":
+    main()
