@@ -43,13 +43,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3, help="counted jobs per size")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of another commit to count the same jobs in")
+    parser.add_argument("--format", default="chat", choices=("chat", "responses", "anthropic"),
+                        help="the sessions' wire format (bench.job_cpu --format)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
     sizes = (QUICK_SIZES if args.quick else DEFAULT_SIZES) if args.session_tokens is None \
         else tuple(int(size) for size in args.session_tokens.split(","))
     jobs = 1 if args.quick else args.jobs
-    print_header("instructions per compaction job (callgrind), extractive, in-process")
+    print_header(f"instructions per compaction job (callgrind), extractive, {args.format} "
+                 "sessions, in-process")
     trees = {"this tree": REPO_ROOT}
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()
@@ -59,7 +62,7 @@ def main() -> None:
         for name, tree in trees.items():
             print(f"{name} ({tree}), {size:,} tokens: {jobs} jobs and a warm-up under "
                   "callgrind ...", flush=True)
-            counts[name] = _count(tree, size, jobs) / (jobs + 1)
+            counts[name] = _count(tree, size, jobs, args.format) / (jobs + 1)
         ratio = counts["this tree"] / counts["baseline"] if "baseline" in counts else None
         rows.append([f"{size:,}", f"{counts['this tree'] / 1e6:,.1f}",
                      f"{counts['baseline'] / 1e6:,.1f}" if "baseline" in counts else "-",
@@ -69,13 +72,17 @@ def main() -> None:
     print_load()
 
 
-def _count(tree: Path, size: int, jobs: int) -> int:
+def _count(tree: Path, size: int, jobs: int, session_format: str) -> int:
     """Instructions of ``jobs`` jobs and the warm-up one in ``tree``'s ``bench.job_cpu``."""
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                "--callgrind-out-file=/dev/null", sys.executable, str(Path(__file__).resolve()),
                _INSIDE, "--session-tokens", str(size), "--jobs", str(jobs)]
-    done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                          capture_output=True, text=True, check=False)
+    if session_format != "chat":  # a tree from before the formats knows no --format
+        command += ["--format", session_format]
+    # One hash seed for every run: set and dict orders, and so some of the work, follow it.
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
+                          check=False)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f"bench.job_cpu under callgrind in {tree} exited "
