@@ -320,7 +320,9 @@ def _fixed_failures(outcomes: Sequence[CallOutcome], failures: Sequence[Failure]
                     ) -> list[Failure]:
     """Failures followed later in the span by a call of the same tool on the same target
     that succeeded."""
-    fixes = {(o.tool, o.target): o.seq for o in outcomes if o.status is CallStatus.SUCCEEDED}
+    failed_tools = {failure.tool for failure in failures}
+    fixes = {(o.tool, o.target): o.seq for o in outcomes
+             if o.status is CallStatus.SUCCEEDED and o.tool in failed_tools}
     return [f for f in failures if fixes.get((f.tool, f.target), -1) > f.seq]
 
 

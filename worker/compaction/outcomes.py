@@ -11,7 +11,7 @@ import json
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
 from typing import Any
@@ -85,18 +85,41 @@ class CallStatus(StrEnum):
     UNKNOWN = "unknown"
 
 
+class _TargetMemo:
+    """Each distinct argument string's canonical form, worked out once per span and only
+    when asked: a span calls a tool on the same arguments again and again, and few
+    targets are read (a claimed call's, a failed tool's)."""
+
+    __slots__ = ("_targets",)
+
+    def __init__(self) -> None:
+        self._targets: dict[str, str] = {}
+
+    def of(self, arguments: str) -> str:
+        target = self._targets.get(arguments)
+        if target is None:
+            target = self._targets[arguments] = _target(arguments)
+        return target
+
+
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
     """A tool call's outcome: its call id, tool, seq (of the result), how it ended, its
     lines (a failure's: the lines that say so; an unknown one's: a record's status or the
-    result's last line), and its target (the call's arguments)."""
+    result's last line), and the call's arguments as passed (``target``: canonical)."""
 
     call_id: str
     tool: str
     seq: int
     status: CallStatus
     lines: tuple[str, ...]
-    target: str = ""
+    arguments: str = ""
+    memo: _TargetMemo = field(default_factory=_TargetMemo, compare=False, repr=False)
+
+    @property
+    def target(self) -> str:
+        """The call's arguments in one canonical form: the same target compares equal."""
+        return self.memo.of(self.arguments)
 
     @property
     def failed(self) -> bool:
@@ -196,15 +219,13 @@ def classify_calls(span: Sequence[Group],
              if outcome is None]
     classified = iter(_classify_texts(texts))
     outcomes: list[CallOutcome] = []
-    targets: dict[str, str] = {}  # a span calls a tool on the same arguments again and again
+    memo = _TargetMemo()
     for (message, function), outcome in zip(results, known, strict=True):
         status, found = next(classified) if outcome is None else outcome
         tool = message.message.name or (function.name if function else "a tool")
-        arguments = function.arguments if function else ""
-        if arguments not in targets:
-            targets[arguments] = _target(arguments)
         outcomes.append(CallOutcome(message.message.tool_call_id or "", tool, message.seq,
-                                    status, found, targets[arguments]))
+                                    status, found, function.arguments if function else "",
+                                    memo))
     return outcomes
 
 
