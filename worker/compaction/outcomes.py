@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from worker.compaction.grouping import Group
 from worker.compaction.messages import ChatMessage, FunctionCall, Role, StoredMessage
 
+T = TypeVar("T")
 MAX_LINES = 3
 LINE_CHARS = 200
 # Signals a failure gives anywhere in its output: a test runner's summary, a non-zero exit
@@ -85,21 +86,25 @@ class CallStatus(StrEnum):
     UNKNOWN = "unknown"
 
 
-class _TargetMemo:
-    """Each distinct argument string's canonical form, worked out once per span and only
-    when asked: a span calls a tool on the same arguments again and again, and few
-    targets are read (a claimed call's, a failed tool's)."""
+class _Memo(Generic[T]):
+    """``compute`` of each distinct text, worked out once and only when asked: a span
+    repeats its result lines and its calls' arguments again and again."""
 
-    __slots__ = ("_targets",)
+    __slots__ = ("_compute", "_found")
 
-    def __init__(self) -> None:
-        self._targets: dict[str, str] = {}
+    def __init__(self, compute: Callable[[str], T]) -> None:
+        self._compute, self._found = compute, dict[str, T]()
 
-    def of(self, arguments: str) -> str:
-        target = self._targets.get(arguments)
-        if target is None:
-            target = self._targets[arguments] = _target(arguments)
-        return target
+    def __call__(self, text: str) -> T:
+        found = self._found.get(text)
+        if found is None:
+            found = self._found[text] = self._compute(text)
+        return found
+
+
+def _target_memo() -> _Memo[str]:
+    """A span's canonical targets (few are read: a claimed call's, a failed tool's)."""
+    return _Memo(_target)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +119,12 @@ class CallOutcome:
     status: CallStatus
     lines: tuple[str, ...]
     arguments: str = ""
-    memo: _TargetMemo = field(default_factory=_TargetMemo, compare=False, repr=False)
+    memo: _Memo[str] = field(default_factory=_target_memo, compare=False, repr=False)
 
     @property
     def target(self) -> str:
         """The call's arguments in one canonical form: the same target compares equal."""
-        return self.memo.of(self.arguments)
+        return self.memo(self.arguments)
 
     @property
     def failed(self) -> bool:
@@ -135,25 +140,13 @@ ResultOutcome = tuple[str, CallStatus, tuple[str, ...]]
 _STATUSES = {status.value: status for status in CallStatus}
 
 
-class _LineMemo:
-    """Whether a line holds ``pattern``, each distinct line searched once."""
-
-    def __init__(self, pattern: re.Pattern[str]) -> None:
-        self._pattern, self._found = pattern, dict[str, bool]()
-
-    def __call__(self, line: str) -> bool:
-        found = self._found.get(line)
-        if found is None:
-            found = self._found[line] = self._pattern.search(line) is not None
-        return found
-
-
 class _LineSignals:
     """Whether a line holds a failure or a success signal, each distinct line searched
     once: a span's results repeat their lines (a test run's assertion, its summary)."""
 
     def __init__(self) -> None:
-        self.failed, self.succeeded = _LineMemo(_FAILED), _LineMemo(_SUCCEEDED)
+        self.failed = _Memo(lambda line: _FAILED.search(line) is not None)
+        self.succeeded = _Memo(lambda line: _SUCCEEDED.search(line) is not None)
 
 
 def classify_result(text: str) -> tuple[CallStatus, tuple[str, ...]]:
@@ -219,7 +212,7 @@ def classify_calls(span: Sequence[Group],
              if outcome is None]
     classified = iter(_classify_texts(texts))
     outcomes: list[CallOutcome] = []
-    memo = _TargetMemo()
+    memo = _target_memo()
     for (message, function), outcome in zip(results, known, strict=True):
         status, found = next(classified) if outcome is None else outcome
         tool = message.message.name or (function.name if function else "a tool")
