@@ -20,13 +20,15 @@ _WORD_OR_COMPARISON = r"[^\s\"'`()\[\]{},;|*]"
 # A word is worth classifying when it holds a digit or an identifier's sign, or looks
 # like an error name; plain words (most of any text) never leave the regex engine. The
 # first look-ahead is the cheap necessary part (one of the characters every such sign
-# starts with), so a word without one is passed over in one tight loop. The group makes
+# starts with), so a word without one is passed over in one tight loop. The word itself
+# is runs of word characters joined by comparisons (``<=``), each run one possessive
+# repeat of a single class, which the engine reads in a tight loop too. The group makes
 # ``split`` hand back the words with the text between them.
 _SIGN_START = r"\d/\\@#=_~.:^!\-A-Z"
 _CANDIDATE = re.compile(
     rf"((?<!{_WORD})(?=[^\s\"'`()\[\]{{}},;|*{_SIGN_START}]*+[{_SIGN_START}])"
     rf"(?={_WORD_OR_COMPARISON}*?(?:[\d/\\@#=_~]|[.:^!-]{_WORD}|Error|Exception|Fault"
-    rf"|Warning|[A-Z]{{4}}))(?:{_WORD}|[<>](?==))+)"
+    rf"|Warning|[A-Z]{{4}}))(?:[<>](?==))?{_WORD}++(?:[<>](?==){_WORD}++)*)"
 )
 _TRAILING = ".,:;!?"
 
