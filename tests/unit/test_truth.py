@@ -250,12 +250,33 @@ def test_requests_that_open_with_the_same_words_are_not_one_request_open_and_don
     assert find_contradictions(summary, record) == []
 
 
-@given(st.lists(st.sampled_from(("ok", "OK", "Succeeded", "passed", "FAILED", "failing",
-                                 "errored", "\u017fucce\u017f\u017ful", "okay", "x", " ",
-                                 "(", "→", "-", "_", "\n")), max_size=8).map("".join))
-def test_the_outcome_word_look_ahead_finds_what_the_words_alone_find(item: str) -> None:
-    plain = re.compile(r"(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
-    assert bool(truth._OUTCOME_WORD.search(item)) == bool(plain.search(item))
+_CLAIM_PIECES = ("ok", "OK", "Succeeded", "passed", "FAILED", "failing", "errored", "okay",
+                 "run", "run_tests", "get", "x", " ", "(", ")", "\u2192", "->", ":", "-", "_",
+                 ".", "\n", "a,b")
+
+
+@given(st.lists(st.lists(st.sampled_from(_CLAIM_PIECES), max_size=10).map("".join),
+                max_size=6),
+       st.lists(st.sampled_from(("run", "run_tests", "get", "x", "tests")), unique=True,
+                max_size=4))
+def test_claims_read_in_the_joined_items_are_each_items_own(items: list[str],
+                                                            tools: list[str]) -> None:
+    # Item by item, tool by tool, each name's whole occurrences: what the claims are.
+    expected = []
+    for item in items:
+        for tool in tools:
+            at = item.find(tool)
+            while at >= 0:
+                end = at + len(tool)
+                if not (at and re.match(r"[\w.-]", item[at - 1])) and not (
+                        end < len(item) and re.match(r"[\w.-]", item[end])):
+                    claim = truth._CLAIM.match(item, end)
+                    if claim:
+                        expected.append((tool, claim.group("args"), claim.group("word")))
+                at = item.find(tool, end)
+    found = [(tool, claim.group("args"), claim.group("word"))
+             for tool, claim in truth._claims(items, tools)]
+    assert found == expected
 
 
 BOUNDARY_TEXT = "[SESSION BOUNDARY 2/2] The previous customer conversation has ended."

@@ -9,10 +9,12 @@ the prior summary.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from worker.compaction.grouping import Group
 from worker.compaction.identifier_rules import find_identifiers
@@ -38,11 +40,6 @@ MAX_PLAIN_SEARCHES = 16
 _CLAIM = re.compile(
     r"(?:\((?P<args>[^()]*)\))?\s*(?:→|->|:)?\s*"
     r"(?P<word>ok|succeeded|successful|passed|failed|failing|errored)\b", re.IGNORECASE)
-_NAME_CHAR = re.compile(r"[\w.-]")
-# The look-ahead (the words' first letters, as ``(?i)`` matches them) spares the engine
-# trying each word at every position.
-_OUTCOME_WORD = re.compile(
-    r"(?=[EeFfOoPpSs\u017f])(?i:ok|succeeded|successful|passed|failed|failing|errored)\b")
 # Identifiers only: no outcome is stated there.
 CLAIM_SECTIONS = tuple(name for name in LIST_SECTIONS if name != "relevant_artifacts")
 _SAID_OK = frozenset({"ok", "succeeded", "successful", "passed"})
@@ -95,7 +92,8 @@ class SpanRecord:
         joined = "\n".join([*self.texts(), *self.known_values])
         if len(missing) > MAX_PLAIN_SEARCHES:
             grams = TextGrams(joined, asked=len(missing))
-            return [value for value in missing if not grams.contains(value)]
+            return [value for value, held in zip(missing, grams.contains_each(missing),
+                                                 strict=True) if not held]
         return [value for value in missing if value not in joined]
 
 
@@ -158,15 +156,12 @@ def _false_outcomes(items: dict[str, list[str]], record: SpanRecord
         by_tool.setdefault(outcome.tool, []).append(outcome)
     # Summaries repeat a claim (a tool run on the same file): each is judged once.
     judged: dict[tuple[str, str, bool], Contradiction | None] = {}
-    for item in (i for name in CLAIM_SECTIONS for i in items[name]):
-        if not _OUTCOME_WORD.search(item):
-            continue
-        for tool, claim in _claims(item, by_tool):
-            key = (tool, claim.group("args") or "", claim.group("word").casefold() in _SAID_OK)
-            if key not in judged:
-                judged[key] = _judge_claim(by_tool[tool], *key[1:])
-            if (found := judged[key]) is not None:
-                yield found
+    for tool, claim in _claims([i for name in CLAIM_SECTIONS for i in items[name]], by_tool):
+        key = (tool, claim.group("args") or "", claim.group("word").casefold() in _SAID_OK)
+        if key not in judged:
+            judged[key] = _judge_claim(by_tool[tool], *key[1:])
+        if (found := judged[key]) is not None:
+            yield found
 
 
 def _judge_claim(calls: list[CallOutcome], args: str, said_ok: bool) -> Contradiction | None:
@@ -179,28 +174,50 @@ def _judge_claim(calls: list[CallOutcome], args: str, said_ok: bool) -> Contradi
     return Contradiction("false_outcome", tuple(c.call_id for c in named))
 
 
-def _claims(item: str, tools: dict[str, list[CallOutcome]]
-            ) -> Iterator[tuple[str, re.Match[str]]]:
-    """Each outcome ``item`` states right after the name of one of ``tools``."""
-    for tool in tools:
-        at = item.find(tool)
+def _claims(items: Sequence[str], tools: Iterable[str]) -> list[tuple[str, re.Match[str]]]:
+    """Each outcome ``items`` state right after the name of one of ``tools``, item by item
+    (in each, tool by tool): each name is looked for in the items joined, one C scan,
+    and a claim is read only within the item the name is in."""
+    joined = "\n".join(items)
+    # Where each item ends: the line break after it (or the text's end).
+    ends = [end - 1 for end in accumulate(len(item) + 1 for item in items)]
+    found: list[tuple[int, int, int, str, re.Match[str]]] = []
+    for order, tool in enumerate(tools):
+        at = joined.find(tool) if tool else -1
         while at >= 0:
             end = at + len(tool)
-            whole = not (at and _NAME_CHAR.match(item[at - 1])) \
-                and not (end < len(item) and _NAME_CHAR.match(item[end]))
-            claim = _CLAIM.match(item, end) if whole else None
+            index = bisect_left(ends, at)
+            # No name char beside the name; a line break (an item's end) is none.
+            whole = end <= ends[index] and not (at and _is_name_char(joined[at - 1])) \
+                and not (end < len(joined) and _is_name_char(joined[end]))
+            claim = _CLAIM.match(joined, end, ends[index]) if whole else None
             if claim:
-                yield tool, claim
-            at = item.find(tool, end)
+                found.append((index, order, at, tool, claim))
+            at = joined.find(tool, end)
+    found.sort(key=lambda claim: claim[:3])
+    return [(tool, claim) for *_, tool, claim in found]
+
+
+def _is_name_char(char: str) -> bool:
+    """``[\\w.-]``: what ``re``'s ``\\w`` is (alphanumeric or ``_``), without the engine."""
+    return char.isalnum() or char in "_.-"
 
 
 def _narrowed(calls: list[CallOutcome], args: str) -> list[CallOutcome]:
     """The calls whose arguments hold the values a claim names (all when none does); a
-    value is read without its label (``order_id 1536995876``)."""
-    named = calls
-    for value in (v.strip().rsplit(" ", 1)[-1] for v in args.split(",")):
-        if value:
-            named = [c for c in named if value in c.target]
+    value is read without its label (``order_id 1536995876``). Each distinct arguments'
+    target is read once: a span runs one test file again and again."""
+    values = [v for v in (v.strip().rsplit(" ", 1)[-1] for v in args.split(",")) if v]
+    if not values:
+        return calls
+    holds: dict[str, bool] = {}
+    named = []
+    for call in calls:
+        held = holds.get(call.arguments)
+        if held is None:
+            held = holds[call.arguments] = all(value in call.target for value in values)
+        if held:
+            named.append(call)
     return named or calls
 
 
