@@ -11,6 +11,7 @@ listed fifty times. Which calls failed is the outcomes' answer (``outcomes.py``)
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from itertools import compress
 
 from worker.compaction.identifiers import Artifact
 from worker.compaction.outcomes import Failure
@@ -29,8 +30,8 @@ def featured_values(failures: Sequence[Failure], texts: Sequence[str],
     """Return the values that lead the ranking: the error codes that ended a call, and the
     span's identifiers that ``texts`` (a summary's decisions and open requests) name."""
     named = TextGrams("\n".join(texts), asked=len(artifacts))
-    return failure_values(failures, artifacts) | {
-        a.value for a in artifacts if a.kind != "tool" and named.contains(a.value)}
+    values = [a.value for a in artifacts if a.kind != "tool"]
+    return failure_values(failures, artifacts) | set(compress(values, named.contains_each(values)))
 
 
 def rank_artifacts(artifacts: Sequence[Artifact], *, featured: Collection[str] = ()

@@ -83,9 +83,9 @@ def update_summary(prior: Summary | None, new: Summary, *, budget_tokens: int,
                       asked=len(wanted))
     listed_as = labels or {}
     # A bare number the text holds without its label is missing its label.
-    missing = list(islice((value for value in wanted
-                           if not known.contains(listed_as.get(value, value))),
-                          _most_listed(budget_tokens)))
+    held = known.contains_each([listed_as.get(value, value) for value in wanted])
+    missing = list(islice((value for value, is_held in zip(wanted, held, strict=True)
+                           if not is_held), _most_listed(budget_tokens)))
     # The span's indexed values lead in salience order, whichever summarizer listed them
     # or left them out; the summarizer's other items follow.
     listed = {keys[item] for item in new.relevant_artifacts}

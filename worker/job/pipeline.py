@@ -296,10 +296,10 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
     # The block's own items need no scan: it holds them verbatim.
     block_text = TextGrams(validated.fitted.text, known=verbatim_items(validated.summary),
                            asked=len(work.artifacts))
+    held = block_text.contains_each([a.value for a in work.artifacts if a.kind != "tool"])
     trace.record_figures(
         summary_tokens=summary_tokens, identifiers_reattached=len(validated.reattached),
-        identifiers_recall_only=sum(a.kind != "tool" and not block_text.contains(a.value)
-                                    for a in work.artifacts),
+        identifiers_recall_only=held.count(False),
         tokens_after=plan.boundary.projected_tokens(summary_tokens))
     return Revision(validated.summary, block, summary_tokens)
 
