@@ -27,6 +27,7 @@ QUICK_RUN_TIMEOUT_S = 150
 FIGURES = {
     "job_cpu": ("CPU ms min", "CPU ms median", "wall ms min", "lease", "summarize", "swap"),
     "job_instructions": ("M instructions per job",),
+    "job_cpu_paired": ("CPU ms min", "CPU ms median", "ratio median", "ratio of mins"),
     "job_overhead": ("per-job wall ms median", "x no-op min", "x no-op median", "median ms",
                      "SQL statements", "tokenizer calls"),
     "throughput": ("jobs/s steady", "ideal jobs/s", "worker CPU s/job"),

@@ -1,0 +1,184 @@
+"""Job CPU of this tree against another checkout's, job by job in lockstep: where a
+machine's speed shifts within minutes (cores shared, clocks stepping), two runs of
+``bench.job_cpu`` taken one after the other cannot tell 10% apart; two jobs taken a
+moment apart meet the same machine.
+
+Each tree runs its own ``bench.job_cpu`` (extractive, PostgreSQL, its own database) in a
+process of its own, held before every job until told to go. The two take turns, one job
+each, the first alternating from pair to pair; only one job runs at a time. Each job's
+process CPU time is taken in its own process; the warm-up job is not compared. Printed:
+each tree's min and median (and the median of the part spent in the kernel), and the
+median, quartiles and extremes of the pairs' ratios (this tree / baseline).
+``--baseline DIR``: a checkout of another commit (``git archive REV | tar -x -C DIR``);
+without it, this tree against itself, which shows the method's own noise. Pinning both
+to one core (``taskset -c 1 python -m bench.job_cpu_paired ...``) keeps a core's speed
+out of the ratio.
+
+No library runs two processes' jobs in lockstep: a line on a pipe says go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from bench.report import REPO_ROOT, bench_parser, median, print_header, print_load, print_table
+
+QUICK_TOKENS = 2_000
+QUICK_JOBS = 2
+# The jobs' process as this file, started with ``--inside``; its lines to the driver.
+_INSIDE = "--inside"
+_READY = "ready"
+_GO = "go"
+_CPU = "cpu "
+
+
+def main() -> None:
+    if _INSIDE in sys.argv:
+        _run_jobs_on_cue(sys.argv[sys.argv.index(_INSIDE) + 1:])
+        return
+    parser = bench_parser(__doc__ or "")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of another commit (default: this tree)")
+    parser.add_argument("--session-tokens", type=int, default=100_000)
+    parser.add_argument("--jobs", type=int, default=30, help="compared jobs per tree")
+    parser.add_argument("--format", default="chat", choices=("chat", "responses", "anthropic"),
+                        help="the sessions' wire format (bench.job_cpu --format)")
+    args = parser.parse_args()
+    tokens, jobs = (QUICK_TOKENS, QUICK_JOBS) if args.quick else (args.session_tokens,
+                                                                  args.jobs)
+    baseline = (args.baseline or REPO_ROOT).resolve()
+    if not (baseline / "bench" / "job_cpu.py").is_file():
+        parser.error(f"{baseline} holds no bench/job_cpu.py: not a checkout of this project")
+    print_header(f"job CPU in lockstep against a baseline, extractive, {args.format} "
+                 f"sessions, {tokens:,} tokens")
+    print(f"this tree: {REPO_ROOT}\nbaseline: {baseline}", flush=True)
+    job_cpu_args = ["--session-tokens", str(tokens), "--jobs", str(jobs)]
+    if args.format != "chat":  # a tree from before the formats knows no --format
+        job_cpu_args += ["--format", args.format]
+    with _jobs_process(REPO_ROOT, job_cpu_args) as this, \
+            _jobs_process(baseline, job_cpu_args) as other:
+        cpu_ms: dict[str, list[float]] = {"this tree": [], "baseline": []}
+        system_ms: dict[str, list[float]] = {"this tree": [], "baseline": []}
+        for pair in range(jobs + 1):  # the first pair is the warm-up
+            turns = [("this tree", this), ("baseline", other)]
+            for name, process in turns if pair % 2 else reversed(turns):
+                cpu, system = _one_job(process)
+                if pair:
+                    cpu_ms[name].append(cpu)
+                    system_ms[name].append(system)
+            if pair and pair % 10 == 0:
+                print(f"{pair} of {jobs} pairs", flush=True)
+    _report(cpu_ms, system_ms)
+
+
+def _report(cpu_ms: dict[str, list[float]], system_ms: dict[str, list[float]]) -> None:
+    ratios = sorted(a / b for a, b in zip(cpu_ms["this tree"], cpu_ms["baseline"],
+                                          strict=True))
+    print_table(["tree", "jobs", "CPU ms min", "CPU ms median", "of it kernel ms median"],
+                [[name, len(times), f"{min(times):.1f}", f"{median(times):.1f}",
+                  f"{median(system_ms[name]):.2f}"] for name, times in cpu_ms.items()])
+    print()
+    quartiles = statistics.quantiles(ratios, n=4, method="inclusive") \
+        if len(ratios) > 1 else ratios * 3
+    print_table(["pairs", "ratio median", "ratio q1", "ratio q3", "ratio min", "ratio max",
+                 "ratio of mins", "ratio of medians"],
+                [[len(ratios), f"{median(ratios):.3f}", f"{quartiles[0]:.3f}",
+                  f"{quartiles[2]:.3f}", f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}",
+                  f"{min(cpu_ms['this tree']) / min(cpu_ms['baseline']):.3f}",
+                  f"{median(cpu_ms['this tree']) / median(cpu_ms['baseline']):.3f}"]])
+    print_load()
+
+
+@contextlib.contextmanager
+def _jobs_process(tree: Path, job_cpu_args: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """``tree``'s ``bench.job_cpu`` in its own process, each job held until told to go."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    log = (Path(os.environ.get("TMPDIR", "/tmp")) /
+           f"job_cpu_paired-{os.getpid()}-{tree.name}-{time.monotonic_ns()}.log")
+    with log.open("w+", encoding="utf-8") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), _INSIDE, *job_cpu_args],
+            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+            text=True, bufsize=1)
+        try:
+            yield process
+        except _JobsProcessEnded:
+            stderr.seek(0)
+            raise SystemExit(f"bench.job_cpu in {tree} ended early:\n{stderr.read()[-4000:]}"
+                             ) from None
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            log.unlink(missing_ok=True)
+
+
+class _JobsProcessEnded(Exception):
+    """A jobs process closed its pipe before a job's time."""
+
+
+def _one_job(process: subprocess.Popen[str]) -> tuple[float, float]:
+    """Let ``process`` run its next job; return the job's CPU time and the part of it in
+    the kernel (ms)."""
+    stdin, stdout = _pipes(process)
+    if stdout.readline().strip() != _READY:
+        raise _JobsProcessEnded
+    stdin.write(f"{_GO}\n")
+    stdin.flush()
+    line = stdout.readline()
+    if not line.startswith(_CPU):
+        raise _JobsProcessEnded
+    cpu_ms, system_ms = line[len(_CPU):].split()
+    return float(cpu_ms), float(system_ms)
+
+
+def _pipes(process: subprocess.Popen[str]) -> tuple[IO[str], IO[str]]:
+    if process.stdin is None or process.stdout is None:
+        raise _JobsProcessEnded
+    return process.stdin, process.stdout
+
+
+def _system_s() -> float:
+    """This process's CPU time in the kernel so far (page faults, allocations' mappings)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+def _run_jobs_on_cue(job_cpu_args: list[str]) -> None:
+    """Run ``bench.job_cpu`` of the tree on ``PYTHONPATH``, each job waiting for a go on
+    stdin and its CPU time told on stdout; the script's own printing goes to stderr."""
+    from bench import job_cpu  # the tree's own, not necessarily this file's
+
+    driver = sys.stdout
+    # job_cpu's own name for it (imported by name from bench.common): the one its jobs call.
+    namespace = vars(job_cpu)
+    run_inline = namespace["run_inline"]
+
+    def on_cue(*args: Any, **kwargs: Any) -> Any:
+        driver.write(f"{_READY}\n")
+        driver.flush()
+        if sys.stdin.readline().strip() != _GO:
+            raise SystemExit("the driver went away")
+        began, began_sys = time.process_time(), _system_s()
+        result = run_inline(*args, **kwargs)
+        driver.write(f"{_CPU}{(time.process_time() - began) * 1000:.4f} "
+                     f"{(_system_s() - began_sys) * 1000:.4f}\n")
+        driver.flush()
+        return result
+
+    namespace["run_inline"] = on_cue
+    sys.argv = ["bench.job_cpu", *job_cpu_args]
+    with contextlib.redirect_stdout(sys.stderr):
+        job_cpu.main()
+
+
+if __name__ == "__main__":
+    main()
