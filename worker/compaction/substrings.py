@@ -24,7 +24,7 @@ from typing import Final, Literal
 GRAM = 4
 # Values scanned for with ``in`` before the grams are built, about half a build's cost
 # in scans of the same text (both grow with its length).
-SCANS_BEFORE_GRAMS = 64
+SCANS_BEFORE_GRAMS = 256
 # Native unsigned ints of ``GRAM`` bytes: how ``memoryview.cast`` reads every window,
 # the text's and the values'.
 _WINDOW_FORMAT: Final[Literal["I"]] = "I"
