@@ -14,44 +14,32 @@ without it, this tree against itself, which shows the method's own noise. Pinnin
 to one core (``taskset -c 1 python -m bench.job_cpu_paired ...``) keeps a core's speed
 out of the ratio.
 
-No library runs two processes' jobs in lockstep: a line on a pipe says go.
+The jobs' processes are ``bench/tree_jobs.py cue``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from bench.report import REPO_ROOT, bench_parser, median, print_header, print_load, print_table
+from bench.tree_jobs import CPU, CUE, GO, READY, add_tree_arguments, command, tree_env
 
 QUICK_TOKENS = 2_000
 QUICK_JOBS = 2
-# The jobs' process as this file, started with ``--inside``; its lines to the driver.
-_INSIDE = "--inside"
-_READY = "ready"
-_GO = "go"
-_CPU = "cpu "
 
 
 def main() -> None:
-    if _INSIDE in sys.argv:
-        _run_jobs_on_cue(sys.argv[sys.argv.index(_INSIDE) + 1:])
-        return
     parser = bench_parser(__doc__ or "")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="a checkout of another commit (default: this tree)")
     parser.add_argument("--session-tokens", type=int, default=100_000)
     parser.add_argument("--jobs", type=int, default=30, help="compared jobs per tree")
-    parser.add_argument("--format", default="chat", choices=("chat", "responses", "anthropic"),
-                        help="the sessions' wire format (bench.job_cpu --format)")
+    add_tree_arguments(parser, "a checkout of another commit (default: this tree)")
     args = parser.parse_args()
     tokens, jobs = (QUICK_TOKENS, QUICK_JOBS) if args.quick else (args.session_tokens,
                                                                   args.jobs)
@@ -61,11 +49,9 @@ def main() -> None:
     print_header(f"job CPU in lockstep against a baseline, extractive, {args.format} "
                  f"sessions, {tokens:,} tokens")
     print(f"this tree: {REPO_ROOT}\nbaseline: {baseline}", flush=True)
-    job_cpu_args = ["--session-tokens", str(tokens), "--jobs", str(jobs)]
-    if args.format != "chat":  # a tree from before the formats knows no --format
-        job_cpu_args += ["--format", args.format]
-    with _jobs_process(REPO_ROOT, job_cpu_args) as this, \
-            _jobs_process(baseline, job_cpu_args) as other:
+    jobs_command = command(CUE, tokens, jobs, args.format)
+    with _jobs_process(REPO_ROOT, jobs_command) as this, \
+            _jobs_process(baseline, jobs_command) as other:
         cpu_ms: dict[str, list[float]] = {"this tree": [], "baseline": []}
         system_ms: dict[str, list[float]] = {"this tree": [], "baseline": []}
         for pair in range(jobs + 1):  # the first pair is the warm-up
@@ -99,16 +85,14 @@ def _report(cpu_ms: dict[str, list[float]], system_ms: dict[str, list[float]]) -
 
 
 @contextlib.contextmanager
-def _jobs_process(tree: Path, job_cpu_args: list[str]) -> Iterator[subprocess.Popen[str]]:
+def _jobs_process(tree: Path, jobs_command: list[str]) -> Iterator[subprocess.Popen[str]]:
     """``tree``'s ``bench.job_cpu`` in its own process, each job held until told to go."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
     log = (Path(os.environ.get("TMPDIR", "/tmp")) /
            f"job_cpu_paired-{os.getpid()}-{tree.name}-{time.monotonic_ns()}.log")
     with log.open("w+", encoding="utf-8") as stderr:
         process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), _INSIDE, *job_cpu_args],
-            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-            text=True, bufsize=1)
+            jobs_command, cwd=tree, env=tree_env(tree), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
         try:
             yield process
         except _JobsProcessEnded:
@@ -130,14 +114,14 @@ def _one_job(process: subprocess.Popen[str]) -> tuple[float, float]:
     """Let ``process`` run its next job; return the job's CPU time and the part of it in
     the kernel (ms)."""
     stdin, stdout = _pipes(process)
-    if stdout.readline().strip() != _READY:
+    if stdout.readline().strip() != READY:
         raise _JobsProcessEnded
-    stdin.write(f"{_GO}\n")
+    stdin.write(f"{GO}\n")
     stdin.flush()
     line = stdout.readline()
-    if not line.startswith(_CPU):
+    if not line.startswith(CPU):
         raise _JobsProcessEnded
-    cpu_ms, system_ms = line[len(_CPU):].split()
+    cpu_ms, system_ms = line[len(CPU):].split()
     return float(cpu_ms), float(system_ms)
 
 
@@ -145,39 +129,6 @@ def _pipes(process: subprocess.Popen[str]) -> tuple[IO[str], IO[str]]:
     if process.stdin is None or process.stdout is None:
         raise _JobsProcessEnded
     return process.stdin, process.stdout
-
-
-def _system_s() -> float:
-    """This process's CPU time in the kernel so far (page faults, allocations' mappings)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
-
-
-def _run_jobs_on_cue(job_cpu_args: list[str]) -> None:
-    """Run ``bench.job_cpu`` of the tree on ``PYTHONPATH``, each job waiting for a go on
-    stdin and its CPU time told on stdout; the script's own printing goes to stderr."""
-    from bench import job_cpu  # the tree's own, not necessarily this file's
-
-    driver = sys.stdout
-    # job_cpu's own name for it (imported by name from bench.common): the one its jobs call.
-    namespace = vars(job_cpu)
-    run_inline = namespace["run_inline"]
-
-    def on_cue(*args: Any, **kwargs: Any) -> Any:
-        driver.write(f"{_READY}\n")
-        driver.flush()
-        if sys.stdin.readline().strip() != _GO:
-            raise SystemExit("the driver went away")
-        began, began_sys = time.process_time(), _system_s()
-        result = run_inline(*args, **kwargs)
-        driver.write(f"{_CPU}{(time.process_time() - began) * 1000:.4f} "
-                     f"{(_system_s() - began_sys) * 1000:.4f}\n")
-        driver.flush()
-        return result
-
-    namespace["run_inline"] = on_cue
-    sys.argv = ["bench.job_cpu", *job_cpu_args]
-    with contextlib.redirect_stdout(sys.stderr):
-        job_cpu.main()
 
 
 if __name__ == "__main__":

@@ -10,41 +10,31 @@ of another commit (``git archive REV | tar -x -C DIR``; its ``bench.job_cpu`` is
 run) and prints each size's ratio. Instructions are not time (a cache miss costs more
 than an add), so this ratio stands beside ``bench.job_cpu``'s, not for it.
 
-No library counts a Python process's instructions between two points in the program:
-callgrind counts, ``callgrind_control`` switches it on and off from outside.
+The jobs' process is ``bench/tree_jobs.py count``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from bench.report import REPO_ROOT, bench_parser, print_header, print_load, print_table
+from bench.tree_jobs import COUNT, add_tree_arguments, command, tree_env
 
 QUICK_SIZES = (2_000,)
 DEFAULT_SIZES = (5_000, 100_000)
 _COLLECTED = re.compile(r"Collected : (\d+)")
-# The job_cpu run under callgrind: this file, started with ``--inside``.
-_INSIDE = "--inside"
 
 
 def main() -> None:
-    if _INSIDE in sys.argv:
-        _run_jobs_counted(sys.argv[sys.argv.index(_INSIDE) + 1:])
-        return
     parser = bench_parser(__doc__ or "")
     parser.add_argument("--session-tokens", default=None,
                         help="comma-separated sizes (default 5000,100000)")
     parser.add_argument("--jobs", type=int, default=3, help="counted jobs per size")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="a checkout of another commit to count the same jobs in")
-    parser.add_argument("--format", default="chat", choices=("chat", "responses", "anthropic"),
-                        help="the sessions' wire format (bench.job_cpu --format)")
+    add_tree_arguments(parser, "a checkout of another commit to count the same jobs in")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -74,44 +64,16 @@ def main() -> None:
 
 def _count(tree: Path, size: int, jobs: int, session_format: str) -> int:
     """Instructions of ``jobs`` jobs and the warm-up one in ``tree``'s ``bench.job_cpu``."""
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-               "--callgrind-out-file=/dev/null", sys.executable, str(Path(__file__).resolve()),
-               _INSIDE, "--session-tokens", str(size), "--jobs", str(jobs)]
-    if session_format != "chat":  # a tree from before the formats knows no --format
-        command += ["--format", session_format]
-    # One hash seed for every run: set and dict orders, and so some of the work, follow it.
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                           "--callgrind-out-file=/dev/null",
+                           *command(COUNT, size, jobs, session_format)],
+                          cwd=tree, env=tree_env(tree), capture_output=True, text=True,
                           check=False)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f"bench.job_cpu under callgrind in {tree} exited "
                          f"{done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return int(found.group(1))
-
-
-def _run_jobs_counted(job_cpu_args: list[str]) -> None:
-    """Run ``bench.job_cpu`` of the tree on ``PYTHONPATH`` with callgrind counting inside
-    its jobs only."""
-    from bench import job_cpu  # the tree's own, not necessarily this file's
-
-    pid = str(os.getpid())
-    # job_cpu's own name for it (imported by name from bench.common): the one its jobs call.
-    namespace = vars(job_cpu)
-    run_inline = namespace["run_inline"]
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        subprocess.run(["callgrind_control", "--instr=on", pid], check=True,
-                       capture_output=True)
-        try:
-            return run_inline(*args, **kwargs)
-        finally:
-            subprocess.run(["callgrind_control", "--instr=off", pid], check=True,
-                           capture_output=True)
-
-    namespace["run_inline"] = counted
-    sys.argv = ["bench.job_cpu", *job_cpu_args]
-    job_cpu.main()
 
 
 if __name__ == "__main__":
