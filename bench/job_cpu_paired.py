@@ -20,10 +20,9 @@ The jobs' processes are ``bench/tree_jobs.py cue``.
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import subprocess
-import time
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -87,9 +86,7 @@ def _report(cpu_ms: dict[str, list[float]], system_ms: dict[str, list[float]]) -
 @contextlib.contextmanager
 def _jobs_process(tree: Path, jobs_command: list[str]) -> Iterator[subprocess.Popen[str]]:
     """``tree``'s ``bench.job_cpu`` in its own process, each job held until told to go."""
-    log = (Path(os.environ.get("TMPDIR", "/tmp")) /
-           f"job_cpu_paired-{os.getpid()}-{tree.name}-{time.monotonic_ns()}.log")
-    with log.open("w+", encoding="utf-8") as stderr:
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as stderr:
         process = subprocess.Popen(
             jobs_command, cwd=tree, env=tree_env(tree), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
@@ -103,7 +100,6 @@ def _jobs_process(tree: Path, jobs_command: list[str]) -> Iterator[subprocess.Po
             if process.poll() is None:
                 process.kill()
             process.wait()
-            log.unlink(missing_ok=True)
 
 
 class _JobsProcessEnded(Exception):
