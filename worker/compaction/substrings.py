@@ -18,6 +18,7 @@ substring filter for many needles that is exact and needs no compiled extension.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress, filterfalse
 from operator import itemgetter
 from typing import Final, Literal
 
@@ -51,41 +52,52 @@ class TextGrams:
         return self.contains_each([value])[0]
 
     def contains_each(self, values: Sequence[str]) -> list[bool]:
-        """``contains`` of each of ``values``: the grams' filter reads the values' first
-        and last windows in one C-level pass each, where one call per value would cost
-        more than the look-ups."""
-        answers = list(map(self._known.__contains__, values))
-        asked = [index for index, held in enumerate(answers) if not held]
+        """``contains`` of each of ``values``. Every step is one C-level pass over all the
+        values (a map, a join, a compress): a Python step per value would cost more
+        than the look-ups; only the values that pass the filter are read one by one."""
+        known = self._known
+        asked = list(filterfalse(known.__contains__, values)) if known else list(values)
         text = self.text
-        if len(asked) <= self._scans_left:
-            self._scans_left -= len(asked)
-            for index in asked:
-                answers[index] = values[index] in text
-            return answers
-        self._scans_left = 0
-        grams = self._grams
-        if grams is None:
-            grams = self._grams = _windows(text)
-        windowed = [index for index in asked if len(values[index]) >= GRAM]
-        # Values shorter than a window are scanned for; the others only past the filter.
-        scanned = [index for index in asked if len(values[index]) < GRAM]
-        encoded = [values[index].encode("ascii", "replace") for index in windowed]
-        firsts = _read_windows(b"".join(map(itemgetter(slice(None, GRAM)), encoded)))
-        lasts = _read_windows(b"".join(map(itemgetter(slice(-GRAM, None)), encoded)))
-        for index, value, first, last in zip(windowed, encoded, map(grams.__contains__, firsts),
-                                             map(grams.__contains__, lasts), strict=True):
-            if first and last:
-                middle = (len(value) - GRAM) // 2
-                if _read_windows(value[middle:middle + GRAM])[0] in grams:
-                    scanned.append(index)
-        for index in scanned:
-            answers[index] = values[index] in text
-        return answers
+        if len(asked) <= self._scans_left or len(text) < GRAM:
+            # Few values, or a text too short for a window: plain scans.
+            self._scans_left = max(self._scans_left - len(asked), 0)
+            held = set(compress(asked, map(text.__contains__, asked)))
+        else:
+            self._scans_left = 0
+            if self._grams is None:
+                self._grams = _windows(text)
+            held = set(filter(text.__contains__, _passing(self._grams, asked)))
+        return list(map(held.union(known).__contains__, values))
 
 
-def _read_windows(encoded: bytes) -> memoryview:
-    """``encoded``'s ``GRAM``-byte windows laid end to end, read as integers."""
-    return memoryview(encoded).cast(_WINDOW_FORMAT)
+def _passing(grams: set[int], values: list[str]) -> list[str]:
+    """The ``values`` whose first, last and middle windows are all in ``grams``, and those
+    shorter than a window (which the filter cannot read): the rest are not in the text.
+    The values are read as the text is (``?`` past ASCII), their windows laid end to end
+    and read in one pass each; most absent values fail at the first window."""
+    firsts_text = "".join(map(itemgetter(slice(None, GRAM)), values))
+    short: list[str] = []
+    if len(firsts_text) < GRAM * len(values):  # a value shorter than a window
+        short = [value for value in values if len(value) < GRAM]
+        values = [value for value in values if len(value) >= GRAM]
+        firsts_text = "".join(map(itemgetter(slice(None, GRAM)), values))
+    firsts = _read_windows(firsts_text).tolist()
+    first_hits = grams.intersection(firsts)
+    if not first_hits:
+        return short
+    candidates = list(compress(values, map(first_hits.__contains__, firsts)))
+    lasts = _read_windows("".join(map(itemgetter(slice(-GRAM, None)), candidates))).tolist()
+    candidates = list(compress(candidates, map(grams.__contains__, lasts)))
+    middles = _read_windows("".join(
+        value[(len(value) - GRAM) // 2:(len(value) - GRAM) // 2 + GRAM]
+        for value in candidates))
+    return [*short, *compress(candidates, map(grams.__contains__, middles))]
+
+
+def _read_windows(text: str) -> memoryview:
+    """``text``'s ``GRAM``-character windows laid end to end, read as integers (a
+    character past ASCII as ``?``)."""
+    return memoryview(text.encode("ascii", "replace")).cast(_WINDOW_FORMAT)
 
 
 def _windows(text: str) -> set[int]:
@@ -95,5 +107,5 @@ def _windows(text: str) -> set[int]:
     windows: set[int] = set()
     for offset in range(GRAM):
         whole = (len(encoded) - offset) // GRAM * GRAM
-        windows.update(encoded[offset:offset + whole].cast(_WINDOW_FORMAT))
+        windows.update(encoded[offset:offset + whole].cast(_WINDOW_FORMAT).tolist())
     return windows
