@@ -46,6 +46,8 @@ def test_fitting_is_deterministic_within_budget_and_carries_its_rendering_and_co
     assert fit_summary(summary, budget_tokens, counter) == fitted
     assert fitted.text == render_summary_block(fitted.summary)
     assert fitted.tokens == counter.count_text(fitted.text) <= budget_tokens
+    # Built without validation from validated items: what validating it would give.
+    assert Summary.model_validate(fitted.summary.model_dump()) == fitted.summary
     if count_summary_tokens(summary, counter) <= budget_tokens and not _has_long_items(summary):
         assert fitted.summary == summary
 

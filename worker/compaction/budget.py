@@ -94,6 +94,7 @@ class _Section:
     costs: tuple[int, ...]  # tokens of each item's line
     order: tuple[int, ...]  # item indexes, most worth keeping first
     fresh: frozenset[int]  # the new span's items (all of them outside an update)
+    packable: tuple[bool, ...]  # each relevant artifact's ``is_packable`` (else empty)
 
 
 def fit_summary(summary: Summary, budget_tokens: int, counter: TokenCounter, *,
@@ -157,10 +158,11 @@ def _estimate(floor_tokens: int, sections: Sequence[_Section]) -> int:
     return floor_tokens + sum(sum(section.costs) for section in sections)
 
 
-def _counted(summary: Summary, lines: Mapping[str, Sequence[str]], counter: TokenCounter
-             ) -> FittedSummary:
-    """Render and count ``summary`` whose list sections' bullet lines are ``lines``."""
-    segments = block_segments(summary, item_lines=lines)
+def _counted(summary: Summary, lines: Mapping[str, Sequence[str]], counter: TokenCounter,
+             packable: Sequence[bool] | None = None) -> FittedSummary:
+    """Render and count ``summary`` whose list sections' bullet lines are ``lines`` (and
+    whose artifacts' ``is_packable`` are ``packable``, when given)."""
+    segments = block_segments(summary, item_lines=lines, packable=packable)
     return FittedSummary(summary, "".join(segments), count_block_segments(segments, counter))
 
 
@@ -188,7 +190,11 @@ def _capped(summary: Summary, counter: TokenCounter) -> tuple[Summary, dict[str,
     for name in LIST_SECTIONS:
         items = summary.items_of(name)
         lines[name] = item_line_texts(items)
-        # The common short ASCII line is let through without a call.
+        # A section of short ASCII lines only (the common one) is let through whole.
+        if max(map(len, lines[name]), default=0) <= ITEM_CAP_TOKENS \
+                and all(map(str.isascii, lines[name])):
+            capped[name] = items
+            continue
         capped[name] = [truncate_text(item, ITEM_CAP_TOKENS, counter)
                         if (len(line) > ITEM_CAP_TOKENS or not line.isascii())
                         and _over_cap(line, ITEM_CAP_TOKENS, counter) else item
@@ -213,9 +219,11 @@ def _measure(capped: Summary, lines: Mapping[str, Sequence[str]], counter: Token
     for name in LIST_SECTIONS:
         items = capped.items_of(name)
         costs = counter.count_lines(lines[name])
+        packable: tuple[bool, ...] = ()
         if name == "relevant_artifacts":
             # On a shared line, ", " stands for the bullet's "-" and the line break.
-            costs = [cost - is_packable(item) for cost, item in zip(costs, items, strict=True)]
+            packable = tuple(map(is_packable, items))
+            costs = [cost - shares for cost, shares in zip(costs, packable, strict=True)]
         earlier = prior_items.get(name, frozenset())
         indexes = list(range(len(items)))
         if name != "relevant_artifacts":
@@ -223,7 +231,7 @@ def _measure(capped: Summary, lines: Mapping[str, Sequence[str]], counter: Token
         fresh = [index for index in indexes if index not in earlier]
         order = (*fresh, *(index for index in indexes if index in earlier))
         sections.append(_Section(name, tuple(lines[name]), tuple(costs), order,
-                                 frozenset(fresh)))
+                                 frozenset(fresh), packable))
     return sections
 
 
@@ -303,15 +311,19 @@ def _shed(kept: dict[str, dict[int, None]], sections: Sequence[_Section],
 
 def _counted_keep(capped: Summary, kept: Mapping[str, Mapping[int, None]],
                   sections: Sequence[_Section], counter: TokenCounter) -> FittedSummary:
-    """Render and count ``capped`` with only the ``kept`` items, from their measured lines."""
+    """Render and count ``capped`` with only the ``kept`` items, from their measured lines.
+    The items are ``capped``'s, validated already: the summary is built without again."""
     chosen: dict[str, Any] = {"goal": capped.goal}
     lines: dict[str, list[str]] = {}
+    packable: list[bool] = []
     for section in sections:
         indexes = sorted(kept[section.name])
         items = capped.items_of(section.name)
         chosen[section.name] = [items[index] for index in indexes]
         lines[section.name] = [section.lines[index] for index in indexes]
-    return _counted(Summary.model_validate(chosen), lines, counter)
+        if section.packable:
+            packable = [section.packable[index] for index in indexes]
+    return _counted(Summary.model_construct(**chosen), lines, counter, packable)
 
 
 def _fit_goal(fitted: FittedSummary, budget_tokens: int, counter: TokenCounter

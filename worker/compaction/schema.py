@@ -5,7 +5,7 @@ rendering of the block a model reads as background (updates live in ``summary_up
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -98,7 +98,7 @@ class Summary(BaseModel):
     @classmethod
     def _clean_items(cls, items: list[str]) -> list[str]:
         # Blank items carry nothing and would render as empty bullets.
-        return [item.strip() for item in items if item.strip()]
+        return [item for item in map(str.strip, items) if item]
 
     def items_of(self, section: str) -> list[str]:
         """Return a list section's items (raises ``KeyError`` for ``goal`` or unknown names)."""
@@ -148,7 +148,8 @@ def render_summary_block(summary: Summary, *, artifacts: Sequence[str] = ()) -> 
 
 
 def block_segments(summary: Summary, *,
-                   item_lines: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+                   item_lines: Mapping[str, Sequence[str]] | None = None,
+                   packable: Sequence[bool] | None = None) -> list[str]:
     """Return the block cut into lines, each with its line break (the header keeps the
     blank line after it, the recall line the footer): joined, they are the block.
 
@@ -156,7 +157,8 @@ def block_segments(summary: Summary, *,
     another line break, white space or (o200k) a "/", and every segment after the first
     starts with "-", a letter or "[". So the block's count is theirs added
     (``count_block_segments``).
-    ``item_lines``: the list sections' ``item_line_texts``, when the caller has them.
+    ``item_lines``: the list sections' ``item_line_texts``, when the caller has them;
+    ``packable``: each relevant artifact's ``is_packable``, likewise.
     """
     segments = [BLOCK_HEAD, f"{goal_line(summary.goal)}\n"]
     for name in LIST_SECTIONS:
@@ -165,7 +167,7 @@ def block_segments(summary: Summary, *,
         if not items:
             segments.append(EMPTY_ITEM_SEGMENT)
         elif name == "relevant_artifacts":
-            segments.extend(f"{line}\n" for line in artifact_lines(items))
+            segments.extend(f"{line}\n" for line in artifact_lines(items, packable))
         else:
             segments.extend(item_lines[name] if item_lines else item_line_texts(items))
     segments.append(BLOCK_TAIL)
@@ -209,14 +211,16 @@ def is_packable(item: str) -> bool:
     return len(words) <= 1 or sum(any(char.isalpha() for char in word) for word in words) <= 1
 
 
-def artifact_lines(items: Sequence[str]) -> list[str]:
+def artifact_lines(items: Sequence[str], packable: Iterable[bool] | None = None) -> list[str]:
     """Return the relevant artifacts' lines: values packed in order, comma-separated, up
-    to ``ARTIFACT_LINE_CHARS`` a line; an item that cannot share a line gets its own."""
+    to ``ARTIFACT_LINE_CHARS`` a line; an item that cannot share a line gets its own.
+    ``packable``: each item's ``is_packable``, when the caller has it."""
     lines: list[str] = []
     packed: list[str] = []
     width = 0
-    for item in items:
-        if not is_packable(item):
+    flags = map(is_packable, items) if packable is None else packable
+    for item, shares in zip(items, flags, strict=True):
+        if not shares:
             if packed:
                 lines.append(item_line(ARTIFACT_SEPARATOR.join(packed)))
                 packed, width = [], 0
