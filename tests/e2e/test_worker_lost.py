@@ -123,10 +123,15 @@ DEFAULTS_UNDER_TEST = ("lease_ttl_s", "lease_heartbeat_s", "reconcile_interval_s
 @pytest.fixture
 def fleet_env(postgres_url: str, server: OpenAIServer) -> JobEnv:
     """The jobs' settings with the lease and reconciler at their defaults; only what is
-    not under test is shortened (imported sessions are due at once)."""
+    not under test is shortened (imported sessions are due at once). The nightly scan is
+    set twelve hours from now: at its default hour, a scan during the test would compact
+    the sessions whose jobs the test is about to start and kill, and their jobs would be
+    skipped."""
     defaults = {name: Settings.model_fields[name].default for name in DEFAULTS_UNDER_TEST}
     values = {name: value for name, value in defaults.items() if value is not None}
-    return build_job_env(postgres_url, server.base_url, quiet_period_s=0, **values)
+    scan_hour = (datetime.now(UTC).hour + 12) % 24
+    return build_job_env(postgres_url, server.base_url, quiet_period_s=0,
+                         scan_cron=f"0 {scan_hour} * * *", **values)
 
 
 @pytest.fixture
