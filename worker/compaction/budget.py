@@ -190,11 +190,7 @@ def _capped(summary: Summary, counter: TokenCounter) -> tuple[Summary, dict[str,
     for name in LIST_SECTIONS:
         items = summary.items_of(name)
         lines[name] = item_line_texts(items)
-        # A section of short ASCII lines only (the common one) is let through whole.
-        if max(map(len, lines[name]), default=0) <= ITEM_CAP_TOKENS \
-                and all(map(str.isascii, lines[name])):
-            capped[name] = items
-            continue
+        # The common short ASCII line is let through without a call.
         capped[name] = [truncate_text(item, ITEM_CAP_TOKENS, counter)
                         if (len(line) > ITEM_CAP_TOKENS or not line.isascii())
                         and _over_cap(line, ITEM_CAP_TOKENS, counter) else item
