@@ -27,7 +27,6 @@ from typing import Any
 
 COUNT = "count"
 CUE = "cue"
-FORMATS = ("chat", "responses", "anthropic")
 # The ``cue`` process's lines: it is ready for a job; go; the job's CPU and kernel ms.
 READY = "ready"
 GO = "go"
@@ -37,9 +36,13 @@ _JobRunner = Callable[..., Any]
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser, baseline_help: str) -> None:
-    """``--baseline DIR`` (a checkout of another commit) and ``--format``."""
+    """``--baseline DIR`` (a checkout of another commit) and ``--format``. Imported here,
+    not at the top: the script itself imports nothing of this tree."""
+    from worker.compaction import SessionFormat
+
     parser.add_argument("--baseline", type=Path, default=None, help=baseline_help)
-    parser.add_argument("--format", default="chat", choices=FORMATS,
+    parser.add_argument("--format", default=SessionFormat.CHAT.value,
+                        choices=[f.value for f in SessionFormat],
                         help="the sessions' wire format (bench.job_cpu --format)")
 
 
