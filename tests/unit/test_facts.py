@@ -24,7 +24,7 @@ SEEDS = range(120)
 def summarize(messages: list[dict[str, Any]]) -> Summary:
     stored = to_stored(messages, shared_counter())
     return fallback_summary(group_messages(stored), artifacts=extract_identifiers(stored),
-                            budget_tokens=BASE_BUDGET_TOKENS, counter=shared_counter())
+                            budget_tokens=BASE_BUDGET_TOKENS, counter=shared_counter()).summary
 
 
 @pytest.mark.parametrize("seed", SEEDS)

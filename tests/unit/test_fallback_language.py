@@ -88,7 +88,7 @@ def test_in_joined_conversations_the_goal_is_the_newest_customers_first_request(
 def span_summary(span: list[dict[str, Any]], prior: Summary) -> Summary:
     stored = to_stored(span, shared_counter(), first_seq=40)
     return fallback_summary(group_messages(stored), artifacts=extract_identifiers(stored),
-                            budget_tokens=2_000, counter=shared_counter(), prior=prior)
+                            budget_tokens=2_000, counter=shared_counter(), prior=prior).summary
 
 
 def test_a_continued_conversation_keeps_the_prior_goal_and_settles_its_open_items() -> None:
@@ -117,7 +117,7 @@ def test_corpus_joined_sessions_take_the_goal_from_their_last_conversation() -> 
         users = [m.get("content") or "" for m in session["messages"] if m["role"] == "user"]
         last = max(i for i, text in enumerate(users) if "SESSION BOUNDARY" in text)
         goal = fallback_summary(groups, artifacts=artifacts, budget_tokens=4_096,
-                                counter=counter).goal
+                                counter=counter).summary.goal
         opening = " ".join(users[last + 1].split())[:40]
         assert goal.startswith(f"User request: {opening}"), session["session_id"]
 
@@ -128,7 +128,7 @@ def test_corpus_sessions_show_their_changes_decisions_and_no_answered_request_as
     counter, with_decisions, sessions = shared_counter(), 0, corpus_spans("dev")
     for session, groups, artifacts in sessions:
         summary = fallback_summary(groups, artifacts=artifacts, budget_tokens=4_096,
-                                   counter=counter)
+                                   counter=counter).summary
         messages = session["messages"]
         changes = {c["function"]["name"] for m in messages for c in m.get("tool_calls") or []
                    if re.match(r"(update|cancel|book|send|transfer)_", c["function"]["name"])}
@@ -151,7 +151,7 @@ def test_corpus_joined_sessions_up_to_200k_tokens_keep_what_was_said_in_the_bloc
             continue
         span = [group for group in groups if not group.is_instruction]
         drafted = fallback_summary(span, artifacts=artifacts, budget_tokens=BLOCK_TOKENS,
-                                   counter=counter)
+                                   counter=counter).summary
         texts = [*drafted.key_decisions, *drafted.pending]  # as the pipeline ranks them
         featured = featured_values(find_failures(span), texts, artifacts)
         ranked = [a.value for a in rank_artifacts(artifacts, featured=featured)]

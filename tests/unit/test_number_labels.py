@@ -113,7 +113,7 @@ def test_a_call_line_names_its_bare_number_by_the_argument_and_stays_checked() -
     stored = to_stored(messages, shared_counter())
     groups = group_messages(stored)
     summary = fallback_summary(groups, artifacts=extract_identifiers(stored),
-                               budget_tokens=2_000, counter=shared_counter())
+                               budget_tokens=2_000, counter=shared_counter()).summary
     assert "called refund(order_id 931818743041) → failed: Error: refund failed" in \
         summary.completed_actions
     assert "called refund(order_id 931818743042) → ok" in summary.completed_actions

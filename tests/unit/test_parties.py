@@ -26,7 +26,7 @@ SEEDS = range(80)
 def summarize(messages: list[dict[str, Any]], prior: Summary | None = None) -> Summary:
     stored = to_stored(messages, shared_counter(), first_seq=FIRST_SEQ)
     return fallback_summary(group_messages(stored), artifacts=extract_identifiers(stored),
-                            budget_tokens=4_096, counter=shared_counter(), prior=prior)
+                            budget_tokens=4_096, counter=shared_counter(), prior=prior).summary
 
 
 def planted_parties(seed: int) -> tuple[list[dict[str, Any]], list[Any], list[Party]]:

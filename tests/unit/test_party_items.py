@@ -63,7 +63,8 @@ def compact_in_rounds(messages: list[dict[str, Any]], cuts: list[int]) -> list[S
         ledger = read_span_requests(span, has_prior_goal=bool(prior and prior.goal),
                                     outcomes=outcomes, tail_continues=False)
         new = fallback_summary(span, artifacts=artifacts, budget_tokens=BUDGET_TOKENS,
-                               counter=counter, prior=prior, outcomes=outcomes, ledger=ledger)
+                               counter=counter, prior=prior, outcomes=outcomes,
+                               ledger=ledger).summary
         updated = update_summary(prior, new, budget_tokens=BUDGET_TOKENS, counter=counter,
                                  parties=read_party_turn(prior, ledger)).summary
         record = read_record(span, outcomes=outcomes, artifacts=artifacts, prior=prior,
@@ -121,7 +122,8 @@ def test_a_new_conversation_leaves_the_earlier_partys_open_items_open_under_its_
     ledger = read_span_requests(span, has_prior_goal=True, outcomes=classify_calls(span),
                                 tail_continues=False)
     new = fallback_summary(span, artifacts=extract_identifiers(stored), prior=prior,
-                           budget_tokens=BUDGET_TOKENS, counter=shared_counter(), ledger=ledger)
+                           budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
+                           ledger=ledger).summary
     assert not set(prior.pending) & set(new.resolved)
     updated = update_summary(prior, new, budget_tokens=BUDGET_TOKENS, counter=shared_counter(),
                              parties=read_party_turn(prior, ledger)).summary

@@ -96,7 +96,7 @@ def test_the_extractive_summary_drafts_no_decision_from_reasoning(seed: int) -> 
         groups = group_items(session_format, [
             read_item(session_format, seq, 1, item) for seq, item in enumerate(items, 1)])
         summary = fallback_summary(groups, artifacts=[], budget_tokens=2_000,
-                                   counter=shared_counter())
+                                   counter=shared_counter()).summary
 
         drafted = "\n".join(item for name in ("key_decisions", "completed_actions")
                             for item in summary.items_of(name))

@@ -57,7 +57,7 @@ def record_and_extractive(messages: list[dict[str, Any]], *, tail: int = 0
                          tail_continues=continues)
     summary = fallback_summary(groups, artifacts=artifacts, outcomes=outcomes,
                                budget_tokens=2_000, counter=shared_counter(),
-                               tail_continues=continues)
+                               tail_continues=continues).summary
     return record, summary
 
 
@@ -235,7 +235,7 @@ def test_the_failing_line_a_summary_quotes_from_a_pruned_output_is_the_records()
     record = read_record(pruned, outcomes=outcomes, artifacts=artifacts, prior=None,
                          tail_continues=False)
     summary = fallback_summary(pruned, artifacts=artifacts, outcomes=outcomes,
-                               budget_tokens=2_000, counter=shared_counter())
+                               budget_tokens=2_000, counter=shared_counter()).summary
     assert any("batch_94" in item for item in summary.completed_actions)
     assert find_contradictions(summary, record) == []
 

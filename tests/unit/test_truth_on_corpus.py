@@ -74,7 +74,7 @@ def test_no_truthful_summary_of_a_corpus_span_is_rejected(name: str) -> None:
         extractive = fallback_summary(inputs["span"], artifacts=inputs["artifacts"],
                                       outcomes=inputs["outcomes"], budget_tokens=BUDGET_TOKENS,
                                       counter=shared_counter(),
-                                      tail_continues=inputs["tail_continues"])
+                                      tail_continues=inputs["tail_continues"]).summary
         for kind, summary in (("extractive", extractive),
                               ("llm", model_summary(inputs["span"], lying=False))):
             found = find_contradictions(summary, record)

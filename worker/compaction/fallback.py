@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.compaction.budget import fit_summary, truncate_text
+from worker.compaction.budget import FittedSummary, fit_summary, truncate_text
 from worker.compaction.facts import find_facts
 from worker.compaction.grouping import Group
 from worker.compaction.identifier_rules import find_identifiers
@@ -91,8 +91,9 @@ def fallback_summary(
     tail_continues: bool = False,
     ledger: RequestLedger | None = None,
     passed_values: Mapping[int, Sequence[str]] | None = None,
-) -> Summary:
-    """Summarize ``span`` alone without an LLM, within ``budget_tokens``.
+) -> FittedSummary:
+    """Summarize ``span`` alone without an LLM, within ``budget_tokens``; return it fitted
+    (rendered and counted: validation need not count it again).
 
     Goal: the first request of the span's latest conversation (the prior's stands when
     the span starts none); constraints: every sentence of a user's turn that states a
@@ -151,7 +152,7 @@ def fallback_summary(
         relevant_artifacts=_rank_values(artifacts, ranked, failures, decisions, ledger),
         remaining_work=[],
     )
-    return fit_summary(_without_repeats(drafted), budget_tokens, counter).summary
+    return fit_summary(_without_repeats(drafted), budget_tokens, counter)
 
 
 def _without_repeats(summary: Summary) -> Summary:

@@ -49,6 +49,7 @@ def validate_summary(
     counter: TokenCounter,
     min_span_tokens_for_content: int = 500,
     record: SpanRecord | None = None,
+    span_summary_tokens: int | None = None,
 ) -> UpdatedSummary:
     """Check the span's summary and the updated one; return the updated one to store.
 
@@ -58,13 +59,16 @@ def validate_summary(
     update fitted it; its count is carried, not redone), which must also be smaller than
     ``replaced_tokens`` (prior block plus span). With the span's ``record``, the span's
     summary must say nothing it refutes (``truth.find_contradictions``).
+    ``span_summary_tokens``: the span's summary's block count, where the summarizer took
+    it; else it is counted here.
 
     Raises:
         SummaryInvalid: with ``reason`` one of ``REASONS``.
     """
     if span_tokens >= min_span_tokens_for_content:
         _check_load_bearing(span_summary, updated.summary)
-    reply_tokens = count_summary_tokens(span_summary, counter)
+    reply_tokens = count_summary_tokens(span_summary, counter) \
+        if span_summary_tokens is None else span_summary_tokens
     for name, tokens in (("summary", reply_tokens), ("updated summary", updated.fitted.tokens)):
         if tokens > budget_tokens:
             raise SummaryInvalid(

@@ -288,6 +288,7 @@ def _validate(trace: JobTrace, deps: JobDeps, plan: JobPlan, work: SummaryWork,
         record=read_record(work.span, outcomes=work.outcomes, artifacts=work.artifacts,
                            prior=work.prior, tail_continues=work.tail_continues,
                            ledger=work.requests),
+        span_summary_tokens=draft.tokens,
     )
     block = summary_block_message(validated.fitted.text, plan.session.session_format)
     # The block was counted once, at the update; only the message's framing is added.

@@ -132,6 +132,9 @@ class SummaryDraft:
     model: str
     prompt_version: str
     usage: SummaryUsage = field(default_factory=SummaryUsage)
+    # The summary's rendered block in tokens, where the summarizer counted it (the
+    # extractive one fits its draft); None: validation counts it.
+    tokens: int | None = None
 
 
 class BatchPending(Exception):

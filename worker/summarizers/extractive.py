@@ -21,7 +21,7 @@ class ExtractiveSummarizer:
         self.kind = kind
 
     def summarize(self, work: SummaryWork) -> SummaryDraft:
-        summary = fallback_summary(
+        fitted = fallback_summary(
             work.span,
             artifacts=work.artifacts,
             outcomes=work.outcomes,
@@ -33,5 +33,5 @@ class ExtractiveSummarizer:
             ledger=work.requests,
             passed_values=work.passed_values,
         )
-        return SummaryDraft(summary=summary, kind=self.kind, model=self.kind,
-                            prompt_version=EXTRACTIVE_VERSION)
+        return SummaryDraft(summary=fitted.summary, kind=self.kind, model=self.kind,
+                            prompt_version=EXTRACTIVE_VERSION, tokens=fitted.tokens)
