@@ -11,6 +11,7 @@ import tiktoken
 from tests.unit.session_strategies import shared_counter
 from tests.unit.test_schema import filled
 from worker.compaction.schema import (
+    HEADINGS,
     count_summary_tokens,
     empty_block_tokens,
     render_summary_block,
@@ -78,7 +79,8 @@ def test_one_update_and_validation_of_a_1k_token_summary_count_the_block_once() 
 
     final_tokens = validated.fitted.tokens
     assert validated.fitted.text == render_summary_block(validated.summary)
-    renders = sum(text.startswith("[Summary of earlier") for text in encoding.texts)
+    # A block's count encodes its goal line (its headings' counts are the process's).
+    renders = sum(text.startswith(f"{HEADINGS['goal']}:") for text in encoding.texts)
     assert renders == 2  # the updated block and the span's reply
     # Lines once, the block once and the reply: no bisection re-renders.
     assert encoding.encoded_tokens <= 2 * final_tokens + reply_tokens + 100

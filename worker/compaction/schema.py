@@ -176,11 +176,28 @@ def block_segments(summary: Summary, *,
 
 def count_block_segments(segments: Sequence[str], counter: TokenCounter) -> int:
     """Count a block from its ``block_segments``: bullet lines in one encode (a job's
-    counter encodes only those it has not met), the others one by one."""
+    counter encodes only those it has not met), the headings from the process's counts of
+    them, the others one by one."""
+    fixed = _fixed_segment_tokens(counter)
     bullets = [segment for segment in segments if segment.startswith("- ")]
-    others = sum(counter.count_text(segment) for segment in segments
-                 if not segment.startswith("- "))
+    others = sum(fixed[segment] if segment in fixed else counter.count_text(segment)
+                 for segment in segments if not segment.startswith("- "))
     return others + sum(counter.count_lines(bullets))
+
+
+# By encoding name: the segments every block has (header, headings, footer) never change,
+# and every job would encode them again in its own counter.
+_FIXED_SEGMENT_TOKENS: dict[str, dict[str, int]] = {}
+
+
+def _fixed_segment_tokens(counter: TokenCounter) -> dict[str, int]:
+    name = counter.encoding.name
+    tokens = _FIXED_SEGMENT_TOKENS.get(name)
+    if tokens is None:
+        fixed = (BLOCK_HEAD, *SECTION_HEADS.values(), EMPTY_ITEM_SEGMENT, BLOCK_TAIL)
+        tokens = _FIXED_SEGMENT_TOKENS[name] = {
+            segment: counter.count_text(segment) for segment in fixed}
+    return tokens
 
 
 def item_line_texts(items: Sequence[str]) -> list[str]:
