@@ -128,9 +128,7 @@ def find_contradictions(summary: Summary, record: SpanRecord) -> list[Contradict
     (``party_items.attribute_parties``), are the prior's, not checked again."""
     items = {name: _new_items(summary.items_of(name), record.prior_items)
              for name in LIST_SECTIONS}
-    # Each open or done item's key without its label, read once for the checks below.
-    bodies = {i: _body(normalize_item(i)) for name in (*OPEN_SECTIONS, *DONE_SECTIONS)
-              for i in items[name]}
+    bodies = _Bodies()
     return [*_false_outcomes(items, record), *_reopened(items, bodies, record),
             *_done_while_open(items, bodies, record), *_open_and_done(items, bodies, record),
             *_invented(summary, items, record)]
@@ -279,9 +277,14 @@ def _new_items(items: Sequence[str], prior_items: AbstractSet[str]) -> list[str]
     return [item for item in items if normalize_item(without_party(item)) not in prior_items]
 
 
-def _body(key: str) -> str:
-    """An item's key without its label ("answered: ", "open error: ")."""
-    return _LABEL.sub("", key, count=1)
+class _Bodies(dict[str, str]):
+    """Each open or done item's key without its label ("answered: ", "open error: "), read
+    on first use: most checks have nothing to compare (no open item, no request held
+    open) and read none."""
+
+    def __missing__(self, item: str) -> str:
+        body = self[item] = _LABEL.sub("", normalize_item(item), count=1)
+        return body
 
 
 def _quotes_of(requests: Sequence[str], among: Sequence[str] = ()) -> list[str]:
