@@ -19,16 +19,21 @@ The jobs' processes are ``bench/tree_jobs.py cue``.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import subprocess
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-from typing import IO
 
 from bench.report import REPO_ROOT, bench_parser, median, print_header, print_load, print_table
-from bench.tree_jobs import CPU, CUE, GO, READY, add_tree_arguments, command, tree_env
+from bench.tree_jobs import (
+    CPU,
+    CUE,
+    GO,
+    READY,
+    add_tree_arguments,
+    command,
+    read_line,
+    tree_process,
+    write_line,
+)
 
 QUICK_TOKENS = 2_000
 QUICK_JOBS = 2
@@ -49,8 +54,8 @@ def main() -> None:
                  f"sessions, {tokens:,} tokens")
     print(f"this tree: {REPO_ROOT}\nbaseline: {baseline}", flush=True)
     jobs_command = command(CUE, tokens, jobs, args.format)
-    with _jobs_process(REPO_ROOT, jobs_command) as this, \
-            _jobs_process(baseline, jobs_command) as other:
+    with tree_process(REPO_ROOT, jobs_command) as this, \
+            tree_process(baseline, jobs_command) as other:
         cpu_ms: dict[str, list[float]] = {"this tree": [], "baseline": []}
         system_ms: dict[str, list[float]] = {"this tree": [], "baseline": []}
         for pair in range(jobs + 1):  # the first pair is the warm-up
@@ -83,48 +88,13 @@ def _report(cpu_ms: dict[str, list[float]], system_ms: dict[str, list[float]]) -
     print_load()
 
 
-@contextlib.contextmanager
-def _jobs_process(tree: Path, jobs_command: list[str]) -> Iterator[subprocess.Popen[str]]:
-    """``tree``'s ``bench.job_cpu`` in its own process, each job held until told to go."""
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as stderr:
-        process = subprocess.Popen(
-            jobs_command, cwd=tree, env=tree_env(tree), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
-        try:
-            yield process
-        except _JobsProcessEnded:
-            stderr.seek(0)
-            raise SystemExit(f"bench.job_cpu in {tree} ended early:\n{stderr.read()[-4000:]}"
-                             ) from None
-        finally:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-
-
-class _JobsProcessEnded(Exception):
-    """A jobs process closed its pipe before a job's time."""
-
-
 def _one_job(process: subprocess.Popen[str]) -> tuple[float, float]:
     """Let ``process`` run its next job; return the job's CPU time and the part of it in
     the kernel (ms)."""
-    stdin, stdout = _pipes(process)
-    if stdout.readline().strip() != READY:
-        raise _JobsProcessEnded
-    stdin.write(f"{GO}\n")
-    stdin.flush()
-    line = stdout.readline()
-    if not line.startswith(CPU):
-        raise _JobsProcessEnded
-    cpu_ms, system_ms = line[len(CPU):].split()
+    read_line(process, READY)
+    write_line(process, GO)
+    cpu_ms, system_ms = read_line(process, CPU).split()
     return float(cpu_ms), float(system_ms)
-
-
-def _pipes(process: subprocess.Popen[str]) -> tuple[IO[str], IO[str]]:
-    if process.stdin is None or process.stdout is None:
-        raise _JobsProcessEnded
-    return process.stdin, process.stdout
 
 
 if __name__ == "__main__":

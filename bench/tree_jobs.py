@@ -1,11 +1,14 @@
-"""A tree's own ``bench.job_cpu`` in a process of its own, for the benchmarks that compare
-two trees (``bench.job_instructions``, ``bench.job_cpu_paired``).
+"""A tree's own benchmark in a process of its own, for the benchmarks that compare two
+trees (``bench.job_instructions``, ``bench.job_cpu_paired``, ``bench.job_overhead_paired``).
 
 Run as a script with the tree to measure on ``PYTHONPATH`` (:func:`command`): ``count``
-switches callgrind's counting on only while a job runs; ``cue`` holds each job until a
-go on stdin and tells its CPU time on stdout (the script's own printing goes to stderr).
-Run so, it imports nothing of the tree this file is in but the standard library: the
-``bench.job_cpu`` it runs is the measured tree's.
+switches callgrind's counting on only while a ``bench.job_cpu`` job runs; ``cue`` holds
+each such job until a go on stdin and tells its CPU time on stdout; ``blocks`` sets up
+``bench.job_overhead``'s worker, database and broker, then on each ``noop`` or ``job``
+line (with a size) runs a block of that many tasks on the worker and tells its wall
+time per task.
+The script's own printing goes to stderr. Run so, it imports nothing of the tree this
+file is in but the standard library: the benchmark it runs is the measured tree's.
 
 No library runs another process's jobs one at a time on cue, or counts a Python
 process's instructions between two points: a line on a pipe says go, and
@@ -20,17 +23,25 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import IO, Any
 
 COUNT = "count"
 CUE = "cue"
+BLOCKS = "blocks"
 # The ``cue`` process's lines: it is ready for a job; go; the job's CPU and kernel ms.
 READY = "ready"
 GO = "go"
 CPU = "cpu "
+# The ``blocks`` process's: a block of no-op tasks, or of compaction jobs; its ms per task.
+NOOP_BLOCK = "noop"
+JOB_BLOCK = "job"
+BLOCK_MS = "ms "
 
 _JobRunner = Callable[..., Any]
 
@@ -54,6 +65,16 @@ def command(mode: str, session_tokens: int, jobs: int, session_format: str) -> l
     if session_format != "chat":  # a tree from before the formats knows no --format
         args += ["--format", session_format]
     return args
+
+
+def blocks_command(session_tokens: int, job_blocks: int, per_block: int,
+                   summarizer: str) -> list[str]:
+    """The command that runs ``bench.job_overhead``'s worker (``summarizer``: extractive or
+    llm) for up to ``job_blocks`` blocks of ``per_block`` compaction jobs, and blocks of
+    no-ops, each on cue."""
+    return [sys.executable, str(Path(__file__).resolve()), BLOCKS,
+            "--session-tokens", str(session_tokens), "--job-blocks", str(job_blocks),
+            "--per-block", str(per_block), "--summarizer", summarizer]
 
 
 def tree_env(tree: Path) -> dict[str, str]:
@@ -111,6 +132,118 @@ def _on_cue(driver: Any) -> Callable[[_JobRunner], _JobRunner]:
     return wrap
 
 
+def _run_blocks(args: list[str], driver: IO[str]) -> None:
+    """Set up the measured tree's ``bench.job_overhead`` worker with its sessions, then run
+    a block for each line on stdin (``noop N`` or ``job N``) and tell ``driver`` its wall
+    time per task."""
+    from bench import job_overhead  # the tree's own, not this file's
+
+    # By the names job_overhead imported them under: they moved between modules over time.
+    overhead = SimpleNamespace(**vars(job_overhead))
+
+    parser = argparse.ArgumentParser()
+    for flag in ("--session-tokens", "--job-blocks", "--per-block"):
+        parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--summarizer", choices=("extractive", "llm"), required=True)
+    options = parser.parse_args(args)
+    session = overhead.generated_session(options.session_tokens, overhead.new_counter())
+    with (tempfile.TemporaryDirectory() as log_dir, overhead.openai_server() as server,
+          overhead.private_database() as url, overhead.private_broker(url) as broker):
+        engine = overhead.create_db_engine(url)
+        is_llm = options.summarizer == "llm"
+        variant = next(v for v in overhead.job_variants(
+            broker, url, session, options.job_blocks * options.per_block, server.base_url,
+            overhead.Store(engine), extractive=not is_llm) if v.is_llm == is_llm)
+        sessions = iter(variant.session_ids)
+        with overhead.BenchWorker(variant.env, Path(log_dir) / "worker.log",
+                                  app=overhead.WORKER_APP) as worker:
+            driver.write(f"{READY}\n")
+            driver.flush()
+            for line in sys.stdin:
+                kind, size = line.split()
+                marker = _publish_noops(broker, overhead.NOOP_TASK, 1)
+                tasks = (_publish_noops(broker, overhead.NOOP_TASK, int(size))
+                         if kind == NOOP_BLOCK else broker.publish_jobs(
+                             [next(sessions) for _ in range(int(size))]))
+                ends = _ended_at(worker, [*marker, *tasks], kind == NOOP_BLOCK,
+                                 overhead.NOOP_EVENT, overhead.JOB_EVENT)
+                driver.write(f"{BLOCK_MS}{(max(ends[1:]) - ends[0]) * 1000 / len(tasks):.4f}\n")
+                driver.flush()
+        engine.dispose()
+
+
+def _publish_noops(broker: Any, task_name: str, count: int) -> list[str]:
+    task_ids = [f"bench-noop-{uuid.uuid4().hex}" for _ in range(count)]
+    for task_id in task_ids:
+        broker.app.send_task(task_name, task_id=task_id, queue=broker.settings.queue_name)
+    return task_ids
+
+
+def _ended_at(worker: Any, task_ids: list[str], all_noops: bool, noop_event: str,
+              job_event: str) -> list[float]:
+    """When each of ``task_ids`` ended, by its event's own timestamp (the first is a
+    no-op, the rest no-ops when ``all_noops``, else jobs), once all have."""
+    from bench.common import event_time_s
+
+    wanted = set(task_ids)
+    deadline = time.monotonic() + 60 + 30 * len(task_ids)
+    while time.monotonic() < deadline:
+        events = worker.events(noop_event) + ([] if all_noops else worker.events(job_event))
+        ours = [e for e in events if e.get("task_id") in wanted]
+        if len(ours) == len(wanted):
+            # Only compacted jobs measure the job: a skipped one reads one row.
+            outcomes = {str(e["outcome"]) for e in ours if "outcome" in e}
+            if outcomes - {"compacted"}:
+                raise SystemExit(f"measured jobs ended {', '.join(sorted(outcomes))}")
+            ended = {e["task_id"]: event_time_s(e) for e in ours}
+            return [ended[task_id] for task_id in task_ids]
+        if worker.process is not None and worker.process.poll() is not None:
+            raise SystemExit(f"the worker died:\n{worker.log_text()[-4000:]}")
+        time.sleep(0.02)
+    raise SystemExit(f"a block's tasks did not all end in time:\n{worker.log_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def tree_process(tree: Path, tree_command: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """``tree_command`` run on ``tree``'s modules, talking on its pipes; what it printed to
+    stderr is shown when it ends early (:class:`TreeProcessEnded`)."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as stderr:
+        process = subprocess.Popen(
+            tree_command, cwd=tree, env=tree_env(tree), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
+        try:
+            yield process
+        except TreeProcessEnded:
+            stderr.seek(0)
+            raise SystemExit(f"{Path(tree_command[1]).name} in {tree} ended early:\n"
+                             f"{stderr.read()[-4000:]}") from None
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+class TreeProcessEnded(Exception):
+    """A tree's process closed its pipe before its answer."""
+
+
+def read_line(process: subprocess.Popen[str], expected_start: str) -> str:
+    """The process's next line, less ``expected_start``, which it must begin with."""
+    if process.stdout is None:
+        raise TreeProcessEnded
+    line = process.stdout.readline()
+    if not line.startswith(expected_start):
+        raise TreeProcessEnded
+    return line[len(expected_start):].strip()
+
+
+def write_line(process: subprocess.Popen[str], line: str) -> None:
+    if process.stdin is None:
+        raise TreeProcessEnded
+    process.stdin.write(f"{line}\n")
+    process.stdin.flush()
+
+
 def _kernel_s() -> float:
     """This process's CPU time in the kernel so far (page faults, allocations' mappings)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
@@ -120,12 +253,15 @@ def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == COUNT:
         _run_job_cpu(args, _counted)
-    elif mode == CUE:
+    elif mode in (CUE, BLOCKS):
         driver = sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
-            _run_job_cpu(args, _on_cue(driver))
+            if mode == CUE:
+                _run_job_cpu(args, _on_cue(driver))
+            else:
+                _run_blocks(args, driver)
     else:
-        raise SystemExit(f"usage: tree_jobs.py {COUNT}|{CUE} BENCH_JOB_CPU_ARGS (got {mode!r})")
+        raise SystemExit(f"usage: tree_jobs.py {COUNT}|{CUE}|{BLOCKS} ARGS (got {mode!r})")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ FIGURES = {
     "job_cpu_paired": ("CPU ms min", "CPU ms median", "ratio median", "ratio of mins"),
     "job_overhead": ("per-job wall ms median", "x no-op min", "x no-op median", "median ms",
                      "SQL statements", "tokenizer calls"),
+    "job_overhead_paired": ("no-op ms median", "per-job wall ms median", "x no-op median",
+                            "ratio median"),
     "throughput": ("jobs/s steady", "ideal jobs/s", "worker CPU s/job"),
     "chunk_merge_bench": ("prompt tokens", "prompt / span", "calls", "chunks"),
     "incremental_bench": ("2nd job prompt tokens", "prompt / (span + prior)"),
