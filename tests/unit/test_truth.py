@@ -23,7 +23,7 @@ from worker.compaction.outcomes import classify_calls
 from worker.compaction.pruning import prune_groups
 from worker.compaction.requests import continues_conversation, read_requests
 from worker.compaction.schema import Summary, empty_summary
-from worker.compaction.summary_update import update_summary
+from worker.compaction.summary_update import normalize_item, update_summary
 from worker.compaction.truth import (
     Contradiction,
     SpanRecord,
@@ -277,6 +277,24 @@ def test_claims_read_in_the_joined_items_are_each_items_own(items: list[str],
     found = [(tool, claim.group("args"), claim.group("word"))
              for tool, claim in truth._claims(items, tools)]
     assert found == expected
+
+
+_DONE_PIECES = ("Answered: ", "acted on: ", "Fixed ", "fix", "FIX", "the", "bug", "Stra\u00dfe",
+                "strasse", " ", "  ", "\t", "\n", ".", "!", ":", "\0", "x")
+
+
+@given(st.lists(st.lists(st.sampled_from(_DONE_PIECES), max_size=8).map("".join), max_size=5),
+       st.lists(st.lists(st.sampled_from(_DONE_PIECES), min_size=1, max_size=3).map(
+           lambda pieces: normalize_item("".join(pieces))).filter(bool), max_size=3))
+def test_done_items_are_each_read_against_the_requests_held_open(items: list[str],
+                                                                 quotes: list[str]) -> None:
+    # Item by item: a done item whose body (its key less its label) holds a quote.
+    expected = [Contradiction("done_while_open") for item in items
+                if any(q in truth._LABEL.sub("", normalize_item(item), count=1) for q in quotes)]
+    record = SpanRecord(outcomes=(), settled_requests=(), open_requests=(),
+                        known_values=frozenset(), messages=(), unsettled_quotes=tuple(quotes))
+    found = find_contradictions(with_items(empty_summary(), completed_actions=items), record)
+    assert [c for c in found if c.kind == "done_while_open"] == expected
 
 
 BOUNDARY_TEXT = "[SESSION BOUNDARY 2/2] The previous customer conversation has ended."

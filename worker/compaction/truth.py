@@ -223,9 +223,12 @@ def _reopened(items: dict[str, list[str]], bodies: Mapping[str, str], record: Sp
               ) -> Iterator[Contradiction]:
     """Open items quoting a request the span answered or acted on; calls said to lack a
     result that has one."""
+    open_items = [i for name in OPEN_SECTIONS for i in items[name]]
+    if not open_items:
+        return
     answered = {o.call_id for o in record.outcomes}
     settled = _quotes_of(record.settled_requests, among=record.open_requests)
-    for item in (i for name in OPEN_SECTIONS for i in items[name]):
+    for item in open_items:
         if any(bodies[item].startswith(quote) for quote in settled):
             yield Contradiction("reopened_request")
         missing = _NO_RESULT.search(item)
@@ -236,10 +239,15 @@ def _reopened(items: dict[str, list[str]], bodies: Mapping[str, str], record: Sp
 def _done_while_open(items: dict[str, list[str]], bodies: Mapping[str, str],
                      record: SpanRecord) -> Iterator[Contradiction]:
     """Done items quoting a request held open whose words nothing settled."""
-    if not record.unsettled_quotes:
+    done = [i for name in DONE_SECTIONS for i in items[name]]
+    # An item's body is part of its key, and its key part of the key of the items joined
+    # (by a character that is not white space): a quote that one lacks is in no body.
+    quotes = record.unsettled_quotes
+    joined = normalize_item("\0".join(done)) if done and quotes else ""
+    if not any(quote in joined for quote in quotes):
         return
-    for item in (i for name in DONE_SECTIONS for i in items[name]):
-        if any(quote in bodies[item] for quote in record.unsettled_quotes):
+    for item in done:
+        if any(quote in bodies[item] for quote in quotes):
             yield Contradiction("done_while_open")
 
 
