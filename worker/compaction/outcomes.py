@@ -93,7 +93,8 @@ class _Memo(Generic[T]):
     __slots__ = ("_compute", "_found")
 
     def __init__(self, compute: Callable[[str], T]) -> None:
-        self._compute, self._found = compute, dict[str, T]()
+        self._compute = compute
+        self._found: dict[str, T] = {}
 
     def __call__(self, text: str) -> T:
         found = self._found.get(text)
@@ -243,6 +244,8 @@ def _stored_outcomes(results: Sequence[tuple[StoredMessage, FunctionCall | None]
 
 def _classify_texts(texts: list[str]) -> list[tuple[CallStatus, tuple[str, ...]]]:
     """``classify_result`` of each text, their lines found in one scan of them all."""
+    if not texts:  # every result's outcome was stored at ingest
+        return []
     signals = _LineSignals()
     return [_classify_text(text, lines, signals)
             for text, lines in zip(texts, _candidate_lines(texts), strict=True)]
