@@ -42,6 +42,8 @@ CPU = "cpu "
 NOOP_BLOCK = "noop"
 JOB_BLOCK = "job"
 BLOCK_MS = "ms "
+# How long a tree's process has to stop its worker and drop its database once told to end.
+_END_TIMEOUT_S = 60
 
 _JobRunner = Callable[..., Any]
 
@@ -218,9 +220,20 @@ def tree_process(tree: Path, tree_command: list[str]) -> Iterator[subprocess.Pop
             raise SystemExit(f"{Path(tree_command[1]).name} in {tree} ended early:\n"
                              f"{stderr.read()[-4000:]}") from None
         finally:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
+            _ended(process)
+
+
+def _ended(process: subprocess.Popen[str]) -> None:
+    """End a tree's process: its stdin closed, it stops what it started (a worker, a
+    server, a database) and exits; killed only when it has not in time."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    try:
+        process.wait(timeout=_END_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class TreeProcessEnded(Exception):
