@@ -29,6 +29,7 @@ from bench.tree_jobs import (
     GO,
     READY,
     add_tree_arguments,
+    baseline_checkout,
     command,
     read_line,
     tree_process,
@@ -47,9 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     tokens, jobs = (QUICK_TOKENS, QUICK_JOBS) if args.quick else (args.session_tokens,
                                                                   args.jobs)
-    baseline = (args.baseline or REPO_ROOT).resolve()
-    if not (baseline / "bench" / "job_cpu.py").is_file():
-        parser.error(f"{baseline} holds no bench/job_cpu.py: not a checkout of this project")
+    baseline = baseline_checkout(parser, args.baseline, "job_cpu")
     print_header(f"job CPU in lockstep against a baseline, extractive, {args.format} "
                  f"sessions, {tokens:,} tokens")
     print(f"this tree: {REPO_ROOT}\nbaseline: {baseline}", flush=True)

@@ -31,6 +31,7 @@ from bench.tree_jobs import (
     JOB_BLOCK,
     NOOP_BLOCK,
     READY,
+    baseline_checkout,
     blocks_command,
     read_line,
     tree_process,
@@ -67,9 +68,7 @@ def main() -> None:
     if args.quick:
         args.session_tokens, args.rounds, args.per_block, args.noop_block = QUICK_TOKENS, 2, 2, 4
         args.summarizer = "extractive"
-    baseline = (args.baseline or REPO_ROOT).resolve()
-    if not (baseline / "bench" / "job_overhead.py").is_file():
-        parser.error(f"{baseline} holds no bench/job_overhead.py: not a checkout of this project")
+    baseline = baseline_checkout(parser, args.baseline, "job_overhead")
     print_header(f"job overhead in lockstep against a baseline, {args.session_tokens:,}-token "
                  f"sessions, blocks of {args.per_block} jobs and {args.noop_block} no-ops")
     print(f"this tree: {REPO_ROOT}\nbaseline: {baseline}", flush=True)

@@ -59,6 +59,16 @@ def add_tree_arguments(parser: argparse.ArgumentParser, baseline_help: str) -> N
                         help="the sessions' wire format (bench.job_cpu --format)")
 
 
+def baseline_checkout(parser: argparse.ArgumentParser, baseline: Path | None,
+                      benchmark: str) -> Path:
+    """``--baseline``'s checkout, resolved (default: this tree); it must hold
+    ``bench/<benchmark>.py``, the script the comparison runs in it."""
+    tree = (baseline or Path(__file__).resolve().parents[1]).resolve()
+    if not (tree / "bench" / f"{benchmark}.py").is_file():
+        parser.error(f"{tree} holds no bench/{benchmark}.py: not a checkout of this project")
+    return tree
+
+
 def command(mode: str, session_tokens: int, jobs: int, session_format: str) -> list[str]:
     """The command that runs ``jobs`` jobs (and the warm-up) of one size and format in
     ``mode``; the tree measured is the one its ``PYTHONPATH`` names (:func:`tree_env`)."""
