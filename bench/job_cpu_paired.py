@@ -19,10 +19,17 @@ The jobs' processes are ``bench/tree_jobs.py cue``.
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 
-from bench.report import REPO_ROOT, bench_parser, median, print_header, print_load, print_table
+from bench.report import (
+    REPO_ROOT,
+    bench_parser,
+    median,
+    percentile,
+    print_header,
+    print_load,
+    print_table,
+)
 from bench.tree_jobs import (
     CPU,
     CUE,
@@ -76,12 +83,10 @@ def _report(cpu_ms: dict[str, list[float]], system_ms: dict[str, list[float]]) -
                 [[name, len(times), f"{min(times):.1f}", f"{median(times):.1f}",
                   f"{median(system_ms[name]):.2f}"] for name, times in cpu_ms.items()])
     print()
-    quartiles = statistics.quantiles(ratios, n=4, method="inclusive") \
-        if len(ratios) > 1 else ratios * 3
     print_table(["pairs", "ratio median", "ratio q1", "ratio q3", "ratio min", "ratio max",
                  "ratio of mins", "ratio of medians"],
-                [[len(ratios), f"{median(ratios):.3f}", f"{quartiles[0]:.3f}",
-                  f"{quartiles[2]:.3f}", f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}",
+                [[len(ratios), f"{median(ratios):.3f}", f"{percentile(ratios, 0.25):.3f}",
+                  f"{percentile(ratios, 0.75):.3f}", f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}",
                   f"{min(cpu_ms['this tree']) / min(cpu_ms['baseline']):.3f}",
                   f"{median(cpu_ms['this tree']) / median(cpu_ms['baseline']):.3f}"]])
     print_load()

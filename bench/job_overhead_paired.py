@@ -7,11 +7,11 @@ Each tree sets up its own ``bench.job_overhead`` worker (prefork, concurrency 1)
 broker and sessions in a process of its own (``bench/tree_jobs.py blocks``), then waits.
 Round after round, each tree in turn (the first alternating) runs a block of no-op tasks
 (``--noop-block``), then a block of compaction jobs (``--per-block``); only one tree's
-worker works at a time. A block is timed
-by its tasks' own events: from the end of a no-op queued just before it to the end of its
-last task, over its size. Per summarizer (extractive; the OpenAI test server at latency
-0), printed: each tree's median no-op and per-job ms and median "x no-op" (a round's job
-block over its no-op block, as ``bench.job_overhead`` prints), then the median and
+worker works at a time. A block is timed by its tasks' own events: from the end of a
+no-op queued just before it to the end of its last task, over its size. Per summarizer
+(extractive; the OpenAI test server at latency 0), printed: each tree's median no-op and
+per-job ms and median "x no-op" (a round's job block over its no-op block, as
+``bench.job_overhead`` prints), then the median and
 quartiles of the rounds' ratios, this tree over the baseline, of per-job wall and of
 "x no-op". One untimed round of each tree goes first. ``--baseline DIR``: a checkout of
 another commit (``git archive REV | tar -x -C DIR``); without it, this tree against
@@ -20,12 +20,19 @@ itself, which shows the method's own noise.
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.report import REPO_ROOT, bench_parser, median, print_header, print_load, print_table
+from bench.report import (
+    REPO_ROOT,
+    bench_parser,
+    median,
+    percentile,
+    print_header,
+    print_load,
+    print_table,
+)
 from bench.tree_jobs import (
     BLOCK_MS,
     JOB_BLOCK,
@@ -119,10 +126,9 @@ def _report(summarizer: str, blocks: dict[str, TreeBlocks]) -> None:
     for measure, ours, theirs in (("per-job wall", this.job_ms, other.job_ms),
                                   ("x no-op", this.times_noop, other.times_noop)):
         ratios = sorted(a / b for a, b in zip(ours, theirs, strict=True))
-        quartiles = statistics.quantiles(ratios, n=4, method="inclusive") \
-            if len(ratios) > 1 else ratios * 3
-        rows.append([measure, len(ratios), f"{median(ratios):.3f}", f"{quartiles[0]:.3f}",
-                     f"{quartiles[2]:.3f}", f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}"])
+        rows.append([measure, len(ratios), f"{median(ratios):.3f}",
+                     f"{percentile(ratios, 0.25):.3f}", f"{percentile(ratios, 0.75):.3f}",
+                     f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}"])
     print()
     print_table(["this tree / baseline", "rounds", "ratio median", "ratio q1", "ratio q3",
                  "ratio min", "ratio max"], rows)

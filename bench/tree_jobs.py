@@ -6,8 +6,7 @@ switches callgrind's counting on only while a ``bench.job_cpu`` job runs; ``cue`
 each such job until a go on stdin and tells its CPU time on stdout; ``blocks`` sets up
 ``bench.job_overhead``'s worker, database and broker, then on each ``noop`` or ``job``
 line (with a size) runs a block of that many tasks on the worker and tells its wall
-time per task.
-The script's own printing goes to stderr. Run so, it imports nothing of the tree this
+time per task. The script's own printing goes to stderr. Run so, it imports nothing of the tree this
 file is in but the standard library: the benchmark it runs is the measured tree's.
 
 No library runs another process's jobs one at a time on cue, or counts a Python
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,7 +148,8 @@ def _run_blocks(args: list[str], driver: IO[str]) -> None:
     time per task."""
     from bench import job_overhead  # the tree's own, not this file's
 
-    # By the names job_overhead imported them under: they moved between modules over time.
+    # By the names job_overhead has them under (its own no-op publisher among them): what
+    # it imports moved between modules over time.
     overhead = SimpleNamespace(**vars(job_overhead))
 
     parser = argparse.ArgumentParser()
@@ -171,48 +170,38 @@ def _run_blocks(args: list[str], driver: IO[str]) -> None:
                                   app=overhead.WORKER_APP) as worker:
             driver.write(f"{READY}\n")
             driver.flush()
+            ended = {overhead.NOOP_EVENT: 0, overhead.JOB_EVENT: 0}
             for line in sys.stdin:
                 kind, size = line.split()
-                marker = _publish_noops(broker, overhead.NOOP_TASK, 1)
-                tasks = (_publish_noops(broker, overhead.NOOP_TASK, int(size))
-                         if kind == NOOP_BLOCK else broker.publish_jobs(
-                             [next(sessions) for _ in range(int(size))]))
-                ends = _ended_at(worker, [*marker, *tasks], kind == NOOP_BLOCK,
-                                 overhead.NOOP_EVENT, overhead.JOB_EVENT)
-                driver.write(f"{BLOCK_MS}{(max(ends[1:]) - ends[0]) * 1000 / len(tasks):.4f}\n")
+                # The block runs from the end of a no-op queued just before it.
+                marker = overhead._publish_noops(broker, 1)
+                if kind == NOOP_BLOCK:
+                    tasks, name = overhead._publish_noops(broker, int(size)), overhead.NOOP_EVENT
+                else:
+                    tasks = broker.publish_jobs([next(sessions) for _ in range(int(size))])
+                    name = overhead.JOB_EVENT
+                ended[overhead.NOOP_EVENT] += len(marker)
+                ended[name] += len(tasks)
+                timeout_s = 60 + 30 * (len(tasks) + 1)
+                start = _block_ends(worker.wait_for(overhead.NOOP_EVENT,
+                                                    ended[overhead.NOOP_EVENT], timeout_s), marker)
+                ends = _block_ends(worker.wait_for(name, ended[name], timeout_s), tasks)
+                driver.write(f"{BLOCK_MS}{(max(ends) - start[0]) * 1000 / len(tasks):.4f}\n")
                 driver.flush()
         engine.dispose()
 
 
-def _publish_noops(broker: Any, task_name: str, count: int) -> list[str]:
-    task_ids = [f"bench-noop-{uuid.uuid4().hex}" for _ in range(count)]
-    for task_id in task_ids:
-        broker.app.send_task(task_name, task_id=task_id, queue=broker.settings.queue_name)
-    return task_ids
-
-
-def _ended_at(worker: Any, task_ids: list[str], all_noops: bool, noop_event: str,
-              job_event: str) -> list[float]:
-    """When each of ``task_ids`` ended, by its event's own timestamp (the first is a
-    no-op, the rest no-ops when ``all_noops``, else jobs), once all have."""
+def _block_ends(events: list[dict[str, Any]], task_ids: list[str]) -> list[float]:
+    """When each of ``task_ids`` ended, by its event's own timestamp; only compacted jobs
+    measure a job (a skipped one reads one row)."""
     from bench.common import event_time_s
 
     wanted = set(task_ids)
-    deadline = time.monotonic() + 60 + 30 * len(task_ids)
-    while time.monotonic() < deadline:
-        events = worker.events(noop_event) + ([] if all_noops else worker.events(job_event))
-        ours = [e for e in events if e.get("task_id") in wanted]
-        if len(ours) == len(wanted):
-            # Only compacted jobs measure the job: a skipped one reads one row.
-            outcomes = {str(e["outcome"]) for e in ours if "outcome" in e}
-            if outcomes - {"compacted"}:
-                raise SystemExit(f"measured jobs ended {', '.join(sorted(outcomes))}")
-            ended = {e["task_id"]: event_time_s(e) for e in ours}
-            return [ended[task_id] for task_id in task_ids]
-        if worker.process is not None and worker.process.poll() is not None:
-            raise SystemExit(f"the worker died:\n{worker.log_text()[-4000:]}")
-        time.sleep(0.02)
-    raise SystemExit(f"a block's tasks did not all end in time:\n{worker.log_text()[-4000:]}")
+    ours = [e for e in events if e.get("task_id") in wanted]
+    outcomes = {str(e["outcome"]) for e in ours if "outcome" in e}
+    if outcomes - {"compacted"}:
+        raise SystemExit(f"measured jobs ended {', '.join(sorted(outcomes))}")
+    return [event_time_s(e) for e in ours]
 
 
 @contextlib.contextmanager
