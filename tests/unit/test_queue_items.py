@@ -14,9 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.raw_producer import build_raw_message
-from worker.broker.contract import SERVICE_TASK_NAMES, job_kwargs
+from worker.broker.contract import MAX_HEADERS_CHARS, SERVICE_TASK_NAMES, job_kwargs
 from worker.broker.queue_items import (
     MAX_NESTING_DEPTH,
+    REENCODED_GROWTH,
     ItemLimits,
     ItemRejected,
     admit_item,
@@ -203,3 +204,52 @@ def test_a_body_is_refused_exactly_when_it_nests_too_deep(value: Any, wrap: int)
         assert nesting_depth([[], {"v": value}, None]) > MAX_NESTING_DEPTH
     else:
         assert nesting_depth([[], {"v": value}, None]) <= MAX_NESTING_DEPTH
+
+
+# JSON text as producers may write it: any spacing, numbers in every form the grammar
+# allows (exponents included), strings with raw UTF-8 and escapes of every kind.
+_SPACE = st.sampled_from(["", " ", "\n\t "])
+_NUMBER_TEXT = st.from_regex(r"-?(0|[1-9][0-9]{0,3})(\.[0-9]{1,3})?([eE][+-]?[0-9]{1,3})?",
+                             fullmatch=True)
+_STRING_TEXT = st.lists(st.one_of(
+    st.characters(blacklist_categories=["Cs", "Cc"], blacklist_characters='"\\'),
+    st.sampled_from(['\\"', "\\\\", "\\/", "\\n", "\\u00e9", "\\ud83d\\ude00", "\\u0001"]),
+), max_size=6).map(lambda parts: '"' + "".join(parts) + '"')
+
+
+def _json_text(leaves: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    def joined(items: list[str], opening: str, closing: str, space: str) -> str:
+        return opening + space + f"{space},{space}".join(items) + space + closing
+
+    return st.recursive(leaves, lambda inner: (
+        st.builds(joined, st.lists(inner, max_size=4), st.just("["), st.just("]"), _SPACE)
+        | st.builds(joined, st.lists(st.builds(lambda key, space, value: f"{key}{space}:{value}",
+                                              _STRING_TEXT, _SPACE, inner), max_size=4),
+                    st.just("{"), st.just("}"), _SPACE)), max_leaves=30)
+
+
+JSON_TEXTS = _json_text(_NUMBER_TEXT | _STRING_TEXT | st.sampled_from(["true", "null"]))
+
+
+@given(JSON_TEXTS, st.sampled_from(["utf-8", "utf-16"]))
+def test_json_dumps_never_writes_a_parsed_value_more_than_the_growth_bound_longer(
+        text: str, encoding: str) -> None:
+    """What lets admission skip re-encoding the headers and properties of a small item."""
+    item = text.encode(encoding)
+    assert len(json.dumps(json.loads(item))) <= REENCODED_GROWTH * len(item)
+
+
+@pytest.mark.parametrize("value", ["1e15", "1E15", "-1e15", "1e9", "1e400", '"\u00e9"',
+                                   '"é"', '"😀"', "[1,1,1]", '{"a":1e15}'])
+def test_the_growth_bound_holds_for_the_texts_that_grow_most(value: str) -> None:
+    item = value.encode()
+    assert len(json.dumps(json.loads(item))) <= REENCODED_GROWTH * len(item)
+
+
+@pytest.mark.parametrize("item", [with_headers(origin="o" * MAX_HEADERS_CHARS),
+                                  with_properties(reply_to="r" * MAX_HEADERS_CHARS)])
+def test_headers_or_properties_just_over_the_limit_are_refused(item: bytes) -> None:
+    with pytest.raises(ItemRejected) as refused:
+        admit_item(item, LIMITS, NOW)
+
+    assert refused.value.reason == "oversized_header"

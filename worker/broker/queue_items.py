@@ -21,6 +21,10 @@ from worker.broker.contract import MAX_HEADERS_CHARS, MAX_TASK_ID_CHARS, SERVICE
 from worker.settings.config import Settings
 
 MAX_NESTING_DEPTH = 32  # a task message nests 4 deep; Celery's decoder recurses per level
+# How many times longer ``json.dumps`` writes a value than the JSON text it was parsed
+# from, at most: a two-byte UTF-8 character becomes a six-character escape, ``1e15``
+# becomes ``1000000000000000.0``, a separator gains a space.
+REENCODED_GROWTH = 5
 JSON_CONTENT_TYPE = "application/json"
 
 
@@ -135,8 +139,14 @@ def _inspect_item(raw: bytes, limits: ItemLimits) -> dict[str, Any]:
         raise ItemRejected("invalid_headers", f"headers are a {type(headers).__name__}, "
                            "not an object")
     task_id = _read_task_id(headers)
+    # Neither object can outgrow its limit as JSON when the whole item is this small.
+    check_sizes = len(raw) * REENCODED_GROWTH > MAX_HEADERS_CHARS
+    if check_sizes:
+        _check_json_size(headers, "headers", task_id)
     _check_fields(TaskHeaders, headers, "invalid_headers", task_id)
-    _check_properties(envelope["properties"], task_id)
+    _check_fields(EnvelopeProperties, envelope["properties"], "invalid_properties", task_id)
+    if check_sizes:
+        _check_json_size(envelope["properties"], "properties", task_id)
     _check_task_name(headers, task_id, limits.task_names)
     _check_body(envelope, task_id)
     return envelope
@@ -172,11 +182,14 @@ def _read_task_id(headers: dict[str, Any]) -> str:
     if len(task_id) > MAX_TASK_ID_CHARS:
         raise ItemRejected("oversized_header", f"the id header is {len(task_id)} characters, "
                            f"over {MAX_TASK_ID_CHARS}")
-    size = len(json.dumps(headers))
-    if size > MAX_HEADERS_CHARS:
-        raise ItemRejected("oversized_header", f"the headers are {size} characters of "
-                           f"JSON, over {MAX_HEADERS_CHARS}", task_id)
     return task_id
+
+
+def _check_json_size(fields: dict[str, Any], what: str, task_id: str) -> None:
+    size = len(json.dumps(fields))
+    if size > MAX_HEADERS_CHARS:
+        raise ItemRejected("oversized_header", f"the {what} are {size} characters of "
+                           f"JSON, over {MAX_HEADERS_CHARS}", task_id)
 
 
 def _check_fields(model: type[_EnvelopeFields], fields: dict[str, Any], reason: str,
@@ -187,14 +200,6 @@ def _check_fields(model: type[_EnvelopeFields], fields: dict[str, Any], reason: 
         error = exc.errors()[0]  # the first, in the order the model lists the fields
         name = ".".join(str(part) for part in error["loc"])
         raise ItemRejected(reason, f"{name}: {error['msg']}"[:300], task_id) from None
-
-
-def _check_properties(properties: dict[str, Any], task_id: str) -> None:
-    _check_fields(EnvelopeProperties, properties, "invalid_properties", task_id)
-    size = len(json.dumps(properties))
-    if size > MAX_HEADERS_CHARS:
-        raise ItemRejected("oversized_header", f"the properties are {size} characters of "
-                           f"JSON, over {MAX_HEADERS_CHARS}", task_id)
 
 
 def _check_task_name(headers: dict[str, Any], task_id: str, task_names: frozenset[str]
