@@ -49,8 +49,10 @@ _PATTERNS = (
 # What the patterns above need somewhere in a text: a text without any of these holds
 # nothing they would change, and one search spares it their substitutions (the other
 # rules need a character of their own: '@' a URL's user info, '=' or ':' a named value).
+# Case is ignored only where its pattern ignores it: a case-blind search lowercases
+# every character it reads, and every log field passes here.
 _MAY_MATCH_PATTERNS = re.compile(
-    r"bearer|(?:sk|pk|rk)-|(?:gh[pousr]|github_pat)_|xox|AKIA|eyJ", re.IGNORECASE)
+    r"[Bb][Ee][Aa][Rr][Ee][Rr]|[spr]k-|gh[pousr]_|github_pat_|xox|AKIA|eyJ")
 # Long runs of mixed letters and digits: keys of providers we do not know by shape.
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9_+/=-]{32,}")
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s]*)@")

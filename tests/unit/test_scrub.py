@@ -3,10 +3,14 @@ however they are written; ordinary error text left as it was."""
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from worker import scrub
 from worker.scrub import (
     REDACTED,
     is_secret_name,
@@ -152,3 +156,35 @@ def test_values_are_scrubbed_inside_containers_and_reprs_only_when_they_hold_one
     assert value == {"urls": ["http://u:***@h/"], "n": 3, "ok": True,
                      "e": "Endpoint(http://u:***@llm/v1)", "o": marker,
                      "at": ("http://u:***@h/", 80)}
+
+
+# Texts of units built from the patterns' own heads in either case, each after a
+# separator (word, non-word or none) and before a run long enough to complete a match or
+# not, so that matches and near misses of every pattern come up.
+_SEPARATORS = ["", " ", ".", "x", "="]
+_HEADS = ["bearer ", "sk-", "pk-", "rk-", "ghp_", "gho_", "github_pat_", "xoxb-", "AKIA",
+          "eyJ", "token"]
+_TAILS = ["", "0123", "0123456789ABCDEF", "0123456789ABCDEF0123456789",
+          "abcdefgh.eyJ0123456789.x"]
+
+
+def _unit(separator: str, head: str, upper: bool, tail: str) -> str:
+    return separator + (head.upper() if upper else head) + tail
+
+
+def _passed_over_only_when_no_pattern_matches(text: str) -> bool:
+    return bool(scrub._MAY_MATCH_PATTERNS.search(text)) or all(
+        pattern.search(text) is None for pattern in scrub._PATTERNS)
+
+
+def test_the_prefilter_finds_every_single_unit_a_pattern_would_change() -> None:
+    units = [_unit(*parts) for parts in itertools.product(
+        _SEPARATORS, _HEADS, [False, True], _TAILS)]
+
+    assert [unit for unit in units if not _passed_over_only_when_no_pattern_matches(unit)] == []
+
+
+@given(st.lists(st.builds(_unit, st.sampled_from(_SEPARATORS), st.sampled_from(_HEADS),
+                          st.booleans(), st.sampled_from(_TAILS)), min_size=2, max_size=4))
+def test_the_prefilter_finds_every_joined_text_a_pattern_would_change(units: list[str]) -> None:
+    assert _passed_over_only_when_no_pattern_matches("".join(units))
