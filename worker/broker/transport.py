@@ -102,10 +102,15 @@ class InspectingChannel(kombu_redis.Channel):
         queue = name.rsplit(self.sep, 1)[0]
         return queue if queue in self._policy.queues else None
 
+    @functools.cached_property
+    def _limits(self) -> ItemLimits:
+        """The policy's limits with the tasks the app registered (read at the first item,
+        once Celery has imported every task module)."""
+        return replace(self._policy.limits, task_names=registered_task_names())
+
     def _admit(self, raw: bytes, queue: str) -> bytes | None:
-        limits = replace(self._policy.limits, task_names=registered_task_names())
         try:
-            return admit_item_bytes(raw, limits, datetime.now(UTC))
+            return admit_item_bytes(raw, self._limits, datetime.now(UTC))
         except ItemRejected as rejected:
             self.refuse_item(raw, queue, rejected)
             return None
