@@ -63,8 +63,19 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
         logger.addHandler(handler)
     root.setLevel(level.upper())
     pool.setLevel(_POOL_LEVEL)
+    _skip_unrendered_record_fields()
     # Python's warnings (Celery's root-user notice, deprecations) become log records too.
     logging.captureWarnings(True)
+
+
+def _skip_unrendered_record_fields() -> None:
+    """No record gathers its caller, thread or process: neither renderer writes them, and
+    every record (ours are two: the event's and the formatter's copy of it) paid a frame
+    walk and three look-ups for them (the logging HOWTO's "Optimization" switches)."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
 
 
 def _build_formatter(use_json: bool) -> structlog.stdlib.ProcessorFormatter:

@@ -51,6 +51,34 @@ def test_our_events_and_foreign_records_are_json_lines_with_their_own_levels(
     assert all(line["timestamp"].endswith("Z") for line in (ours, celery, http))
 
 
+class RecordList(logging.Handler):
+    """Keeps the records it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_records_gather_no_caller_thread_or_process_which_no_line_shows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("json")
+    recorder = RecordList()
+    logging.getLogger().addHandler(recorder)
+
+    get_logger().info(JOB_EVENT, outcome="compacted")
+    logging.getLogger("celery.app.trace").warning("Task %s retry", "t-1")
+
+    assert [(r.funcName, r.thread, r.process, r.processName) for r in recorder.records] == \
+        [("(unknown function)", None, None, None)] * 2
+    assert [sorted(line) for line in stderr_lines(capsys)] == [
+        ["event", "level", "logger", "outcome", "timestamp"],
+        ["event", "level", "logger", "timestamp"]]
+
+
 def test_the_prefork_pools_own_logger_is_json_too_though_it_does_not_propagate(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
