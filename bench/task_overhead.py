@@ -15,14 +15,50 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import BenchWorker, event_time_s, private_broker, private_database, settings_env
+from celery import Celery
+
+from bench.common import (
+    BenchWorker,
+    Broker,
+    event_time_s,
+    private_broker,
+    private_database,
+    settings_env,
+)
 from bench.floor_worker import LIBRARIES_VARIABLE
 from bench.floor_worker import app as bare_app
 from bench.job_overhead import NOOP_EVENT, NOOP_TASK, WORKER_APP
 from bench.memory_bench import FloorWorker
 from bench.report import bench_parser, median, print_header, print_load, print_table
+
+
+@dataclass(frozen=True)
+class NoopWorker:
+    """One of the two workers compared, and where its no-ops are published."""
+
+    name: str
+    label: str
+    worker: BenchWorker
+    app: Celery
+    queue: str
+
+
+def noop_workers(broker: Broker, env: dict[str, str], log_dir: Path) -> list[NoopWorker]:
+    """The service's worker and the bare one, not started, on ``broker``'s Redis; each app
+    publishes to its own worker (the service's keys carry its prefix)."""
+    bare_queue = f"{broker.settings.queue_name}-bare"
+    return [
+        NoopWorker("service", "service (worker.broker.celery_app)",
+                   BenchWorker(env, log_dir / "service.log", app=WORKER_APP),
+                   broker.app, broker.settings.queue_name),
+        NoopWorker("bare", "bare Celery (bench.floor_worker)",
+                   FloorWorker({**env, "COMPACTOR_QUEUE_NAME": bare_queue,
+                                LIBRARIES_VARIABLE: ""}, log_dir / "bare.log"),
+                   bare_app, bare_queue),
+    ]
 
 
 def run_block(worker: BenchWorker, publish: list[str], seen: int,
@@ -44,25 +80,19 @@ def main() -> None:
     with (tempfile.TemporaryDirectory() as log_dir, private_database() as url,
           private_broker(url) as broker):
         env = {**broker.env, **settings_env(database_url=url, summarizer="extractive")}
-        bare_queue = f"{broker.settings.queue_name}-bare"
-        service = BenchWorker(env, Path(log_dir) / "service.log", app=WORKER_APP)
-        bare = FloorWorker({**env, "COMPACTOR_QUEUE_NAME": bare_queue,
-                            LIBRARIES_VARIABLE: ""}, Path(log_dir) / "bare.log")
-        with service, bare:
+        service, bare = noop_workers(broker, env, Path(log_dir))
+        with service.worker, bare.worker:
             counts = {"service": 0, "bare": 0}
             ratios, service_ms, bare_ms = [], [], []
             for round_index in range(args.rounds + 1):  # the first round warms both up
                 per_task = {}
-                # Each app publishes to its own worker: the service's keys carry its prefix.
-                for name, worker, app, queue in (
-                        ("service", service, broker.app, broker.settings.queue_name),
-                        ("bare", bare, bare_app, bare_queue)):
+                for noop in (service, bare):
                     ids = [f"noop-{uuid.uuid4().hex}" for _ in range(args.per_round)]
                     for task_id in ids:
-                        app.send_task(NOOP_TASK, task_id=task_id, queue=queue)
-                    per_task[name] = run_block(worker, ids, counts[name],
-                                               timeout_s=60 + args.per_round)
-                    counts[name] += len(ids)
+                        noop.app.send_task(NOOP_TASK, task_id=task_id, queue=noop.queue)
+                    per_task[noop.name] = run_block(noop.worker, ids, counts[noop.name],
+                                                    timeout_s=60 + args.per_round)
+                    counts[noop.name] += len(ids)
                 if round_index:
                     service_ms.append(per_task["service"])
                     bare_ms.append(per_task["bare"])
@@ -71,8 +101,7 @@ def main() -> None:
         print(f"\n{args.rounds} rounds of {args.per_round} no-ops on each worker (after one "
               f"warm-up round):")
         print_table(("worker", "per-task ms median"),
-                    [("service (worker.broker.celery_app)", median(service_ms)),
-                     ("bare Celery (bench.floor_worker)", median(bare_ms))])
+                    [(service.label, median(service_ms)), (bare.label, median(bare_ms))])
         print()  # a table starts after a blank line (the smoke test reads them apart)
         print_table(("service / bare", "min", "median", "max"),
                     [("per-task wall time", min(ratios), median(ratios), max(ratios))])
