@@ -1,6 +1,6 @@
 """The service's no-op task against a bare Celery no-op in instructions, counted by
 valgrind's callgrind: ``bench.task_overhead``'s wall-time ratio moves by a few hundredths
-between runs on a shared machine, a count of instructions does not, and it splits the
+between runs on a shared machine, a count of instructions far less, and it splits the
 cost between the worker's main process (consumer, transport) and its pool child (the
 task, its hooks and its log line), which a wall clock cannot.
 
@@ -128,6 +128,8 @@ def main() -> None:
         args.few, args.many = 0, 10
     if not 0 <= args.few < args.many:
         parser.error("--many must be larger than --few")
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep {args.keep}: the directory is not empty")
     print_header("the service's no-op task against a bare Celery no-op, in instructions "
                  "(callgrind)")
     with (tempfile.TemporaryDirectory() as scratch, private_database() as url,
