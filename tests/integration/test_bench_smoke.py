@@ -23,8 +23,6 @@ from tests.support.worker_process import REPO_ROOT
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 QUICK_RUN_TIMEOUT_S = 150
-# Scripts whose quick run takes longer: each of its four workers starts under callgrind.
-SLOW_QUICK_RUN_TIMEOUT_S = {"task_instructions": 1200}
 # Per script: table columns that must hold positive numbers in every row.
 FIGURES = {
     "job_cpu": ("CPU ms min", "CPU ms median", "wall ms min", "lease", "summarize", "swap"),
@@ -43,7 +41,6 @@ FIGURES = {
     "metrics_bench": ("CPU us per event median", "scrape CPU ms median"),
     "startup_bench": ("wall min", "wall median"),
     "task_overhead": ("per-task ms median", "median"),
-    "task_instructions": ("main process", "pool child", "total", "ratio"),
     "batch_night": ("batch", "synchronous"),
 }
 
@@ -62,7 +59,7 @@ def quick_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
                     [sys.executable, "-m", f"bench.{name}", "--quick"], cwd=REPO_ROOT,
                     env=env, stdout=out, stderr=subprocess.STDOUT), out_path)
         for name, (process, out_path) in runs.items():
-            code = process.wait(timeout=SLOW_QUICK_RUN_TIMEOUT_S.get(name, QUICK_RUN_TIMEOUT_S))
+            code = process.wait(timeout=QUICK_RUN_TIMEOUT_S)
             assert code == 0, f"bench.{name} exited {code}:\n{out_path.read_text()[-6000:]}"
         yield {name: out_path for name, (_, out_path) in runs.items()}
     finally:
